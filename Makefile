@@ -1,0 +1,49 @@
+# agentscope tasks. `make test` is what CI runs (.ci/run calls exactly it).
+PY ?= .venv/bin/python
+DISTRO ?=
+MANAGER ?= both
+K ?=
+VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)")
+
+.PHONY: help venv check lint typecheck unit integration images test demo bench clean-vm
+
+help:
+	@echo "make demo          the main job: a fleet, a runaway agent, the OOM kill named (issue 9)"
+	@echo "make test          checks, host tests and the whole VM matrix (what CI runs)"
+	@echo "make check         ruff, ruff format --check, mypy --strict"
+	@echo "make unit          host tests"
+	@echo "make integration   the VM matrix; narrow it: DISTRO=bookworm MANAGER=user K=smoke"
+	@echo "make images        build (or reuse) the cached VM images"
+
+venv: $(PY)
+$(PY): pyproject.toml
+	python3 -m venv .venv
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check '.[dev]' hatchling
+	@touch $(PY)
+
+lint: venv
+	$(PY) -m ruff check agentscope cli tests integration benchmarks
+	$(PY) -m ruff format --check agentscope cli tests integration benchmarks
+
+typecheck: venv
+	$(PY) -m mypy --strict agentscope cli
+
+check: lint typecheck
+
+unit: venv
+	$(PY) -m pytest tests
+
+images: venv
+	$(PY) integration/vm.py --build-only $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d)))
+
+integration: venv
+	$(PY) integration/vm.py $(VM_ARGS)
+
+test: check unit integration
+
+demo:
+	@echo "make demo: the end-to-end demo is not built yet (issue 9); run 'make test' to see the VM matrix"
+
+clean-vm:
+	rm -rf /var/tmp/agentscope-vm

@@ -1,0 +1,49 @@
+"""agentscope: every AI agent in its own systemd scope.
+
+Layers, from daily use down: ``agentscope`` holds fleets and agents (an
+asyncio core, :class:`AsyncFleet`, and a blocking facade over the same core,
+:class:`Fleet`); ``agentscope.lowlevel`` the cgroup and /proc readers and the
+bus connection it is built from; ``agentscope.watchdog`` the harness
+stability kit (event-loop stall watchdog, fatal-reason log).
+"""
+
+from ._blocking import BlockingAgent as BlockingAgent
+from ._blocking import Fleet as Fleet
+from ._blocking import probe_sync as probe_sync
+from ._errors import AgentExists as AgentExists
+from ._errors import AgentNotFound as AgentNotFound
+from ._errors import AgentscopeError as AgentscopeError
+from ._errors import BusError as BusError
+from ._errors import InvalidName as InvalidName
+from ._errors import LaunchError as LaunchError
+from ._errors import SystemdUnavailable as SystemdUnavailable
+from ._fleet import DEVNULL as DEVNULL
+from ._fleet import PIPE as PIPE
+from ._fleet import Agent as Agent
+from ._fleet import AsyncFleet as AsyncFleet
+from ._fleet import Capabilities as Capabilities
+from ._fleet import probe as probe
+from ._names import DEFAULT_SLICE as DEFAULT_SLICE
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "DEFAULT_SLICE",
+    "DEVNULL",
+    "PIPE",
+    "Agent",
+    "AgentExists",
+    "AgentNotFound",
+    "AgentscopeError",
+    "AsyncFleet",
+    "BlockingAgent",
+    "BusError",
+    "Capabilities",
+    "Fleet",
+    "InvalidName",
+    "LaunchError",
+    "SystemdUnavailable",
+    "__version__",
+    "probe",
+    "probe_sync",
+]

@@ -1,0 +1,205 @@
+"""The blocking facade: the asyncio core driven from a private loop thread.
+
+Each method is one call into :class:`AsyncFleet` through
+``run_coroutine_threadsafe``, so plain scripts and many threads at once use
+the same core (the anyio BlockingPortal pattern).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal as _signal
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import IO, Any, TypeVar
+
+from . import _names
+from ._errors import AgentscopeError
+from ._fleet import Agent, AsyncFleet, Capabilities, probe
+
+__all__ = ["BlockingAgent", "Fleet", "probe_sync"]
+
+T = TypeVar("T")
+Stdio = int | IO[Any] | None
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread of its own."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="agentscope-loop", daemon=True
+        )
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise AgentscopeError("a blocking Fleet method was called from its own loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class BlockingAgent:
+    """An agent as the blocking :class:`Fleet` hands it out.
+
+    ``stdin``/``stdout``/``stderr`` are the ordinary file objects of the
+    underlying ``subprocess.Popen`` when the launch asked for ``PIPE``.
+    """
+
+    def __init__(self, portal: _LoopThread, agent: Agent) -> None:
+        self._portal = portal
+        self._agent = agent
+        self.name = agent.name
+        self.unit = agent.unit
+        self.pid = agent.pid
+        popen = agent.popen
+        self.stdin = popen.stdin if popen is not None else None
+        self.stdout = popen.stdout if popen is not None else None
+        self.stderr = popen.stderr if popen is not None else None
+
+    def __repr__(self) -> str:
+        return f"<BlockingAgent {self.name} pid={self.pid} unit={self.unit}>"
+
+    @property
+    def cgroup(self) -> str | None:
+        return self._agent.cgroup
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the agent's main process; see :meth:`Agent.wait`."""
+        return self._portal.call(asyncio.wait_for(self._agent.wait(), timeout))
+
+    def alive(self) -> bool:
+        return self._agent.alive()
+
+
+class Fleet:
+    """The blocking face of :class:`AsyncFleet`: same operations, same arguments.
+
+    Safe to use from a plain script and from many threads at once::
+
+        with Fleet("default") as fleet:
+            agent = fleet.launch("builder-1", ["claude", "-p", "..."])
+            agent.wait()
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        manager: str = "auto",
+        *,
+        slice: str = _names.DEFAULT_SLICE,
+        agent_oom_score_adj: int = 800,
+        manager_oom_score_adj: int | None = 200,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._portal = _LoopThread()
+        try:
+            self._fleet = self._portal.call(
+                _make(name, manager, slice, agent_oom_score_adj, manager_oom_score_adj, env)
+            )
+        except BaseException:
+            self._portal.stop()
+            raise
+        self.name = self._fleet.name
+        self.manager = self._fleet.manager
+        self.slice = self._fleet.slice
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection and the loop thread. Agents keep running."""
+        if self._portal.loop.is_running():
+            self._portal.call(self._fleet.aclose())
+            self._portal.stop()
+
+    def launch(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: Stdio = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+        memory_max: int | None = None,
+    ) -> BlockingAgent:
+        """See :meth:`AsyncFleet.launch`."""
+        agent = self._portal.call(
+            self._fleet.launch(
+                name,
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                memory_max=memory_max,
+                _streams=False,
+            )
+        )
+        return BlockingAgent(self._portal, agent)
+
+    def adopt(self, pid: int, name: str) -> BlockingAgent:
+        """See :meth:`AsyncFleet.adopt`."""
+        return BlockingAgent(self._portal, self._portal.call(self._fleet.adopt(pid, name)))
+
+    def stop(self, name: str, timeout: float = 10) -> None:
+        """See :meth:`AsyncFleet.stop`."""
+        self._portal.call(self._fleet.stop(name, timeout))
+
+    def kill(self, name: str, signal: int = _signal.SIGTERM) -> None:
+        """See :meth:`AsyncFleet.kill`."""
+        self._portal.call(self._fleet.kill(name, signal))
+
+    def freeze(self, name: str) -> None:
+        """See :meth:`AsyncFleet.freeze`."""
+        self._portal.call(self._fleet.freeze(name))
+
+    def thaw(self, name: str) -> None:
+        """See :meth:`AsyncFleet.thaw`."""
+        self._portal.call(self._fleet.thaw(name))
+
+    def agents(self) -> list[BlockingAgent]:
+        """See :meth:`AsyncFleet.agents`."""
+        return [BlockingAgent(self._portal, a) for a in self._portal.call(self._fleet.agents())]
+
+    def slice_limits(self) -> dict[str, int | None]:
+        """See :meth:`AsyncFleet.slice_limits`."""
+        return self._portal.call(self._fleet.slice_limits())
+
+
+async def _make(
+    name: str,
+    manager: str,
+    slice: str,
+    agent_adj: int,
+    manager_adj: int | None,
+    env: Mapping[str, str] | None,
+) -> AsyncFleet:
+    fleet = AsyncFleet(
+        name,
+        manager,
+        slice=slice,
+        agent_oom_score_adj=agent_adj,
+        manager_oom_score_adj=manager_adj,
+        env=env,
+    )
+    await fleet.open()
+    return fleet
+
+
+def probe_sync(manager: str = "auto", *, slice: str = _names.DEFAULT_SLICE) -> Capabilities:
+    """Blocking :func:`probe`."""
+    return asyncio.run(probe(manager, slice=slice))

@@ -1,0 +1,278 @@
+"""The D-Bus connection to a systemd manager, over dbus-fast.
+
+One :class:`SystemdBus` per fleet: it finds the manager's bus, subscribes to
+job signals once per connection, maps every D-Bus error to agentscope's
+errors in one place (:func:`_check`), and reconnects on the next call after
+the connection dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dbus_fast import Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
+from dbus_fast.errors import AuthError, InvalidAddressError
+
+from ._errors import BusError, SystemdUnavailable
+
+__all__ = [
+    "INFINITY",
+    "BusAddress",
+    "Manager",
+    "SystemdBus",
+    "bus_addresses",
+    "resolve_manager",
+]
+
+log = logging.getLogger("agentscope")
+
+Manager = Literal["system", "user"]
+SD = "org.freedesktop.systemd1"
+SD_PATH = "/org/freedesktop/systemd1"
+SD_MANAGER = "org.freedesktop.systemd1.Manager"
+PROPS = "org.freedesktop.DBus.Properties"
+INFINITY = 2**64 - 1  # systemd's "infinity" for limits (uint64 max)
+SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
+
+
+@dataclass(frozen=True)
+class BusAddress:
+    """Where to reach a manager; ``direct`` is a private socket with no bus daemon."""
+
+    address: str
+    direct: bool = False
+
+
+def resolve_manager(manager: str) -> Manager:
+    """``auto`` means the system manager for root, the user manager otherwise."""
+    if manager == "auto":
+        return "system" if os.geteuid() == 0 else "user"
+    if manager not in ("system", "user"):
+        raise ValueError(f"manager must be 'auto', 'system' or 'user', not {manager!r}")
+    return manager  # type: ignore[return-value]
+
+
+def bus_addresses(manager: Manager, env: Mapping[str, str] = os.environ) -> list[BusAddress]:
+    """The addresses to try, in order, for a manager.
+
+    The user manager: ``$DBUS_SESSION_BUS_ADDRESS``, else ``$XDG_RUNTIME_DIR/bus``,
+    else the manager's private socket ``$XDG_RUNTIME_DIR/systemd/private``
+    (systemd 257's own ``systemd-run --user`` uses only that one).
+    """
+    if manager == "system":
+        return [BusAddress(env.get("DBUS_SYSTEM_BUS_ADDRESS", SYSTEM_BUS))]
+    out: list[BusAddress] = []
+    if session := env.get("DBUS_SESSION_BUS_ADDRESS"):
+        out.append(BusAddress(session))
+    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
+    bus = f"unix:path={runtime}/bus"
+    if not out and os.path.exists(f"{runtime}/bus"):
+        out.append(BusAddress(bus))
+    out.append(BusAddress(f"unix:path={runtime}/systemd/private", direct=True))
+    return out
+
+
+def _check(method: str, reply: Message | None) -> list[Any]:
+    """The body of a method return; every D-Bus error becomes a BusError here."""
+    if reply is None:
+        raise BusError(method, "org.freedesktop.DBus.Error.NoReply", "no reply")
+    if reply.message_type == MessageType.ERROR:
+        text = str(reply.body[0]) if reply.body else ""
+        raise BusError(method, reply.error_name or "unknown", text)
+    return list(reply.body)
+
+
+class SystemdBus:
+    """A connection to one systemd manager, reconnected on demand."""
+
+    def __init__(self, manager: str = "auto", *, env: Mapping[str, str] | None = None) -> None:
+        self.manager: Manager = resolve_manager(manager)
+        self._env = dict(os.environ if env is None else env)
+        self._bus: MessageBus | None = None
+        self.address: str = ""
+        self.version: str = ""
+        self._lock = asyncio.Lock()
+        self._jobs: dict[str, asyncio.Future[str]] = {}
+
+    @property
+    def version_major(self) -> int:
+        digits = ""
+        for c in self.version:
+            if not c.isdigit():
+                break
+            digits += c
+        return int(digits or 0)
+
+    async def connect(self) -> MessageBus:
+        """The live connection, connecting (again) if needed."""
+        if self._bus is not None and self._bus.connected:
+            return self._bus
+        async with self._lock:
+            if self._bus is not None and self._bus.connected:
+                return self._bus
+            tried: list[str] = []
+            for addr in bus_addresses(self.manager, self._env):
+                if addr.direct:
+                    # dbus-fast always sends Hello, which a peer-to-peer
+                    # connection to systemd's private socket refuses.
+                    tried.append(f"{addr.address} (a direct connection: not supported yet)")
+                    continue
+                bus = MessageBus(bus_address=addr.address, negotiate_unix_fd=True)
+                try:
+                    await asyncio.wait_for(bus.connect(), 10)
+                    await self._subscribe(bus, addr.direct)
+                except (OSError, AuthError, InvalidAddressError, TimeoutError, BusError) as exc:
+                    bus.disconnect()
+                    tried.append(f"{addr.address} ({exc.__class__.__name__}: {exc})")
+                    continue
+                self._bus, self.address = bus, addr.address
+                asyncio.get_running_loop().create_task(self._watch(bus))
+                version = await self.get_property(SD_PATH, SD_MANAGER, "Version")
+                self.version = str(version)
+                log.debug(
+                    "connected to the %s manager (systemd %s) at %s",
+                    self.manager,
+                    self.version,
+                    self.address,
+                )
+                return bus
+            raise SystemdUnavailable(
+                self.manager,
+                ", ".join(a.address for a in bus_addresses(self.manager, self._env)),
+                "; ".join(tried) or "no address to try",
+            )
+
+    async def _subscribe(self, bus: MessageBus, direct: bool) -> None:
+        bus.add_message_handler(self._on_message)
+        if not direct:
+            rule = f"type='signal',sender='{SD}',interface='{SD_MANAGER}',member='JobRemoved'"
+            _check(
+                "AddMatch",
+                await bus.call(
+                    Message(
+                        destination="org.freedesktop.DBus",
+                        path="/org/freedesktop/DBus",
+                        interface="org.freedesktop.DBus",
+                        member="AddMatch",
+                        signature="s",
+                        body=[rule],
+                    )
+                ),
+            )
+        # Subscribe() makes the manager emit JobRemoved at all; on a direct
+        # connection it is also what routes the signals to us.
+        _check(
+            "Subscribe",
+            await bus.call(
+                Message(
+                    destination=None if direct else SD,
+                    path=SD_PATH,
+                    interface=SD_MANAGER,
+                    member="Subscribe",
+                )
+            ),
+        )
+
+    async def _watch(self, bus: MessageBus) -> None:
+        await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
+        if self._bus is bus:
+            self._bus = None
+        err = SystemdUnavailable(self.manager, self.address, "the connection was lost")
+        for fut in self._jobs.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._jobs.clear()
+
+    def _on_message(self, msg: Message) -> bool:
+        if msg.message_type == MessageType.SIGNAL and msg.member == "JobRemoved":
+            _id, _job, unit, result = msg.body
+            fut = self._jobs.get(unit)
+            if fut is not None and not fut.done():
+                fut.set_result(result)
+        return False
+
+    def close(self) -> None:
+        """Disconnect; a later call connects again."""
+        if self._bus is not None:
+            self._bus.disconnect()
+            self._bus = None
+
+    async def call(
+        self,
+        member: str,
+        signature: str = "",
+        body: Sequence[Any] = (),
+        *,
+        path: str = SD_PATH,
+        interface: str = SD_MANAGER,
+        unix_fds: Sequence[int] = (),
+    ) -> list[Any]:
+        """Call a systemd method; raises BusError or SystemdUnavailable."""
+        bus = await self.connect()
+        msg = Message(
+            destination=SD,
+            path=path,
+            interface=interface,
+            member=member,
+            signature=signature,
+            body=list(body),
+            unix_fds=list(unix_fds),
+        )
+        try:
+            reply = await bus.call(msg)
+        except (OSError, EOFError) as exc:
+            raise SystemdUnavailable(self.manager, self.address, str(exc)) from exc
+        return _check(member, reply)
+
+    async def get_property(self, path: str, interface: str, name: str) -> Any:
+        (value,) = await self.call("Get", "ss", [interface, name], path=path, interface=PROPS)
+        return value.value
+
+    async def get_all(self, path: str, interface: str) -> dict[str, Any]:
+        (props,) = await self.call("GetAll", "s", [interface], path=path, interface=PROPS)
+        return {k: v.value for k, v in props.items()}
+
+    async def unit_path(self, unit: str) -> str:
+        """The object path of a unit, loading it if needed."""
+        (path,) = await self.call("LoadUnit", "s", [unit])
+        return str(path)
+
+    def expect_job(self, unit: str) -> asyncio.Future[str]:
+        """A future for the result of the next job on ``unit``; register before the call."""
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._jobs[unit] = fut
+        return fut
+
+    def forget_job(self, unit: str) -> None:
+        self._jobs.pop(unit, None)
+
+    async def run_job(
+        self,
+        unit: str,
+        member: str,
+        signature: str,
+        body: Sequence[Any],
+        *,
+        unix_fds: Sequence[int] = (),
+        timeout: float | None = None,
+    ) -> str:
+        """Call a job-returning method and wait for the job's result (``done``, ...)."""
+        await self.connect()
+        fut = self.expect_job(unit)
+        try:
+            await self.call(member, signature, body, unix_fds=unix_fds)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        finally:
+            if self._jobs.get(unit) is fut:
+                self.forget_job(unit)
+
+    @staticmethod
+    def props(values: Mapping[str, tuple[str, Any]]) -> list[list[Any]]:
+        """Pack ``{name: (signature, value)}`` as an ``a(sv)`` array."""
+        return [[k, Variant(sig, v)] for k, (sig, v) in values.items()]

@@ -1,0 +1,483 @@
+"""Readers and parsers for cgroup v2 memory files.
+
+Everything here reads cgroupfs synchronously and returns frozen dataclasses;
+the async monitor calls these functions from a worker thread. Every reader
+takes the cgroup (or the hierarchy root) as a parameter so tests point it at
+a fake tree under ``tmp_path``.
+
+File formats are those of Documentation/admin-guide/cgroup-v2.rst and
+Documentation/accounting/psi.rst (Linux 6.12).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "CgroupMemory",
+    "LimitHolder",
+    "MemoryEvents",
+    "MemoryStat",
+    "Pressure",
+    "PressureLine",
+    "cgroup_path_for_unit",
+    "cgroup_v2_mounted",
+    "find_limit_holders",
+    "memory_controller_enabled",
+    "parse_limit",
+    "parse_memory_events",
+    "parse_memory_stat",
+    "parse_pressure",
+    "parse_procs",
+    "read_cgroup_memory",
+    "scan_slice",
+    "user_manager_cgroup",
+]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+# The one place where OSErrors from cgroupfs and /proc are translated.
+#
+# ENOENT: the process or cgroup directory is gone (or the kernel lacks the
+# file, e.g. memory.peak before 5.19). ESRCH: a task exited while its /proc
+# file was being read. ENODEV: reading a file of a cgroup that was removed
+# after open (kernfs "deactivated" nodes). These are all "it vanished".
+_GONE = frozenset({errno.ENOENT, errno.ESRCH, errno.ENODEV})
+# Another user's /proc/PID/smaps_rollup (and, with hidepid, more) is EACCES or
+# EPERM: for the readers that only add detail, "cannot see" equals "unknown".
+_GONE_OR_DENIED = _GONE | {errno.EACCES, errno.EPERM}
+# PSI files read EOPNOTSUPP when pressure accounting is off for that cgroup
+# (cgroup.pressure = 0, Linux 6.5+) and are absent with psi=0 on the command line.
+_GONE_OR_UNSUPPORTED = _GONE | {errno.EOPNOTSUPP}
+
+
+def _read_kernel_file(path: Path, tolerate: frozenset[int] = _GONE) -> bytes | None:
+    """Read a kernel file whole; None when it fails with one of the ``tolerate`` errnos.
+
+    Every reader in ``_cgroup`` and ``_proc`` goes through here, so the
+    question "what counts as vanished" has exactly one answer.
+
+    Raises:
+        OSError: any other failure (for example EACCES on a file we must read),
+            unchanged, so its errno and filename reach the caller.
+    """
+    try:
+        # buffering=0: one read() per call; seq_file hands back whole records
+        # and these files are small.
+        with open(path, "rb", buffering=0) as f:
+            chunks = []
+            while chunk := f.read(65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except OSError as exc:
+        if exc.errno in tolerate:
+            return None
+        raise
+
+
+# ---------------------------------------------------------------------------
+# Pure parsers
+
+
+def _int(value: bytes, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{what}: {value!r} is not an integer") from None
+
+
+def _key_values(data: bytes, what: str) -> dict[str, int]:
+    """Parse flat-keyed files (``key value`` per line) into a dict."""
+    result: dict[str, int] = {}
+    for line in data.splitlines():
+        key, _, value = line.strip().partition(b" ")
+        if not key:
+            continue
+        result[key.decode("ascii", "replace")] = _int(value.strip(), f"{what} {key!r}")
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEvents:
+    """The counters of a cgroup's ``memory.events`` (hierarchical).
+
+    ``high`` counts throttling episodes (over memory.high), ``max`` hits of
+    memory.max, ``oom`` failed charges, ``oom_kill`` processes killed by the
+    OOM killer in this subtree. ``oom_group_kill`` is None on kernels before
+    5.17, which do not have it.
+    """
+
+    low: int
+    high: int
+    max: int
+    oom: int
+    oom_kill: int
+    oom_group_kill: int | None = None
+
+    def to_dict(self) -> dict[str, int | None]:
+        """A JSON-ready dict of the fields, for reports."""
+        return {
+            "low": self.low,
+            "high": self.high,
+            "max": self.max,
+            "oom": self.oom,
+            "oom_kill": self.oom_kill,
+            "oom_group_kill": self.oom_group_kill,
+        }
+
+
+def parse_memory_events(data: bytes) -> MemoryEvents:
+    """Parse ``memory.events`` (or ``memory.events.local``).
+
+    Keys newer kernels add (``sock_throttled`` in 6.14) are ignored.
+
+    Raises:
+        ValueError: a counter is not an integer, or one of low, high, max,
+            oom, oom_kill is missing.
+
+    >>> parse_memory_events(b"low 0\\nhigh 3\\nmax 0\\noom 1\\noom_kill 1\\n").oom_kill
+    1
+    """
+    values = _key_values(data, "memory.events")
+    try:
+        return MemoryEvents(
+            low=values["low"],
+            high=values["high"],
+            max=values["max"],
+            oom=values["oom"],
+            oom_kill=values["oom_kill"],
+            oom_group_kill=values.get("oom_group_kill"),
+        )
+    except KeyError as exc:
+        raise ValueError(f"memory.events: missing counter {exc.args[0]!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStat:
+    """``memory.stat`` in bytes (and counts, for the event fields).
+
+    ``anon`` and ``file`` are the figures the monitor reports; ``fields``
+    holds every key the kernel printed.
+    """
+
+    anon: int
+    file: int
+    fields: Mapping[str, int] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields, for reports."""
+        return {"anon": self.anon, "file": self.file, "fields": dict(self.fields)}
+
+
+def parse_memory_stat(data: bytes) -> MemoryStat:
+    """Parse ``memory.stat``.
+
+    Raises:
+        ValueError: a value is not an integer, or ``anon``/``file`` is missing.
+    """
+    values = _key_values(data, "memory.stat")
+    try:
+        anon, file = values["anon"], values["file"]
+    except KeyError as exc:
+        raise ValueError(f"memory.stat: missing {exc.args[0]!r}") from None
+    return MemoryStat(anon=anon, file=file, fields=MappingProxyType(values))
+
+
+@dataclass(frozen=True, slots=True)
+class PressureLine:
+    """One line of a PSI file: percentages of wall time stalled, and ``total`` in µs."""
+
+    avg10: float
+    avg60: float
+    avg300: float
+    total: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        """A JSON-ready dict of the fields, for reports."""
+        return {
+            "avg10": self.avg10,
+            "avg60": self.avg60,
+            "avg300": self.avg300,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """A PSI file: ``some`` (at least one task stalled) and ``full`` (all stalled).
+
+    ``full`` is None where the file has no ``full`` line.
+    """
+
+    some: PressureLine
+    full: PressureLine | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields, for reports."""
+        return {
+            "some": self.some.to_dict(),
+            "full": None if self.full is None else self.full.to_dict(),
+        }
+
+
+def _parse_pressure_line(rest: bytes) -> PressureLine:
+    values: dict[bytes, bytes] = {}
+    for item in rest.split():
+        key, sep, value = item.partition(b"=")
+        if not sep:
+            raise ValueError(f"pressure: {item!r} is not key=value")
+        values[key] = value
+    try:
+        return PressureLine(
+            avg10=float(values[b"avg10"]),
+            avg60=float(values[b"avg60"]),
+            avg300=float(values[b"avg300"]),
+            total=int(values[b"total"]),
+        )
+    except KeyError as exc:
+        raise ValueError(f"pressure: missing {exc.args[0].decode()!r}") from None
+
+
+def parse_pressure(data: bytes) -> Pressure:
+    """Parse a PSI file (``memory.pressure``, ``/proc/pressure/memory``).
+
+    Raises:
+        ValueError: no ``some`` line, or a malformed field.
+
+    >>> parse_pressure(b"some avg10=12.50 avg60=3.00 avg300=0.50 total=991\\n").some.avg10
+    12.5
+    """
+    lines: dict[bytes, PressureLine] = {}
+    for line in data.splitlines():
+        kind, _, rest = line.strip().partition(b" ")
+        if kind in (b"some", b"full"):
+            lines[kind] = _parse_pressure_line(rest)
+    if b"some" not in lines:
+        raise ValueError(f"pressure: no 'some' line in {data[:80]!r}")
+    return Pressure(some=lines[b"some"], full=lines.get(b"full"))
+
+
+def parse_procs(data: bytes) -> tuple[int, ...]:
+    """Parse ``cgroup.procs`` (one pid per line)."""
+    return tuple(int(line) for line in data.split())
+
+
+def parse_limit(data: bytes) -> int | None:
+    """Parse ``memory.high`` / ``memory.max``: bytes, or None for ``max`` (no limit)."""
+    value = data.strip()
+    return None if value == b"max" else _int(value, "memory limit")
+
+
+# ---------------------------------------------------------------------------
+# Readers
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMemory:
+    """A cgroup's memory figures at one moment (bytes).
+
+    ``peak`` is None on kernels before 5.19 (no ``memory.peak``), ``pressure``
+    None where PSI is off. ``pids`` are the cgroup's own processes, not its
+    descendants'.
+    """
+
+    current: int
+    peak: int | None
+    events: MemoryEvents
+    anon: int
+    file: int
+    pids: tuple[int, ...]
+    pressure: Pressure | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields, for reports."""
+        return {
+            "current": self.current,
+            "peak": self.peak,
+            "events": self.events.to_dict(),
+            "anon": self.anon,
+            "file": self.file,
+            "pids": list(self.pids),
+            "pressure": None if self.pressure is None else self.pressure.to_dict(),
+        }
+
+
+def read_cgroup_memory(path: Path) -> CgroupMemory | None:
+    """Read the memory figures of the cgroup directory ``path``.
+
+    Returns None when the cgroup is gone (it may vanish at any point of the
+    read) or has no memory accounting: the root cgroup and cgroups whose
+    parent does not enable the memory controller have no ``memory.current``
+    (:func:`memory_controller_enabled` tells these apart).
+
+    Raises:
+        OSError: other than the cgroup vanishing (e.g. EACCES).
+        ValueError: a file holds something that is not its documented format.
+    """
+    current = _read_kernel_file(path / "memory.current")
+    if current is None:
+        return None
+    # Read memory.peak before the files every kernel has: if it is missing
+    # and they are still there, the kernel predates it (5.19), the cgroup did
+    # not just vanish.
+    peak = _read_kernel_file(path / "memory.peak")
+    events = _read_kernel_file(path / "memory.events")
+    stat = _read_kernel_file(path / "memory.stat")
+    procs = _read_kernel_file(path / "cgroup.procs")
+    if events is None or stat is None or procs is None:
+        return None
+    pressure = _read_kernel_file(path / "memory.pressure", _GONE_OR_UNSUPPORTED)
+    memory_stat = parse_memory_stat(stat)
+    return CgroupMemory(
+        current=_int(current.strip(), "memory.current"),
+        peak=None if peak is None else _int(peak.strip(), "memory.peak"),
+        events=parse_memory_events(events),
+        anon=memory_stat.anon,
+        file=memory_stat.file,
+        pids=parse_procs(procs),
+        pressure=None if pressure is None else parse_pressure(pressure),
+    )
+
+
+def scan_slice(slice_path: Path) -> dict[str, CgroupMemory]:
+    """Read every scope directly under a slice, keyed by unit name.
+
+    One pass over the slice's ``*.scope`` children; scopes that vanish during
+    the pass are left out, and a slice that does not exist (no agent running,
+    so systemd removed it) gives ``{}``. Read the slice's own figures with
+    :func:`read_cgroup_memory`.
+
+    Raises:
+        OSError: other than cgroups vanishing.
+    """
+    try:
+        entries = list(os.scandir(slice_path))
+    except OSError as exc:
+        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+            return {}
+        raise
+    result: dict[str, CgroupMemory] = {}
+    for entry in sorted(entries, key=lambda e: e.name):
+        if not entry.name.endswith(".scope"):
+            continue
+        memory = read_cgroup_memory(Path(entry.path))
+        if memory is not None:
+            result[entry.name] = memory
+    return result
+
+
+def _slice_parts(slice_name: str) -> list[str]:
+    """``a-b-c.slice`` -> ``["a.slice", "a-b.slice", "a-b-c.slice"]`` (systemd.slice(5))."""
+    if slice_name == "-.slice":
+        return []
+    stem, dot, suffix = slice_name.rpartition(".")
+    if not dot or suffix != "slice" or not stem:
+        raise ValueError(f"{slice_name!r} is not a slice name (expected NAME.slice)")
+    pieces = stem.split("-")
+    if not all(pieces) or "/" in stem:
+        raise ValueError(
+            f"{slice_name!r} is not a valid slice name: dashes separate the levels of the "
+            "hierarchy, so it may not start or end with one or hold two in a row"
+        )
+    return ["-".join(pieces[: i + 1]) + ".slice" for i in range(len(pieces))]
+
+
+def cgroup_path_for_unit(manager_root: Path, slice_name: str, unit: str | None = None) -> Path:
+    """The cgroup directory of ``unit`` in ``slice_name`` (or of the slice itself).
+
+    ``manager_root`` is the cgroup of the systemd manager whose tree it is:
+    ``/sys/fs/cgroup`` for the system manager, ``user_manager_cgroup(uid)``
+    for a user manager. The dashes in a slice name are its hierarchy::
+
+        >>> cgroup_path_for_unit(Path("/sys/fs/cgroup"), "app-agentscope-agents.slice")
+        PosixPath('/sys/fs/cgroup/app.slice/app-agentscope.slice/app-agentscope-agents.slice')
+
+    Raises:
+        ValueError: ``slice_name`` is not a valid slice name, or ``unit`` holds a '/'.
+    """
+    path = manager_root.joinpath(*_slice_parts(slice_name))
+    if unit is None:
+        return path
+    if not unit or "/" in unit or unit in (".", ".."):
+        raise ValueError(f"{unit!r} is not a unit name")
+    return path / unit
+
+
+def user_manager_cgroup(uid: int, cgroup_root: Path = CGROUP_ROOT) -> Path:
+    """The cgroup of ``user@UID.service``, root of that user manager's units."""
+    return cgroup_root / "user.slice" / f"user-{uid}.slice" / f"user@{uid}.service"
+
+
+def _resolve(cgroup_root: Path, path: Path | str) -> Path:
+    """Accept a directory under ``cgroup_root`` or a ``/proc/PID/cgroup``-style path."""
+    candidate = Path(path)
+    if candidate.is_relative_to(cgroup_root):
+        return candidate
+    return cgroup_root / str(path).lstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitHolder:
+    """A cgroup that sets ``memory.high`` or ``memory.max`` (bytes; None = no limit)."""
+
+    path: Path
+    high: int | None
+    max: int | None
+
+    @property
+    def unit(self) -> str:
+        """The unit owning the cgroup (its directory name), e.g. ``app-agentscope-agents.slice``."""
+        return self.path.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields, for reports."""
+        return {"path": str(self.path), "unit": self.unit, "high": self.high, "max": self.max}
+
+
+def find_limit_holders(cgroup_root: Path, path: Path | str) -> tuple[LimitHolder, ...]:
+    """The cgroups from ``path`` up to (not including) the root that set a memory limit.
+
+    Nearest first: the first one with ``high`` set is the unit whose
+    MemoryHigh throttles processes in ``path``. ``path`` is a directory under
+    ``cgroup_root`` or a cgroup path as in ``/proc/PID/cgroup`` (``/user.slice/...``).
+    Cgroups that vanish, or lack the files, are skipped.
+
+    Raises:
+        OSError: other than a cgroup vanishing.
+    """
+    root = cgroup_root
+    current = _resolve(root, path)
+    holders: list[LimitHolder] = []
+    while current != root and current.is_relative_to(root):
+        high_data = _read_kernel_file(current / "memory.high")
+        max_data = _read_kernel_file(current / "memory.max")
+        high = None if high_data is None else parse_limit(high_data)
+        limit = None if max_data is None else parse_limit(max_data)
+        if high is not None or limit is not None:
+            holders.append(LimitHolder(path=current, high=high, max=limit))
+        current = current.parent
+    return tuple(holders)
+
+
+def cgroup_v2_mounted(cgroup_root: Path = CGROUP_ROOT) -> bool:
+    """True when ``cgroup_root`` is a cgroup v2 hierarchy (it has ``cgroup.controllers``).
+
+    On a v1/v2 hybrid host ``/sys/fs/cgroup`` is a tmpfs of v1 hierarchies
+    and this is False (the v2 tree is at ``/sys/fs/cgroup/unified``).
+    """
+    return (cgroup_root / "cgroup.controllers").is_file()
+
+
+def memory_controller_enabled(path: Path) -> bool:
+    """True when the memory controller is available in the cgroup ``path``.
+
+    False also when the cgroup is gone.
+    """
+    data = _read_kernel_file(path / "cgroup.controllers")
+    return data is not None and b"memory" in data.split()

@@ -1,0 +1,110 @@
+"""The errors agentscope raises.
+
+Every error is an :class:`AgentscopeError`. Subclasses exist only where a
+caller can act differently on them::
+
+    AgentscopeError
+    ├── InvalidName          a fleet or agent name that systemd or we refuse
+    ├── LaunchError          the agent could not be started (binary, cwd, env, exec)
+    ├── AgentNotFound        no running agent of that name in this fleet
+    ├── AgentExists          an agent of that name is already running
+    ├── SystemdUnavailable   no systemd manager reachable on the bus we tried
+    └── BusError             systemd refused a D-Bus call (keeps its error name)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentExists",
+    "AgentNotFound",
+    "AgentscopeError",
+    "BusError",
+    "InvalidName",
+    "LaunchError",
+    "SystemdUnavailable",
+]
+
+
+class AgentscopeError(Exception):
+    """Base class of every error agentscope raises."""
+
+
+class InvalidName(AgentscopeError, ValueError):
+    """A fleet or agent name is not acceptable.
+
+    Names are 1-64 characters of ``[A-Za-z0-9._-]`` and do not start with
+    ``.`` or ``-``.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        name: object,
+        reason: str,
+        hint: str = "use 1-64 characters of [A-Za-z0-9._-], not starting with '.' or '-'",
+    ) -> None:
+        self.kind = kind
+        self.name = name
+        self.reason = reason
+        super().__init__(f"invalid {kind} name {name!r}: {reason}; {hint}")
+
+
+class LaunchError(AgentscopeError):
+    """The agent could not be started; nothing was left behind."""
+
+
+class AgentNotFound(AgentscopeError, LookupError):
+    """No agent of that name is known to this fleet."""
+
+    def __init__(self, fleet: str, name: str) -> None:
+        self.fleet = fleet
+        self.name = name
+        super().__init__(
+            f"no agent {name!r} in fleet {fleet!r}; list the fleet's agents to see its names"
+        )
+
+
+class AgentExists(AgentscopeError):
+    """An agent of that name is already running in this fleet."""
+
+    def __init__(self, fleet: str, name: str, unit: str) -> None:
+        self.fleet = fleet
+        self.name = name
+        self.unit = unit
+        super().__init__(
+            f"agent {name!r} is already running in fleet {fleet!r} as {unit}; "
+            "stop it first or pick another name"
+        )
+
+
+class SystemdUnavailable(AgentscopeError):
+    """No systemd manager could be reached.
+
+    ``bus`` names the bus address tried and ``reason`` says why it failed.
+    """
+
+    def __init__(self, manager: str, bus: str, reason: str) -> None:
+        self.manager = manager
+        self.bus = bus
+        self.reason = reason
+        hint = (
+            "is this a systemd host with the system bus running?"
+            if manager == "system"
+            else "is a user manager running (loginctl enable-linger, or log in) and "
+            "XDG_RUNTIME_DIR set?"
+        )
+        super().__init__(f"cannot reach the {manager} systemd manager at {bus}: {reason}; {hint}")
+
+
+class BusError(AgentscopeError):
+    """systemd refused a D-Bus call.
+
+    ``method`` is the call, ``dbus_name`` systemd's error name (for example
+    ``org.freedesktop.systemd1.NoSuchUnit``) and ``message`` its text.
+    """
+
+    def __init__(self, method: str, dbus_name: str, message: str) -> None:
+        self.method = method
+        self.dbus_name = dbus_name
+        self.message = message
+        super().__init__(f"systemd refused {method}: {message} ({dbus_name})")

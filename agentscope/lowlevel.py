@@ -1,0 +1,130 @@
+"""The raw layer under agentscope: cgroup and /proc readers, bus access, naming.
+
+For harnesses that need the pieces: every reader takes its root as a
+parameter and returns frozen dataclasses; a process or cgroup that vanished
+mid-read gives None, never an error.
+"""
+
+from ._attribution import THROTTLE_WCHANS as THROTTLE_WCHANS
+from ._attribution import KernelOomKill as KernelOomKill
+from ._attribution import PressureEvent as PressureEvent
+from ._attribution import PressureSample as PressureSample
+from ._attribution import PressureWindow as PressureWindow
+from ._attribution import SeenProcess as SeenProcess
+from ._attribution import Throttle as Throttle
+from ._attribution import counter_delta as counter_delta
+from ._attribution import detect_throttle as detect_throttle
+from ._attribution import is_throttled as is_throttled
+from ._attribution import oom_victims as oom_victims
+from ._attribution import parse_oom_kill_line as parse_oom_kill_line
+from ._bus import INFINITY as INFINITY
+from ._bus import BusAddress as BusAddress
+from ._bus import Manager as Manager
+from ._bus import SystemdBus as SystemdBus
+from ._bus import bus_addresses as bus_addresses
+from ._bus import resolve_manager as resolve_manager
+from ._cgroup import CgroupMemory as CgroupMemory
+from ._cgroup import LimitHolder as LimitHolder
+from ._cgroup import MemoryEvents as MemoryEvents
+from ._cgroup import MemoryStat as MemoryStat
+from ._cgroup import Pressure as Pressure
+from ._cgroup import PressureLine as PressureLine
+from ._cgroup import cgroup_path_for_unit as cgroup_path_for_unit
+from ._cgroup import cgroup_v2_mounted as cgroup_v2_mounted
+from ._cgroup import find_limit_holders as find_limit_holders
+from ._cgroup import memory_controller_enabled as memory_controller_enabled
+from ._cgroup import parse_limit as parse_limit
+from ._cgroup import parse_memory_events as parse_memory_events
+from ._cgroup import parse_memory_stat as parse_memory_stat
+from ._cgroup import parse_pressure as parse_pressure
+from ._cgroup import parse_procs as parse_procs
+from ._cgroup import read_cgroup_memory as read_cgroup_memory
+from ._cgroup import scan_slice as scan_slice
+from ._cgroup import user_manager_cgroup as user_manager_cgroup
+from ._names import DEFAULT_SLICE as DEFAULT_SLICE
+from ._names import describe as describe
+from ._names import parse_description as parse_description
+from ._names import scope_pattern as scope_pattern
+from ._names import scope_unit_name as scope_unit_name
+from ._names import validate_name as validate_name
+from ._names import validate_slice as validate_slice
+from ._proc import MemInfo as MemInfo
+from ._proc import ProcessInfo as ProcessInfo
+from ._proc import ProcStat as ProcStat
+from ._proc import SmapsRollup as SmapsRollup
+from ._proc import host_pressure as host_pressure
+from ._proc import iter_pids as iter_pids
+from ._proc import parse_meminfo as parse_meminfo
+from ._proc import parse_stat as parse_stat
+from ._proc import read_cgroup as read_cgroup
+from ._proc import read_cmdline as read_cmdline
+from ._proc import read_meminfo as read_meminfo
+from ._proc import read_oom_score_adj as read_oom_score_adj
+from ._proc import read_smaps_rollup as read_smaps_rollup
+from ._proc import read_stat as read_stat
+from ._proc import read_statm_rss as read_statm_rss
+from ._proc import read_wchan as read_wchan
+from ._proc import top_processes as top_processes
+
+__all__ = [
+    "DEFAULT_SLICE",
+    "INFINITY",
+    "THROTTLE_WCHANS",
+    "BusAddress",
+    "CgroupMemory",
+    "KernelOomKill",
+    "LimitHolder",
+    "Manager",
+    "MemInfo",
+    "MemoryEvents",
+    "MemoryStat",
+    "Pressure",
+    "PressureEvent",
+    "PressureLine",
+    "PressureSample",
+    "PressureWindow",
+    "ProcStat",
+    "ProcessInfo",
+    "SeenProcess",
+    "SmapsRollup",
+    "SystemdBus",
+    "Throttle",
+    "bus_addresses",
+    "cgroup_path_for_unit",
+    "cgroup_v2_mounted",
+    "counter_delta",
+    "describe",
+    "detect_throttle",
+    "find_limit_holders",
+    "host_pressure",
+    "is_throttled",
+    "iter_pids",
+    "memory_controller_enabled",
+    "oom_victims",
+    "parse_description",
+    "parse_limit",
+    "parse_meminfo",
+    "parse_memory_events",
+    "parse_memory_stat",
+    "parse_oom_kill_line",
+    "parse_pressure",
+    "parse_procs",
+    "parse_stat",
+    "read_cgroup",
+    "read_cgroup_memory",
+    "read_cmdline",
+    "read_meminfo",
+    "read_oom_score_adj",
+    "read_smaps_rollup",
+    "read_stat",
+    "read_statm_rss",
+    "read_wchan",
+    "resolve_manager",
+    "scan_slice",
+    "scope_pattern",
+    "scope_unit_name",
+    "top_processes",
+    "user_manager_cgroup",
+    "validate_name",
+    "validate_slice",
+]

@@ -1,0 +1,1 @@
+"""The ``agentscope`` command line, built on the library's public API."""

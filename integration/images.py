@@ -1,0 +1,291 @@
+"""Debian VM images for the integration test bed: recipes, cache and build.
+
+Each distro is a root filesystem built with mmdebstrap, turned into an ext4
+disk image without root mounts (``mke2fs -d``), plus the kernel and initrd
+to boot it directly. Images are cached outside the checkout, keyed by a hash
+of this file, the distro's recipe and the guest's Python requirements, so an
+image is rebuilt only when its recipe changes.
+
+Standard library only: this runs on fresh CI machines before anything else
+is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+__all__ = ["DISTROS", "Distro", "Image", "ensure_image"]
+
+_HERE = Path(__file__).resolve().parent
+_PROJECT = _HERE.parent
+CACHE_DIR = Path(os.environ.get("AGENTSCOPE_VM_CACHE", "/var/tmp/agentscope-vm"))
+MIRROR = "http://deb.debian.org/debian"
+TEST_USER = "agent"
+TEST_UID = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Distro:
+    name: str
+    suite: str
+    systemd: str  # major version the image must boot with
+    python: str  # the guest's python3, for picking wheels on the host
+    extra_mirrors: tuple[str, ...] = ()
+    aptopts: tuple[str, ...] = ()
+    hooks: tuple[str, ...] = ()  # extra mmdebstrap --customize-hook commands
+
+
+# bullseye's systemd 247.3 under a bookworm userland (Python 3.11), as in
+# FIELD-NOTES.md: bullseye's own Python 3.9 is older than we support.
+_SD247_DOWNGRADE = (
+    'chroot "$1" apt-get install -y -q --allow-downgrades '
+    "systemd/bullseye systemd-sysv/bullseye libsystemd0/bullseye "
+    "libpam-systemd/bullseye udev/bullseye libudev1/bullseye"
+)
+
+DISTROS: dict[str, Distro] = {
+    d.name: d
+    for d in (
+        Distro(
+            "sd247",
+            "bookworm",
+            "247",
+            "3.11",
+            extra_mirrors=(f"deb {MIRROR} bullseye main",),
+            hooks=(_SD247_DOWNGRADE,),
+        ),
+        Distro("bookworm", "bookworm", "252", "3.11"),
+        Distro("trixie", "trixie", "257", "3.13"),
+        Distro(
+            "sid",
+            "sid",
+            "262",
+            "3.14",
+            # The sid index here is a snapshot whose Release file has expired.
+            aptopts=('Acquire::Check-Valid-Until "false"',),
+        ),
+    )
+}
+
+_PACKAGES = (
+    "linux-image-cloud-amd64",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "dbus-user-session",
+    "libpam-systemd",
+    "python3",
+    "python3-venv",
+    "tmux",
+    "procps",
+    "util-linux",
+    "e2fsprogs",
+    "passwd",  # useradd: not Essential from trixie on
+)
+
+# The unit that runs the payload once the system and the lingering user's
+# manager are up, then powers off at once: a normal poweroff can wait minutes
+# on leftover processes.
+_GUEST_UNIT = f"""\
+[Unit]
+Description=agentscope integration payload
+After=multi-user.target user@{TEST_UID}.service
+Wants=user@{TEST_UID}.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/agentscope-guest
+StandardOutput=journal+console
+TimeoutStartSec=infinity
+# Tests provoke OOM kills; one of them must not stop the test runner.
+OOMPolicy=continue
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+_GUEST_SCRIPT = """\
+#!/bin/sh
+# Mount the payload disk, run its script with output on the second serial
+# port, then power off without waiting for anything.
+out=/dev/ttyS1
+stty -F "$out" raw -echo 2>/dev/null
+mkdir -p /payload
+if mount -o noatime /dev/vdb /payload; then
+    sh /payload/guest.sh >"$out" 2>&1
+else
+    echo "@@AGENTSCOPE-STATUS payload=mount-failed@@" >"$out"
+fi
+cd /
+sync
+umount /payload 2>/dev/null
+sync
+echo o >/proc/sysrq-trigger
+"""
+
+
+def _guest_requirements() -> list[str]:
+    """What the guest needs besides agentscope itself: its deps and test deps."""
+    meta = tomllib.loads((_PROJECT / "pyproject.toml").read_text())["project"]
+    extras = meta["optional-dependencies"]
+    return sorted(
+        set(meta["dependencies"]) | {r for k in ("cli", "tmux", "test") for r in extras[k]}
+    )
+
+
+def _recipe_key(distro: Distro) -> str:
+    h = hashlib.sha256()
+    h.update(Path(__file__).read_bytes())
+    h.update(repr(distro).encode())
+    h.update(repr(_guest_requirements()).encode())
+    return h.hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    distro: Distro
+    root: Path
+    kernel: Path
+    initrd: Path
+
+
+def _log(msg: str) -> None:
+    print(f"[images] {msg}", file=sys.stderr, flush=True)
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    with log.open("ab") as f:
+        f.write(("\n$ " + " ".join(cmd) + "\n").encode())
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if rc != 0:
+        tail = log.read_text(errors="replace").splitlines()[-30:]
+        raise SystemExit(f"image build step failed (exit {rc}): {cmd[0]}\n" + "\n".join(tail))
+
+
+def _download_wheels(distro: Distro, dest: Path, log: Path) -> None:
+    ver = distro.python.replace(".", "")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--only-binary=:all:",
+            "--python-version",
+            distro.python,
+            "--implementation",
+            "cp",
+            "--abi",
+            f"cp{ver}",
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "any",
+            "-d",
+            str(dest),
+            *_guest_requirements(),
+        ],
+        log,
+    )
+
+
+def _build(distro: Distro, out: Path) -> None:
+    work = Path(tempfile.mkdtemp(prefix=f"build-{distro.name}-", dir=CACHE_DIR))
+    log = out.with_suffix(".log")
+    try:
+        wheels = work / "wheels"
+        wheels.mkdir()
+        _download_wheels(distro, wheels, log)
+        rootdir = work / "root"
+        user_setup = (
+            f'chroot "$1" useradd -m -u {TEST_UID} -s /bin/bash {TEST_USER} && '
+            f'mkdir -p "$1/var/lib/systemd/linger" && touch "$1/var/lib/systemd/linger/{TEST_USER}"'
+        )
+        files = work / "files"
+        files.mkdir()
+        (files / "agentscope-guest").write_text(_GUEST_SCRIPT)
+        (files / "agentscope-guest.service").write_text(_GUEST_UNIT)
+        hooks = [
+            *distro.hooks,
+            user_setup,
+            f'install -m 0755 {files}/agentscope-guest "$1/usr/local/sbin/agentscope-guest"',
+            f'install -m 0644 {files}/agentscope-guest.service "$1/etc/systemd/system/"',
+            'chroot "$1" systemctl enable agentscope-guest.service',
+            'echo agentscope-vm > "$1/etc/hostname"',
+            # Nothing to wait for without a network.
+            'chroot "$1" systemctl mask systemd-networkd-wait-online.service '
+            "apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer "
+            "man-db.timer || true",
+            f'cp -r {wheels} "$1/tmp/wheels"',
+            'chroot "$1" python3 -m venv /opt/agentscope',
+            'chroot "$1" /opt/agentscope/bin/python -m pip install --quiet --no-index '
+            "--disable-pip-version-check --find-links /tmp/wheels "
+            + " ".join(f"'{r}'" for r in _guest_requirements()),
+            'rm -rf "$1/tmp/wheels"',
+            'chroot "$1" /opt/agentscope/bin/python -c "import dbus_fast, psutil, pytest"',
+            # mke2fs -d needs a readable tree; the kernel and initrd are copied out.
+            f'cp "$1"/boot/vmlinuz-* {work}/vmlinuz',
+            f'cp "$1"/boot/initrd.img-* {work}/initrd.img',
+        ]
+        cmd = [
+            "mmdebstrap",
+            "--mode=root",
+            "--variant=apt",
+            "--include=" + ",".join(_PACKAGES),
+            *(f"--aptopt={o}" for o in distro.aptopts),
+            *(f"--customize-hook={h}" for h in hooks),
+            distro.suite,
+            str(rootdir),
+            f"deb {MIRROR} {distro.suite} main",
+            *distro.extra_mirrors,
+        ]
+        t0 = time.monotonic()
+        _run(cmd, log)
+        img = work / "root.img"
+        _run(["mke2fs", "-q", "-t", "ext4", "-d", str(rootdir), str(img), "3G"], log)
+        shutil.rmtree(rootdir)
+        (work / "key").write_text(out.name + "\n")
+        work.rename(out)
+        _log(f"built {distro.name} in {time.monotonic() - t0:.0f}s: {out}")
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def ensure_image(name: str, *, rebuild: bool = False) -> Image:
+    """Return the cached image of a distro, building it if its recipe changed."""
+    distro = DISTROS[name]
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    out = CACHE_DIR / f"{distro.name}-{_recipe_key(distro)}"
+    if rebuild and out.exists():
+        shutil.rmtree(out)
+    if not out.exists():
+        # Older recipes of this distro, and builds that were interrupted.
+        for old in [*CACHE_DIR.glob(f"{distro.name}-*"), *CACHE_DIR.glob(f"build-{distro.name}-*")]:
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+        _log(f"building the {distro.name} image (systemd {distro.systemd}); log: {out}.log")
+        _build(distro, out)
+    return Image(distro, out / "root.img", out / "vmlinuz", out / "initrd.img")

@@ -1,0 +1,306 @@
+"""Run the in-VM test suite against a real kernel and a real systemd.
+
+For each distro: build (or reuse) its image, build agentscope as a wheel from
+the checkout, put the wheel and ``integration/`` on a payload disk, boot the
+image under qemu (TCG), and run pytest inside it as root against the system
+manager and as the lingering user against the user manager, one boot for
+both. Output streams as it comes; the exit status is the suites' combined
+status. Nothing is left behind: qemu dies with this process, and the run's
+temporary files (payload disk, qemu's snapshot overlay) are removed, also on
+Ctrl-C, SIGTERM and the timeout.
+
+    python integration/vm.py                                  # the whole matrix
+    python integration/vm.py -d bookworm -m user -k smoke     # one distro, one manager, one test
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import images
+
+_HERE = Path(__file__).resolve().parent
+_PROJECT = _HERE.parent
+_STATUS = re.compile(r"@@AGENTSCOPE-STATUS(.*)@@")
+_SUMMARY = re.compile(r"^=+ (.*\b(?:passed|failed|error|errors|skipped|deselected)\b.*) in [\d.]+s")
+_MANAGERS = ("system", "user")
+
+
+def _log(msg: str) -> None:
+    print(f"[vm] {msg}", file=sys.stderr, flush=True)
+
+
+def _build_wheel(dest: Path) -> Path:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dest),
+            str(_PROJECT),
+        ],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    (wheel,) = dest.glob("agentscope-*.whl")
+    return wheel
+
+
+def _payload(
+    work: Path, distro: images.Distro, managers: list[str], pytest_args: list[str]
+) -> Path:
+    """Make the payload disk: the wheel, the in-VM tests and what to run."""
+    tree = work / "payload"
+    tree.mkdir()
+    _build_wheel(tree)
+    shutil.copytree(
+        _HERE, tree / "integration", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    if (_PROJECT / "benchmarks").is_dir():
+        shutil.copytree(
+            _PROJECT / "benchmarks",
+            tree / "benchmarks",
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
+    shutil.copy(_HERE / "guest.sh", tree / "guest.sh")
+    env = {
+        "DISTRO": distro.name,
+        "SYSTEMD": distro.systemd,
+        "MANAGERS": " ".join(managers),
+        "PYTEST_ARGS": shlex.join(pytest_args),
+        "TEST_USER": images.TEST_USER,
+        "TEST_UID": str(images.TEST_UID),
+    }
+    (tree / "env").write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
+    size_mb = 64 + sum(f.stat().st_size for f in tree.rglob("*") if f.is_file()) // 2**20
+    img = work / "payload.img"
+    subprocess.run(
+        ["mke2fs", "-q", "-t", "ext4", "-d", str(tree), str(img), f"{size_mb}M"],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    return img
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG: qemu must not outlive this runner, even if the runner
+    # itself is SIGKILLed and has no chance to clean up.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def _terminate_on_signals() -> Iterator[None]:
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def boot(
+    distro_name: str,
+    managers: list[str],
+    pytest_args: list[str],
+    *,
+    timeout: float,
+    memory: str,
+    rebuild: bool = False,
+) -> dict[str, tuple[int, str]]:
+    """Boot one distro, run the suites, return {manager: (exit status, summary)}."""
+    image = images.ensure_image(distro_name, rebuild=rebuild)
+    distro = image.distro
+    images.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"run-{distro.name}-", dir=images.CACHE_DIR))
+    results: dict[str, tuple[int, str]] = {}
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        payload = _payload(work, distro, managers, pytest_args)
+        out, console = work / "out.log", work / "console.log"
+        out.touch()
+        cmd = [
+            "qemu-system-x86_64",
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max",
+            "-smp",
+            "2",
+            "-m",
+            memory,
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-no-reboot",
+            "-device",
+            "virtio-rng-pci",
+            "-kernel",
+            str(image.kernel),
+            "-initrd",
+            str(image.initrd),
+            "-append",
+            "root=/dev/vda rw console=ttyS0 panic=-1 quiet loglevel=4 systemd.show_status=0",
+            "-drive",
+            f"file={image.root},format=raw,if=virtio,snapshot=on",
+            "-drive",
+            f"file={payload},format=raw,if=virtio",
+            "-serial",
+            f"file:{console}",
+            "-serial",
+            f"file:{out}",
+        ]
+        _log(f"booting {distro.name} (systemd {distro.systemd}), managers: {' '.join(managers)}")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=(work / "qemu.err").open("wb"),
+            # qemu's snapshot overlay goes here and is removed with the run.
+            env={**os.environ, "TMPDIR": str(work)},
+            preexec_fn=_die_with_parent,
+        )
+        status: str | None = None
+        summaries: dict[str, str] = {}
+        current: str | None = None
+        with out.open("rb") as f:
+            buf = b""
+            while True:
+                chunk = f.read()
+                if chunk:
+                    buf += chunk.replace(b"\r", b"")
+                    *lines, buf = buf.split(b"\n")
+                    for raw in lines:
+                        line = raw.decode(errors="replace")
+                        print(line, flush=True)
+                        if m := re.match(r"^==== \S+ \(systemd \S+\) (\w+) manager", line):
+                            current = m.group(1)
+                        elif (m := _SUMMARY.match(line)) and current:
+                            summaries[current] = m.group(1)
+                        elif m := _STATUS.search(line):
+                            status = m.group(1)
+                elif proc.poll() is not None:
+                    break
+                else:
+                    time.sleep(0.2)
+                if time.monotonic() - t0 > timeout:
+                    _log(f"{distro.name}: timeout after {timeout:.0f}s, stopping the VM")
+                    break
+        _stop(proc)
+        elapsed = time.monotonic() - t0
+        codes = dict(kv.split("=", 1) for kv in (status or "").split())
+        for m in managers:
+            rc = codes.get(m)
+            results[m] = (
+                int(rc) if rc and rc.isdigit() else 1,
+                summaries.get(m, "no result (see the console log above)"),
+            )
+        if status is None or any(rc != 0 for rc, _ in results.values()):
+            tail = console.read_text(errors="replace").splitlines()[-40:]
+            _log(f"{distro.name}: guest console (last 40 lines):\n" + "\n".join(tail))
+        _log(f"{distro.name}: VM run took {elapsed:.0f}s")
+        return results
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "-d",
+        "--distro",
+        action="append",
+        choices=sorted(images.DISTROS),
+        help="distro to run (repeatable; default: all)",
+    )
+    p.add_argument("-m", "--manager", choices=[*_MANAGERS, "both"], default="both")
+    p.add_argument("-k", dest="k", default="", help="pytest -k expression")
+    p.add_argument("--timeout", type=float, default=1500, help="seconds per VM (default 1500)")
+    p.add_argument("--memory", default="768M", help="VM memory (default 768M)")
+    p.add_argument("--rebuild", action="store_true", help="rebuild the images")
+    p.add_argument("--build-only", action="store_true", help="build the images, run nothing")
+    p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = p.parse_args(argv)
+    distros = args.distro or list(images.DISTROS)
+    managers = list(_MANAGERS) if args.manager == "both" else [args.manager]
+    pytest_args = [*(["-k", args.k] if args.k else []), *args.pytest_args]
+    for tool in ("qemu-system-x86_64", "mmdebstrap", "mke2fs"):
+        if shutil.which(tool) is None:
+            _log(f"{tool} is not installed: apt-get install qemu-system-x86 mmdebstrap e2fsprogs")
+            return 2
+    results: dict[tuple[str, str], tuple[int, str]] = {}
+    t0 = time.monotonic()
+    with _terminate_on_signals():
+        try:
+            if args.build_only:
+                for d in distros:
+                    images.ensure_image(d, rebuild=args.rebuild)
+                return 0
+            for d in distros:
+                got = boot(
+                    d,
+                    managers,
+                    pytest_args,
+                    timeout=args.timeout,
+                    memory=args.memory,
+                    rebuild=args.rebuild,
+                )
+                results.update({(d, m): r for m, r in got.items()})
+        except KeyboardInterrupt:
+            _log("interrupted; the VM and its temporary files are gone")
+            return 130
+    passed = failed = 0
+    print(f"\nintegration matrix ({time.monotonic() - t0:.0f}s):")
+    for (d, m), (rc, summary) in results.items():
+        print(f"  {d:<9} {m:<7} {'ok  ' if rc == 0 else 'FAIL'}  {summary}")
+        passed += sum(int(n) for n in re.findall(r"(\d+) passed", summary))
+        failed += sum(int(n) for n in re.findall(r"(\d+) (?:failed|errors?)\b", summary))
+        if rc != 0 and not re.search(r"\d+ (?:failed|errors?)\b", summary):
+            failed += 1  # a suite that died without a summary still counts
+    print(f"integration: {passed} passed, {failed} failed")
+    return 0 if results and all(rc == 0 for rc, _ in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
