@@ -47,3 +47,7 @@ demo:
 
 clean-vm:
 	rm -rf /var/tmp/agentscope-vm
+
+BENCH ?= bench_launch.py
+bench: venv
+	$(PY) integration/vm.py --bench $(BENCH) $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d)),-d trixie) -m $(MANAGER)

@@ -69,7 +69,11 @@ def _build_wheel(dest: Path) -> Path:
 
 
 def _payload(
-    work: Path, distro: images.Distro, managers: list[str], pytest_args: list[str]
+    work: Path,
+    distro: images.Distro,
+    managers: list[str],
+    pytest_args: list[str],
+    bench: str | None = None,
 ) -> Path:
     """Make the payload disk: the wheel, the in-VM tests and what to run."""
     tree = work / "payload"
@@ -90,6 +94,7 @@ def _payload(
         "SYSTEMD": distro.systemd,
         "MANAGERS": " ".join(managers),
         "PYTEST_ARGS": shlex.join(pytest_args),
+        "BENCH": bench or "",
         "TEST_USER": images.TEST_USER,
         "TEST_UID": str(images.TEST_UID),
     }
@@ -142,6 +147,7 @@ def boot(
     timeout: float,
     memory: str,
     rebuild: bool = False,
+    bench: str | None = None,
 ) -> dict[str, tuple[int, str]]:
     """Boot one distro, run the suites, return {manager: (exit status, summary)}."""
     image = images.ensure_image(distro_name, rebuild=rebuild)
@@ -151,7 +157,7 @@ def boot(
     results: dict[str, tuple[int, str]] = {}
     proc: subprocess.Popen[bytes] | None = None
     try:
-        payload = _payload(work, distro, managers, pytest_args)
+        payload = _payload(work, distro, managers, pytest_args, bench)
         out, console = work / "out.log", work / "console.log"
         out.touch()
         cmd = [
@@ -260,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", default="768M", help="VM memory (default 768M)")
     p.add_argument("--rebuild", action="store_true", help="rebuild the images")
     p.add_argument("--build-only", action="store_true", help="build the images, run nothing")
+    p.add_argument("--bench", metavar="SCRIPT", help="run benchmarks/SCRIPT instead of the tests")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = p.parse_args(argv)
     distros = args.distro or list(images.DISTROS)
@@ -285,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                     timeout=args.timeout,
                     memory=args.memory,
                     rebuild=args.rebuild,
+                    bench=args.bench,
                 )
                 results.update({(d, m): r for m, r in got.items()})
         except KeyboardInterrupt:
