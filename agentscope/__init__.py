@@ -16,6 +16,8 @@ from ._errors import AgentscopeError as AgentscopeError
 from ._errors import BusError as BusError
 from ._errors import InvalidName as InvalidName
 from ._errors import LaunchError as LaunchError
+from ._errors import RegistryCorrupt as RegistryCorrupt
+from ._errors import RegistryError as RegistryError
 from ._errors import SystemdUnavailable as SystemdUnavailable
 from ._fleet import DEVNULL as DEVNULL
 from ._fleet import PIPE as PIPE
@@ -24,6 +26,8 @@ from ._fleet import AsyncFleet as AsyncFleet
 from ._fleet import Capabilities as Capabilities
 from ._fleet import probe as probe
 from ._names import DEFAULT_SLICE as DEFAULT_SLICE
+from ._registry import EventRecord as EventRecord
+from ._registry import default_registry_path as default_registry_path
 
 __version__ = "0.1.0.dev0"
 
@@ -39,11 +43,15 @@ __all__ = [
     "BlockingAgent",
     "BusError",
     "Capabilities",
+    "EventRecord",
     "Fleet",
     "InvalidName",
     "LaunchError",
+    "RegistryCorrupt",
+    "RegistryError",
     "SystemdUnavailable",
     "__version__",
+    "default_registry_path",
     "probe",
     "probe_sync",
 ]

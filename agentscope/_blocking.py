@@ -17,6 +17,7 @@ from typing import IO, Any, TypeVar
 from . import _names
 from ._errors import AgentscopeError
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
+from ._registry import EventRecord
 
 __all__ = ["BlockingAgent", "Fleet", "probe_sync"]
 
@@ -71,6 +72,33 @@ class BlockingAgent:
     def cgroup(self) -> str | None:
         return self._agent.cgroup
 
+    @property
+    def state(self) -> str:
+        return self._agent.state
+
+    @property
+    def started(self) -> float:
+        return self._agent.started
+
+    @property
+    def memory_current(self) -> int | None:
+        return self._agent.memory_current
+
+    @property
+    def memory_peak(self) -> int | None:
+        return self._agent.memory_peak
+
+    @property
+    def oom_kills(self) -> int:
+        return self._agent.oom_kills
+
+    @property
+    def returncode(self) -> int | None:
+        return self._agent.returncode
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._agent.to_dict()
+
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the agent's main process; see :meth:`Agent.wait`."""
         return self._portal.call(asyncio.wait_for(self._agent.wait(), timeout))
@@ -97,12 +125,23 @@ class Fleet:
         slice: str = _names.DEFAULT_SLICE,
         agent_oom_score_adj: int = 800,
         manager_oom_score_adj: int | None = 200,
+        registry: str | os.PathLike[str] | None = None,
+        policy: str = "adopt",
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._portal = _LoopThread()
         try:
             self._fleet = self._portal.call(
-                _make(name, manager, slice, agent_oom_score_adj, manager_oom_score_adj, env)
+                _make(
+                    name,
+                    manager,
+                    slice=slice,
+                    agent_oom_score_adj=agent_oom_score_adj,
+                    manager_oom_score_adj=manager_oom_score_adj,
+                    registry=registry,
+                    policy=policy,
+                    env=env,
+                )
             )
         except BaseException:
             self._portal.stop()
@@ -171,31 +210,36 @@ class Fleet:
         """See :meth:`AsyncFleet.thaw`."""
         self._portal.call(self._fleet.thaw(name))
 
-    def agents(self) -> list[BlockingAgent]:
+    def agents(self, *, all: bool = False) -> list[BlockingAgent]:
         """See :meth:`AsyncFleet.agents`."""
-        return [BlockingAgent(self._portal, a) for a in self._portal.call(self._fleet.agents())]
+        agents = self._portal.call(self._fleet.agents(all=all))
+        return [BlockingAgent(self._portal, a) for a in agents]
+
+    def events(
+        self,
+        *,
+        agent: str | None = None,
+        since: float | None = None,
+        kind: str | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[EventRecord]:
+        """See :meth:`AsyncFleet.events`."""
+        return self._portal.call(
+            self._fleet.events(agent=agent, since=since, kind=kind, after_id=after_id, limit=limit)
+        )
+
+    def gc(self, retention_seconds: float = 7 * 86400) -> int:
+        """See :meth:`AsyncFleet.gc`."""
+        return self._portal.call(self._fleet.gc(retention_seconds))
 
     def slice_limits(self) -> dict[str, int | None]:
         """See :meth:`AsyncFleet.slice_limits`."""
         return self._portal.call(self._fleet.slice_limits())
 
 
-async def _make(
-    name: str,
-    manager: str,
-    slice: str,
-    agent_adj: int,
-    manager_adj: int | None,
-    env: Mapping[str, str] | None,
-) -> AsyncFleet:
-    fleet = AsyncFleet(
-        name,
-        manager,
-        slice=slice,
-        agent_oom_score_adj=agent_adj,
-        manager_oom_score_adj=manager_adj,
-        env=env,
-    )
+async def _make(name: str, manager: str, **kwargs: Any) -> AsyncFleet:
+    fleet = AsyncFleet(name, manager, **kwargs)
     await fleet.open()
     return fleet
 

@@ -9,10 +9,16 @@ caller can act differently on them::
     ├── AgentNotFound        no running agent of that name in this fleet
     ├── AgentExists          an agent of that name is already running
     ├── SystemdUnavailable   no systemd manager reachable on the bus we tried
-    └── BusError             systemd refused a D-Bus call (keeps its error name)
+    ├── BusError             systemd refused a D-Bus call (keeps its error name)
+    └── RegistryError        the registry file cannot be used (names the file)
+        └── RegistryCorrupt  not a database, or a damaged one: move it aside
 """
 
 from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
 
 __all__ = [
     "AgentExists",
@@ -21,6 +27,8 @@ __all__ = [
     "BusError",
     "InvalidName",
     "LaunchError",
+    "RegistryCorrupt",
+    "RegistryError",
     "SystemdUnavailable",
 ]
 
@@ -108,3 +116,33 @@ class BusError(AgentscopeError):
         self.dbus_name = dbus_name
         self.message = message
         super().__init__(f"systemd refused {method}: {message} ({dbus_name})")
+
+
+class RegistryError(AgentscopeError):
+    """The registry file cannot be used; ``path`` names it.
+
+    The message says what went wrong and what to do next.
+    """
+
+    def __init__(self, path: os.PathLike[str] | str, message: str) -> None:
+        self.path = Path(path)
+        self.message = message
+        super().__init__(message)
+
+
+class RegistryCorrupt(RegistryError):
+    """The file is not an SQLite database, or a damaged one.
+
+    Nothing in it can be trusted; move it aside and agentscope rebuilds the
+    registry from the scopes systemd still runs.
+    """
+
+    def __init__(self, path: os.PathLike[str] | str, reason: str) -> None:
+        self.reason = reason
+        quoted = shlex.quote(str(path))
+        super().__init__(
+            path,
+            f"the agentscope registry {path} is unreadable ({reason}); move it aside: "
+            f"mv {quoted} {shlex.quote(str(path) + '.corrupt')}; "
+            "agentscope will rebuild it from what systemd still runs",
+        )

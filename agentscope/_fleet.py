@@ -18,10 +18,10 @@ import shutil
 import signal as _signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import psutil
 
@@ -34,13 +34,24 @@ from ._errors import (
     AgentscopeError,
     BusError,
     LaunchError,
+    RegistryError,
 )
-from ._proc import read_cgroup
+from ._proc import read_cgroup, read_stat
+from ._registry import (
+    AgentRecord,
+    EventRecord,
+    InvalidTransition,
+    LiveScope,
+    Registry,
+    default_registry_path,
+    reconcile,
+)
 from ._spawn import spawn_gated
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
 
 log = logging.getLogger("agentscope")
+T = TypeVar("T")
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -94,6 +105,12 @@ class Agent:
         self.pid = pid
         self.popen = popen
         self.started = time.time()
+        #: starting, running, frozen, stopping, exited, failed or lost
+        self.state = "running"
+        self.memory_current: int | None = None
+        self.memory_peak: int | None = None
+        self.oom_kills = 0
+        self.argv: list[str] = []
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
@@ -101,7 +118,35 @@ class Agent:
         self._exited: asyncio.Future[int | None] | None = None
 
     def __repr__(self) -> str:
-        return f"<Agent {self.name} pid={self.pid} unit={self.unit}>"
+        return f"<Agent {self.name} {self.state} pid={self.pid} unit={self.unit}>"
+
+    @classmethod
+    def _from_record(cls, fleet: AsyncFleet, rec: AgentRecord) -> Agent:
+        agent = cls(fleet, rec.name, rec.unit, rec.pid, None)
+        agent.started = rec.created
+        agent.state = rec.state
+        agent.returncode = rec.exit_status
+        agent.oom_kills = rec.oom_kills
+        agent.memory_current = rec.memory_current
+        agent.memory_peak = rec.memory_peak
+        agent.argv = list(rec.argv)
+        return agent
+
+    def to_dict(self) -> dict[str, Any]:
+        """The agent as JSON-ready data (what ``agentscope ls --json`` prints)."""
+        return {
+            "name": self.name,
+            "fleet": self.fleet.name,
+            "unit": self.unit,
+            "pid": self.pid,
+            "state": self.state,
+            "started": self.started,
+            "memory_current": self.memory_current,
+            "memory_peak": self.memory_peak,
+            "oom_kills": self.oom_kills,
+            "exit_status": self.returncode,
+            "argv": self.argv,
+        }
 
     @property
     def cgroup(self) -> str | None:
@@ -141,7 +186,10 @@ class Agent:
             loop.remove_reader(pidfd)
             os.close(pidfd)
             if not fut.done():
-                fut.set_result(self._reap())
+                status = self._reap()
+                fut.set_result(status)
+                if self.popen is not None:
+                    self.fleet._note_exit(self, status)
 
         loop.add_reader(pidfd, on_exit)
         return fut
@@ -228,8 +276,12 @@ class AsyncFleet:
         slice: str = _names.DEFAULT_SLICE,
         agent_oom_score_adj: int = 800,
         manager_oom_score_adj: int | None = 200,
+        registry: str | os.PathLike[str] | None = None,
+        policy: str = "adopt",
         env: Mapping[str, str] | None = None,
     ) -> None:
+        if policy not in ("adopt", "stop"):
+            raise AgentscopeError(f"policy must be 'adopt' or 'stop', not {policy!r}")
         self.name = _names.validate_name("fleet", name)
         self.slice = _names.validate_slice(slice)
         self._bus = SystemdBus(manager, env=env)
@@ -241,6 +293,13 @@ class AsyncFleet:
         self._slice_lock = asyncio.Lock()
         self._oom_policy: bool | None = None  # None: not tried yet
         self._closed = False
+        self.policy = policy
+        self.registry_path = Path(
+            registry if registry is not None else default_registry_path(self.manager)
+        )
+        self._registry: Registry | None = None
+        self._slice_cgroup: Path | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def __aenter__(self) -> AsyncFleet:
         await self.open()
@@ -250,15 +309,155 @@ class AsyncFleet:
         await self.aclose()
 
     async def open(self) -> None:
-        """Connect to the manager and raise this process's oom_score_adj."""
+        """Connect, open the registry and take over this fleet's running agents.
+
+        Scopes of this fleet whose registry row matches (unit, pid and the
+        pid's start time) are adopted, or stopped with ``policy="stop"``;
+        scopes the registry does not know are recorded (or stopped) the same
+        way; rows whose scope is gone are closed as lost.
+
+        Raises:
+            SystemdUnavailable, RegistryError.
+        """
         await self._bus.connect()
         if self.manager_oom_score_adj is not None:
             _raise_own_oom_score_adj(self.manager_oom_score_adj)
+        self._registry = await asyncio.to_thread(Registry, self.registry_path)
+        await self._reconcile()
 
     async def aclose(self) -> None:
-        """Close the connection. Agents keep running."""
+        """Close the connection and the registry. Agents keep running."""
         self._closed = True
+        for task in list(self._tasks):
+            await asyncio.gather(task, return_exceptions=True)
         self._bus.close()
+        if self._registry is not None:
+            await asyncio.to_thread(self._registry.close)
+            self._registry = None
+
+    # -- registry -----------------------------------------------------------
+
+    async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one registry call off the event loop."""
+        assert self._registry is not None, "fleet not open"
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _event(self, agent: str | None, kind: str, **detail: Any) -> None:
+        assert self._registry is not None
+        await self._db(self._registry.record_event, self.name, agent, kind, detail)
+
+    def _note_exit(self, agent: Agent, status: int | None) -> None:
+        """A launched child was reaped: record it (from the pidfd callback)."""
+        task = asyncio.get_running_loop().create_task(self._record_exit(agent, status))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record_exit(self, agent: Agent, status: int | None) -> None:
+        if self._registry is None:
+            return
+        agent.state = "exited"
+        try:
+            await self._db(self._registry.set_state, agent.unit, "exited", exit_status=status)
+            await self._event(agent.name, "exited", unit=agent.unit, pid=agent.pid, status=status)
+        except InvalidTransition:
+            pass  # already closed by a listing that saw the scope go first
+        except RegistryError as exc:
+            log.warning("could not record the exit of %s: %s", agent.name, exc)
+
+    async def slice_cgroup(self) -> Path:
+        """The agents slice's cgroup directory, as systemd reports it."""
+        if self._slice_cgroup is None:
+            path = await self._bus.unit_path(self.slice)
+            cg = await self._bus.get_property(path, _SLICE_IFACE, "ControlGroup")
+            if not cg:  # not realized yet: derive it from the manager's own cgroup
+                root = await self._bus.get_property(
+                    await self._bus.unit_path("init.scope"), _SCOPE_IFACE, "ControlGroup"
+                )
+                base = str(root).rsplit("/", 1)[0]
+                return CGROUP_ROOT / base.lstrip("/") / _slice_relpath(self.slice)
+            self._slice_cgroup = CGROUP_ROOT / str(cg).lstrip("/")
+        return self._slice_cgroup
+
+    async def _live(self) -> dict[str, tuple[str, str]]:
+        """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
+        live: dict[str, tuple[str, str]] = {}
+        for unit, desc, _load, active, *_ in await self._list_units():
+            parsed = _names.parse_description(desc)
+            if parsed is not None and parsed[0] == self.name:
+                live[str(unit)] = (parsed[1], str(active))
+        return live
+
+    async def _reconcile(self) -> None:
+        assert self._registry is not None
+        live = await self._live()
+        slice_dir = await self.slice_cgroup()
+        rows = await self._db(self._registry.agents, self.name)
+        scopes = await asyncio.to_thread(_read_scopes, slice_dir, live)
+        plan = reconcile(rows, scopes)
+        closed = await self._db(self._registry.apply_closures, plan)
+        for rec in closed:
+            log.info("agent %s (%s) is gone: closed as %s", rec.name, rec.unit, rec.state)
+        for rec in plan.adopt:
+            self._agents[rec.name] = Agent._from_record(self, rec)
+        found: list[tuple[str, LiveScope]] = []
+        for scope in plan.unknown:
+            name = live[scope.unit][0]
+            found.append((name, scope))
+            log.warning("found agent %s (%s) that the registry did not know", name, scope.unit)
+            await self._event(name, "found", unit=scope.unit, pids=list(scope.pids))
+        if self.policy == "stop":
+            units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
+            units += [r.unit for r in plan.headless]
+            await asyncio.gather(*(self._stop_unit(u, 10) for u in units))
+            for rec in plan.adopt:
+                await self._db(self._registry.set_state, rec.unit, "exited")
+                await self._event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
+            self._agents.clear()
+            return
+        for name, scope in found:
+            if not scope.pids:
+                continue
+            pid = min(scope.pids)
+            rec = await self._db(
+                self._registry.record_launch,
+                self.name,
+                name,
+                scope.unit,
+                pid,
+                scope.start_times.get(pid, 0),
+                [],
+                "",
+                "running",
+            )
+            self._agents[name] = Agent._from_record(self, rec)
+
+    async def events(
+        self,
+        *,
+        agent: str | None = None,
+        since: float | None = None,
+        kind: str | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[EventRecord]:
+        """The fleet's recorded events, oldest first (``after_id`` for following)."""
+        self._check_open()
+        assert self._registry is not None
+        return await self._db(
+            self._registry.events,
+            self.name,
+            agent=agent,
+            since=since,
+            kind=kind,
+            after_id=after_id,
+            limit=limit,
+        )
+
+    async def gc(self, retention_seconds: float = 7 * 86400) -> int:
+        """Prune exited agents older than the retention, and their events."""
+        self._check_open()
+        assert self._registry is not None
+        return await self._db(self._registry.gc, retention_seconds)
 
     @property
     def systemd_version(self) -> str:
@@ -267,6 +466,10 @@ class AsyncFleet:
     def _check_open(self) -> None:
         if self._closed:
             raise AgentscopeError(f"fleet {self.name!r} is closed; open a new one")
+        if self._registry is None:
+            raise AgentscopeError(
+                f"fleet {self.name!r} is not open: use 'async with AsyncFleet(...)' or open()"
+            )
 
     # -- launch ---------------------------------------------------------
 
@@ -302,6 +505,7 @@ class AsyncFleet:
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)
+        assert self._registry is not None
         try:
             child = await spawn_gated(
                 argv,
@@ -314,30 +518,58 @@ class AsyncFleet:
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
+        recorded = False
         try:
+            # Recorded before the scope exists: another process launching the
+            # same name now fails here, with nothing started.
+            stat = read_stat(child.pid)
+            await self._db(
+                self._registry.record_launch,
+                self.name,
+                name,
+                unit,
+                child.pid,
+                stat.start_time if stat else 0,
+                list(argv),
+                cwd_s or os.getcwd(),
+            )
+            recorded = True
             await self._start_scope(unit, name, [child.pid], memory_max)
         except BaseException:
             await child.abort()
+            if recorded:
+                await self._db(self._registry.delete, unit)
             raise
         try:
             popen = await child.release()
         except OSError as exc:
             # The exec failed inside the scope: the scope ends with its only process.
+            await self._db(self._registry.set_state, unit, "failed")
+            await self._event(name, "failed", unit=unit, error=str(exc))
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
         agent = Agent(self, name, unit, popen.pid, popen)
+        agent.argv = list(argv)
+        self._agents[name] = agent
+        agent._watch_exit()
+        await self._db(self._registry.set_state, unit, "running")
+        await self._event(name, "launched", unit=unit, pid=agent.pid, argv=list(argv))
         if _streams:  # the blocking facade reads the plain pipes instead
             await agent._attach_streams()
-        self._agents[name] = agent
         log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
         return agent
 
     async def _refuse_running(self, name: str) -> None:
         known = self._agents.get(name)
-        if known is not None and known.alive():
+        if known is not None and known.alive() and known.state != "exited":
             raise AgentExists(self.name, name, known.unit)
         for unit, desc, *_ in await self._list_units(name):
             if _names.parse_description(desc) == (self.name, name):
                 raise AgentExists(self.name, name, unit)
+        # A row left open by an agent whose scope is gone: close it first.
+        assert self._registry is not None
+        rec = await self._db(self._registry.get, self.name, name)
+        if rec is not None and not rec.closed:
+            await self._close_gone(rec)
 
     async def _list_units(self, agent: str | None = None) -> list[list[Any]]:
         (units,) = await self._bus.call(
@@ -389,9 +621,11 @@ class AsyncFleet:
                     raise
                 self._oom_policy = False
                 log.warning(
-                    "systemd %s refuses OOMPolicy on scopes: an OOM kill in an agent will "
-                    "stop that agent's whole scope, not just the killed process. Install the "
-                    "DefaultOOMPolicy=continue drop-in (agentscope install) or use systemd 253+.",
+                    "systemd %s refuses OOMPolicy on scopes, so agents are launched without "
+                    "it: an OOM kill may then stop an agent's whole scope (systemd before the "
+                    "OOMPolicy support of 253 does so from its scope OOM handling on; 247 was "
+                    "measured to leave the scope running). Pin the policy with a "
+                    "DefaultOOMPolicy=continue drop-in for the manager, or use systemd 253+.",
                     self._bus.version,
                 )
         await self._run_start(unit, props, fds)
@@ -460,7 +694,25 @@ class AsyncFleet:
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)
-        await self._start_scope(unit, name, pids, None)
+        assert self._registry is not None
+        stat = read_stat(pid)
+        await self._db(
+            self._registry.record_launch,
+            self.name,
+            name,
+            unit,
+            pid,
+            stat.start_time if stat else 0,
+            root.cmdline() if stat else [],
+            root.cwd(),
+        )
+        try:
+            await self._start_scope(unit, name, pids, None)
+        except BaseException:
+            await self._db(self._registry.delete, unit)
+            raise
+        await self._db(self._registry.set_state, unit, "running")
+        await self._event(name, "adopted", unit=unit, pid=pid, pids=pids)
         # Children forked while the scope was being made: move them too.
         try:
             late = [c.pid for c in root.children(recursive=True) if c.pid not in pids]
@@ -480,7 +732,7 @@ class AsyncFleet:
         """The unit of a running agent of this fleet, known here or in systemd."""
         _names.validate_name("agent", name)
         agent = self._agents.get(name)
-        if agent is not None:
+        if agent is not None and agent.state not in _CLOSED and agent.alive():
             return agent.unit
         for unit, desc, *_ in await self._list_units(name):
             if _names.parse_description(desc) == (self.name, name):
@@ -497,10 +749,23 @@ class AsyncFleet:
         """
         self._check_open()
         unit = await self._resolve(name)
+        await self._stop_unit(unit, timeout)
+        agent = self._agents.get(name)
+        if agent is not None and agent.popen is not None:
+            await agent.wait()
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        else:
+            assert self._registry is not None
+            rec = await self._db(self._registry.by_unit, unit)
+            if rec is not None and not rec.closed:
+                await self._db(self._registry.set_state, unit, "exited")
+        await self._event(name, "stopped", unit=unit)
+
+    async def _stop_unit(self, unit: str, timeout: float) -> None:
         try:
             await self._bus.run_job(unit, "StopUnit", "ss", [unit, "replace"], timeout=timeout)
         except TimeoutError:
-            log.info("%s did not stop within %ss: sending SIGKILL", name, timeout)
+            log.info("%s did not stop within %ss: sending SIGKILL", unit, timeout)
             fut = self._bus.expect_job(unit)
             try:
                 await self._kill_unit(unit, _signal.SIGKILL)
@@ -510,9 +775,6 @@ class AsyncFleet:
         except BusError as exc:
             if exc.dbus_name != "org.freedesktop.systemd1.NoSuchUnit":
                 raise
-        agent = self._agents.get(name)
-        if agent is not None and agent.popen is not None:
-            await agent.wait()
 
     async def _kill_unit(self, unit: str, sig: int) -> None:
         await self._bus.call("KillUnit", "ssi", [unit, "all", int(sig)])
@@ -524,48 +786,131 @@ class AsyncFleet:
             AgentNotFound, BusError, SystemdUnavailable.
         """
         self._check_open()
-        await self._kill_unit(await self._resolve(name), signal)
+        unit = await self._resolve(name)
+        await self._kill_unit(unit, signal)
+        await self._event(name, "signalled", unit=unit, signal=int(signal))
 
     async def freeze(self, name: str) -> None:
         """Freeze every process of the agent (cgroup freezer; systemd 246+)."""
         self._check_open()
-        await self._bus.call("FreezeUnit", "s", [await self._resolve(name)])
+        unit = await self._resolve(name)
+        await self._bus.call("FreezeUnit", "s", [unit])
+        await self._event(name, "frozen", unit=unit)
 
     async def thaw(self, name: str) -> None:
         """Thaw a frozen agent."""
         self._check_open()
-        await self._bus.call("ThawUnit", "s", [await self._resolve(name)])
+        unit = await self._resolve(name)
+        await self._bus.call("ThawUnit", "s", [unit])
+        await self._event(name, "thawed", unit=unit)
 
-    async def agents(self) -> list[Agent]:
-        """The fleet's running agents, in launch order.
+    async def agents(self, *, all: bool = False) -> list[Agent]:
+        """The fleet's agents, in launch order: running ones, or ``all`` with exited ones.
 
-        One ListUnitsByPatterns call: agents of this fleet started by other
-        processes are included (without a Popen), and agents whose scope has
-        ended are left out.
+        Reads the registry and the cgroup files and reconciles states with
+        systemd in one ListUnitsByPatterns call, whatever the number of
+        agents; it never waits on an agent. Agents launched by other
+        processes are included (without a Popen).
         """
         self._check_open()
-        live: dict[str, str] = {}
-        for unit, desc, *_ in await self._list_units():
-            parsed = _names.parse_description(desc)
-            if parsed is not None and parsed[0] == self.name:
-                live[parsed[1]] = str(unit)
-        out = [a for a in self._agents.values() if live.get(a.name) == a.unit]
-        for name, unit in live.items():
-            if name not in self._agents or self._agents[name].unit != unit:
-                pid = await self._main_pid(unit)
-                out.append(Agent(self, name, unit, pid, None))
+        assert self._registry is not None
+        live = await self._live()
+        for agent in list(self._agents.values()):
+            if agent.popen is not None and agent.state != "exited" and not agent.alive():
+                await self._record_exit(agent, agent.popen.returncode)
+        rows = await self._db(self._registry.agents, self.name, include_closed=all)
+        slice_dir = await self.slice_cgroup()
+        out: list[Agent] = []
+        for rec in rows:
+            if not rec.closed and rec.unit not in live:
+                rec = await self._close_gone(rec)
+            known = self._agents.get(rec.name)
+            if known is not None and known.unit == rec.unit:
+                agent = known
+                agent.state = rec.state
+            else:
+                agent = Agent._from_record(self, rec)
+            if not rec.closed:
+                agent.state = "stopping" if live[rec.unit][1] == "deactivating" else rec.state
+            out.append(agent)
+        figures = await asyncio.to_thread(
+            _read_figures, slice_dir, [a.unit for a in out if a.state not in _CLOSED]
+        )
+        for agent in out:
+            current, peak, frozen = figures.get(agent.unit, (None, None, False))
+            if current is not None:
+                agent.memory_current, agent.memory_peak = current, peak
+            if frozen and agent.state == "running":
+                agent.state = "frozen"
         return out
 
-    async def _main_pid(self, unit: str) -> int:
-        # A scope has no MainPID: its oldest (lowest-numbered) process stands in.
-        (procs,) = await self._bus.call("GetUnitProcesses", "s", [unit])
-        return int(min((p[1] for p in procs), default=0))
+    async def _close_gone(self, rec: AgentRecord) -> AgentRecord:
+        """Close the row of an agent whose scope is gone: exited if seen, else lost."""
+        assert self._registry is not None
+        agent = self._agents.get(rec.name)
+        if agent is not None and agent.unit == rec.unit and agent.popen is not None:
+            status = agent.popen.poll()
+            if status is not None:
+                agent.state = "exited"
+                try:
+                    return await self._db(
+                        self._registry.set_state, rec.unit, "exited", exit_status=status
+                    )
+                except InvalidTransition:
+                    return await self._db(self._registry.by_unit, rec.unit) or rec
+        try:
+            closed = await self._db(self._registry.set_state, rec.unit, "lost")
+        except InvalidTransition:
+            return await self._db(self._registry.by_unit, rec.unit) or rec
+        await self._event(rec.name, "lost", unit=rec.unit, pid=rec.pid)
+        return closed
 
 
 async def _slice_limits(bus: SystemdBus, slice: str) -> dict[str, int | None]:
     path = await bus.unit_path(slice)
     props = await bus.get_all(path, _SLICE_IFACE)
     return {k: (None if props.get(k, INFINITY) == INFINITY else props[k]) for k in _LIMITS}
+
+
+_CLOSED = ("exited", "failed", "lost")
+
+
+def _slice_relpath(slice: str) -> str:
+    parts = slice.removesuffix(".slice").split("-")
+    return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def _read_scopes(slice_dir: Path, live: Mapping[str, tuple[str, str]]) -> dict[str, LiveScope]:
+    """The processes of each live scope, from cgroup.procs and /proc (no D-Bus)."""
+    out: dict[str, LiveScope] = {}
+    for unit, (_name, active) in live.items():
+        procs = _read_text(slice_dir / unit / "cgroup.procs") or ""
+        pids = tuple(int(p) for p in procs.split())
+        starts = {}
+        for pid in pids:
+            st = read_stat(pid)
+            if st is not None:
+                starts[pid] = st.start_time
+        out[unit] = LiveScope(unit, pids, starts, active)
+    return out
+
+
+def _read_figures(
+    slice_dir: Path, units: Sequence[str]
+) -> dict[str, tuple[int | None, int | None, bool]]:
+    """memory.current, memory.peak and frozen for each scope; missing files give None."""
+    out = {}
+    for unit in units:
+        d = slice_dir / unit
+        current = _read_text(d / "memory.current")
+        peak = _read_text(d / "memory.peak")
+        events = _read_text(d / "cgroup.events") or ""
+        out[unit] = (
+            int(current) if current else None,
+            int(peak) if peak else None,
+            "frozen 1" in events,
+        )
+    return out
 
 
 def _write_oom_score_adj(pid: int, value: int) -> bool:

@@ -13,7 +13,7 @@ Reconciliation against the scopes systemd still runs is a pure function,
 :func:`reconcile`, whose :class:`ReconcilePlan` the caller carries out (the
 closures with :meth:`Registry.apply_closures`).
 
-Error tree (``RegistryError`` moves to ``_errors.py``)::
+Error tree (``RegistryError`` and ``RegistryCorrupt`` live in ``_errors.py``)::
 
     AgentscopeError
     ├── AgentExists          an open row already holds that (fleet, name)
@@ -37,7 +37,6 @@ import json
 import os
 import pwd
 import random
-import shlex
 import sqlite3
 import stat
 import threading
@@ -47,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar, cast, get_args
 
-from ._errors import AgentExists, AgentscopeError
+from ._errors import AgentExists, RegistryCorrupt, RegistryError
 
 __all__ = [
     "CLOSED_STATES",
@@ -164,36 +163,6 @@ _EVENT_COLUMNS: Final = "id, ts, fleet, agent, kind, detail"
 
 
 # --------------------------------------------------------------------- errors
-
-
-class RegistryError(AgentscopeError):
-    """The registry file cannot be used; ``path`` names it.
-
-    The message says what went wrong and what to do next.
-    """
-
-    def __init__(self, path: os.PathLike[str] | str, message: str) -> None:
-        self.path = Path(path)
-        self.message = message
-        super().__init__(message)
-
-
-class RegistryCorrupt(RegistryError):
-    """The file is not an SQLite database, or a damaged one.
-
-    Nothing in it can be trusted; move it aside and agentscope rebuilds the
-    registry from the scopes systemd still runs.
-    """
-
-    def __init__(self, path: os.PathLike[str] | str, reason: str) -> None:
-        self.reason = reason
-        quoted = shlex.quote(str(path))
-        super().__init__(
-            path,
-            f"the agentscope registry {path} is unreadable ({reason}); move it aside: "
-            f"mv {quoted} {shlex.quote(str(path) + '.corrupt')}; "
-            "agentscope will rebuild it from what systemd still runs",
-        )
 
 
 class UnitNotFound(RegistryError, LookupError):

@@ -11,20 +11,21 @@ Two independent tools for a long-running harness:
     Writes the reason a process died (uncaught exception in the main thread,
     in another thread, or in the event loop) to a bounded, rotated file.
 
-How the watchdog works, and why it is cheap: the loop side is a single
-``loop.call_at`` ticker that stamps a heartbeat every ``interval`` seconds and
-measures its own lag (how late it ran against the time it was scheduled for).
-A daemon thread sleeps until the next heartbeat is due; only when the
-heartbeat is late does it wake every ``sample_interval`` seconds and sample
-the loop thread's stack with :func:`sys._current_frames`. A healthy loop
-therefore costs one timer callback per interval and one thread wake-up per
-interval.
+How the watchdog works, and why it is cheap: nothing is scheduled on the loop
+but a tiny heartbeat callback. A daemon thread posts it with
+``loop.call_soon_threadsafe`` every ``interval`` seconds; the callback stamps
+the time it ran, and the lag is that time less the time it was posted. When
+the thread wakes and finds the previous heartbeat has not run yet, the loop
+is late, and only then does the thread wake every ``sample_interval`` seconds
+to sample the loop thread's stack with :func:`sys._current_frames`. A healthy
+loop therefore costs one thread wake-up and one callback per interval, and no
+pending timer (with any timer pending, asyncio reads the clock and its timer
+heap on every loop iteration).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime
 import logging
 import logging.handlers
@@ -255,15 +256,6 @@ class _FrameNamer:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _StallEvent:
-    """One tick whose lag reached the threshold (appended by the loop thread)."""
-
-    seq: int
-    ran_at: float
-    lag: float
-
-
 @dataclass
 class _Stall:
     ran_at: float
@@ -282,9 +274,12 @@ class LoopWatchdog:
     the report to the loop with ``loop.call_soon_threadsafe`` if needed. An
     exception from the callback is logged and watching goes on.
 
-    ``interval`` is the heartbeat period (the lag is measured to within it);
-    ``sample_interval`` the stack sampling period while the loop is late.
-    Stopping reports the current, partial window if it had stalls.
+    ``interval`` is the heartbeat period: the watchdog's thread posts a
+    heartbeat to the loop every ``interval`` seconds, measures how late the
+    loop runs it, and starts sampling once one is ``interval`` late; a
+    stall's lag is measured to within ``interval``. ``sample_interval`` is
+    the stack sampling period while the loop is late. Stopping reports the
+    current, partial window if it had stalls.
 
     Example::
 
@@ -302,7 +297,7 @@ class LoopWatchdog:
         threshold: float = 1.0,
         window: float = 30.0,
         on_report: Callable[[StallReport], None] | None = None,
-        interval: float = 0.05,
+        interval: float = 0.04,
         sample_interval: float = 0.002,
     ) -> None:
         for name, value in (
@@ -318,22 +313,15 @@ class LoopWatchdog:
         self.on_report = on_report
         self.interval = interval
         self.sample_interval = sample_interval
-        # Sampling starts this late: later than the small lags of a busy but
-        # healthy loop, early enough to catch the start of a real stall.
-        self._sample_after = max(0.01, 2 * sample_interval)
         self._state = "new"
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._handle: asyncio.TimerHandle | None = None
         self._loop_thread_id: int | None = None
-        # (seq, monotonic time the next tick is due); swapped as one tuple so
-        # the watcher thread never sees half an update. seq 0: not ticked yet.
-        self._beat: tuple[int, float] = (0, float("inf"))
-        self._when = 0.0
+        # (seq, monotonic time) of the last heartbeat the loop ran; written by
+        # the loop thread as one tuple so the watcher never sees half of it.
+        self._stamped: tuple[int, float] = (0, 0.0)
         self._started = 0.0
         self._wall_offset = 0.0
         self._last_lag: float | None = None
-        self._events: collections.deque[_StallEvent] = collections.deque()
-        self._idle_seq = -1
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._namer = _FrameNamer()
@@ -364,23 +352,27 @@ class LoopWatchdog:
             raise AgentscopeError(
                 f"this LoopWatchdog is {self._state}; create a new LoopWatchdog to watch again"
             )
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
         if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
+            if running is None:
                 raise AgentscopeError(
                     "LoopWatchdog.start() needs a running event loop; call it from a "
                     "coroutine or pass loop="
-                ) from None
+                )
+            loop = running
+        if loop is running:
+            # Known now, so a stall that starts before the first heartbeat
+            # runs can be sampled too; otherwise the heartbeat learns it.
+            self._loop_thread_id = threading.get_ident()
         self._loop = loop
         self._state = "running"
         self._started = time.monotonic()
         self._wall_offset = time.time() - self._started
         self._thread = threading.Thread(target=self._watch, name="agentscope-watchdog", daemon=True)
         self._thread.start()
-        # Thread-safe so start() works on a loop that is not running yet; the
-        # first tick also learns which thread runs the loop.
-        loop.call_soon_threadsafe(self._first_tick)
 
     def stop(self) -> None:
         """Stop watching, and report the current window if it had stalls.
@@ -392,65 +384,47 @@ class LoopWatchdog:
             self._state = "stopped"
             return
         self._state = "stopped"
-        if self._handle is not None and self._loop_thread_id == threading.get_ident():
-            self._handle.cancel()
-        # From another thread the handle cannot be cancelled safely; the next
-        # tick sees the state and does not reschedule.
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
 
     # -- loop thread ------------------------------------------------------
 
-    def _first_tick(self) -> None:
-        if self._state != "running":
-            return
+    def _stamp(self, seq: int) -> None:
+        # The only code the watchdog runs on the loop: two stores, posted by
+        # the watcher with call_soon_threadsafe. No timer is ever scheduled,
+        # because once any timer is pending asyncio reads the clock and
+        # peeks at its heap on every loop iteration (1-2 % of a busy loop).
         self._loop_thread_id = threading.get_ident()
-        self._schedule(1)
-
-    def _schedule(self, seq: int) -> None:
-        assert self._loop is not None
-        self._when = self._loop.time() + self.interval
-        self._handle = self._loop.call_at(self._when, self._tick)
-        self._beat = (seq, time.monotonic() + self.interval)
-
-    def _tick(self) -> None:
-        assert self._loop is not None
-        # Lag on the loop's own clock against the time the tick was scheduled
-        # for; asyncio may run a timer up to its clock resolution early.
-        lag = max(0.0, self._loop.time() - self._when)
-        self._last_lag = lag
-        seq = self._beat[0]
-        if lag >= self.threshold:
-            # Appended before the beat moves on, so the watcher, having seen
-            # the new beat, always finds the event too.
-            self._events.append(_StallEvent(seq, time.monotonic(), lag))
-        if self._state == "running":
-            self._schedule(seq + 1)
+        self._stamped = (seq, time.monotonic())
 
     # -- watcher thread ---------------------------------------------------
 
     def _watch(self) -> None:
         assert self._loop is not None
         loop = self._loop
+        interval = self.interval
         runs: list[_Run] = []
         stalls: list[_Stall] = []
         window_start = self._started
         window_end = window_start + self.window
+        seq = 0
+        # When the pending heartbeat was posted, moved up to the last time
+        # the loop was seen not running (idle time is not a stall); None
+        # while no heartbeat is pending.
+        since: float | None = None
         while True:
-            stopping = self._stopping.is_set()
-            seq, due = self._beat
-            while self._events:
-                event = self._events.popleft()
-                if event.seq == self._idle_seq:
-                    # The loop was not running (between run_until_complete
-                    # calls, say): its lag is idle time, not a stall.
-                    continue
-                claimed = [r for r in runs if r.seq == event.seq]
-                stalls.append(_Stall(event.ran_at, event.lag, claimed))
-            runs = [r for r in runs if r.seq >= seq]
+            if since is not None:
+                ran_seq, ran_at = self._stamped
+                if ran_seq == seq:
+                    lag = max(0.0, ran_at - since)
+                    self._last_lag = lag
+                    if lag >= self.threshold:
+                        stalls.append(_Stall(ran_at, lag, runs))
+                    runs = []
+                    since = None
             now = time.monotonic()
-            if stopping or loop.is_closed():
+            if self._stopping.is_set() or loop.is_closed():
                 self._flush(window_start, now, stalls)
                 return
             while now >= window_end:
@@ -458,18 +432,29 @@ class LoopWatchdog:
                 stalls = [s for s in stalls if s.ran_at >= window_end]
                 self._flush(window_start, window_end, done)
                 window_start, window_end = window_end, window_end + self.window
-            late = now - due
-            if late < self._sample_after:
-                # Sleep until the heartbeat would be late; the cap covers the
-                # wait for the first tick, when no beat is due yet.
-                wake_in = min(
-                    self._sample_after - late, window_end - now, self.interval + self._sample_after
-                )
-                self._stopping.wait(max(0.0005, wake_in))
+            if since is None:
+                # Healthy: post the next heartbeat and sleep one interval. This
+                # is the whole steady-state cost: one short wake-up of this
+                # thread per interval and one tiny callback on the loop.
+                seq += 1
+                since = now
+                try:
+                    loop.call_soon_threadsafe(self._stamp, seq)
+                except RuntimeError:
+                    # Closed between the check above and the call.
+                    self._flush(window_start, now, stalls)
+                    return
+                self._stopping.wait(min(interval, window_end - now))
+                continue
+            late = now - since
+            if late < interval:
+                # Woken early (a window ended): not late yet.
+                self._stopping.wait(min(interval - late, window_end - now))
                 continue
             if not loop.is_running():
-                self._idle_seq = seq
-                self._stopping.wait(self.interval)
+                # Between run_until_complete calls, or not started yet.
+                since = now
+                self._stopping.wait(interval)
                 continue
             frame = sys._current_frames().get(self._loop_thread_id or -1)
             label = None if frame is None else self._namer.label(frame)

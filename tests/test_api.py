@@ -36,7 +36,18 @@ def _public_params(fn: object) -> list[tuple[str, object, object]]:
 
 
 def test_blocking_facade_mirrors_async_core() -> None:
-    ops = ["launch", "adopt", "stop", "kill", "freeze", "thaw", "agents", "slice_limits"]
+    ops = [
+        "launch",
+        "adopt",
+        "stop",
+        "kill",
+        "freeze",
+        "thaw",
+        "agents",
+        "slice_limits",
+        "events",
+        "gc",
+    ]
     for op in ops:
         assert _public_params(getattr(Fleet, op)) == _public_params(getattr(AsyncFleet, op)), op
     assert _public_params(Fleet.__init__) == _public_params(AsyncFleet.__init__)

@@ -140,17 +140,14 @@ async def test_oom_with_cap_kills_only_the_allocator(fleet: AsyncFleet, tmp_path
     assert await wait_until(lambda: "rc=" in log.read_text(), 90), "allocator never finished"
     assert "rc=137" in log.read_text()  # SIGKILLed by the kernel
     assert sibling.alive()
-    if OOMPOLICY_ON_SCOPES:
-        assert agent.alive(), "the shell should survive its child's OOM kill"
-        assert show(agent.unit, "ActiveState")["ActiveState"] == "active"
-        events = (CGROUP / cgroup_of(agent.pid).lstrip("/") / "memory.events").read_text()
-        assert "oom_kill 1" in events
-    else:
-        # systemd 247: OOMPolicy=stop for the scope, documented degradation.
-        assert await wait_until(lambda: not agent.alive(), 30)
+    # 252+ because of OOMPolicy=continue; 247 because its scopes ignore OOM
+    # kills altogether (measured: no OOMPolicy handling for scopes before 253).
+    assert agent.alive(), "the shell should survive its child's OOM kill"
+    assert show(agent.unit, "ActiveState")["ActiveState"] == "active"
+    events = (CGROUP / cgroup_of(agent.pid).lstrip("/") / "memory.events").read_text()
+    assert "oom_kill 1" in events
 
 
-@pytest.mark.skipif(MANAGER == "user" and SYSTEMD < 250, reason="slow on 247 user manager")
 async def test_global_oom_kills_only_the_runaway(fleet: AsyncFleet) -> None:
     siblings = [await fleet.launch(f"sib-{i}", ["sleep", "600"]) for i in range(5)]
     runaway = await fleet.launch(
