@@ -8,6 +8,7 @@ stability kit (event-loop stall watchdog, fatal-reason log).
 """
 
 from ._blocking import BlockingAgent as BlockingAgent
+from ._blocking import BlockingMonitor as BlockingMonitor
 from ._blocking import Fleet as Fleet
 from ._blocking import probe_sync as probe_sync
 from ._errors import AgentExists as AgentExists
@@ -25,6 +26,17 @@ from ._fleet import Agent as Agent
 from ._fleet import AsyncFleet as AsyncFleet
 from ._fleet import Capabilities as Capabilities
 from ._fleet import probe as probe
+from ._install import InstallError as InstallError
+from ._monitor import AgentExited as AgentExited
+from ._monitor import AgentMemory as AgentMemory
+from ._monitor import LimitFound as LimitFound
+from ._monitor import MemoryReport as MemoryReport
+from ._monitor import Monitor as Monitor
+from ._monitor import OomKill as OomKill
+from ._monitor import Pressure as Pressure
+from ._monitor import Throttled as Throttled
+from ._monitor import TopProcess as TopProcess
+from ._monitor import build_report as build_report
 from ._names import DEFAULT_SLICE as DEFAULT_SLICE
 from ._registry import EventRecord as EventRecord
 from ._registry import default_registry_path as default_registry_path
@@ -37,20 +49,32 @@ __all__ = [
     "PIPE",
     "Agent",
     "AgentExists",
+    "AgentExited",
+    "AgentMemory",
     "AgentNotFound",
     "AgentscopeError",
     "AsyncFleet",
     "BlockingAgent",
+    "BlockingMonitor",
     "BusError",
     "Capabilities",
     "EventRecord",
     "Fleet",
+    "InstallError",
     "InvalidName",
     "LaunchError",
+    "LimitFound",
+    "MemoryReport",
+    "Monitor",
+    "OomKill",
+    "Pressure",
     "RegistryCorrupt",
     "RegistryError",
     "SystemdUnavailable",
+    "Throttled",
+    "TopProcess",
     "__version__",
+    "build_report",
     "default_registry_path",
     "probe",
     "probe_sync",

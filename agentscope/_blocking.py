@@ -11,15 +11,17 @@ import asyncio
 import os
 import signal as _signal
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 from . import _names
 from ._errors import AgentscopeError
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
+from ._monitor import Event as MonitorEvent
+from ._monitor import MemoryReport, Monitor
 from ._registry import EventRecord
 
-__all__ = ["BlockingAgent", "Fleet", "probe_sync"]
+__all__ = ["BlockingAgent", "BlockingMonitor", "Fleet", "probe_sync"]
 
 T = TypeVar("T")
 Stdio = int | IO[Any] | None
@@ -190,9 +192,10 @@ class Fleet:
         )
         return BlockingAgent(self._portal, agent)
 
-    def adopt(self, pid: int, name: str) -> BlockingAgent:
+    def adopt(self, pid: int, name: str, *, memory_max: int | None = None) -> BlockingAgent:
         """See :meth:`AsyncFleet.adopt`."""
-        return BlockingAgent(self._portal, self._portal.call(self._fleet.adopt(pid, name)))
+        agent = self._portal.call(self._fleet.adopt(pid, name, memory_max=memory_max))
+        return BlockingAgent(self._portal, agent)
 
     def stop(self, name: str, timeout: float = 10) -> None:
         """See :meth:`AsyncFleet.stop`."""
@@ -233,9 +236,69 @@ class Fleet:
         """See :meth:`AsyncFleet.gc`."""
         return self._portal.call(self._fleet.gc(retention_seconds))
 
+    def clear_slice_limits(self) -> dict[str, int]:
+        """See :meth:`AsyncFleet.clear_slice_limits`."""
+        return self._portal.call(self._fleet.clear_slice_limits())
+
+    def report(self, top: int = 10) -> MemoryReport:
+        """See :meth:`AsyncFleet.report`."""
+        return self._portal.call(self._fleet.report(top))
+
+    def monitor(self, interval: float = 2.0, top: int = 10, **options: Any) -> BlockingMonitor:
+        """See :meth:`AsyncFleet.monitor`; iterate it (blocking) or pass ``on_event``."""
+        mon = self._portal.call(_call(self._fleet.monitor, interval, top, **options))
+        return BlockingMonitor(self._portal, mon)
+
     def slice_limits(self) -> dict[str, int | None]:
         """See :meth:`AsyncFleet.slice_limits`."""
         return self._portal.call(self._fleet.slice_limits())
+
+
+class BlockingMonitor:
+    """The monitor on the facade's loop, iterated from any thread::
+
+    with fleet.monitor() as events:
+        for event in events:
+            print(event.to_dict())
+    """
+
+    def __init__(self, portal: _LoopThread, monitor: Monitor) -> None:
+        self._portal = portal
+        self._monitor = monitor
+        self._iter: AsyncIterator[MonitorEvent] | None = None
+
+    def __enter__(self) -> BlockingMonitor:
+        self._portal.call(self._monitor.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._portal.call(self._monitor.aclose())
+
+    def __iter__(self) -> Iterator[MonitorEvent]:
+        return self
+
+    def __next__(self) -> MonitorEvent:
+        if self._iter is None:
+            self._iter = self._monitor.__aiter__()
+        try:
+            return self._portal.call(_anext(self._iter))
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def report(self, top: int | None = None) -> MemoryReport:
+        return self._portal.call(self._monitor.report(top))
+
+
+async def _anext(it: AsyncIterator[T]) -> T:
+    return await it.__anext__()
+
+
+async def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a plain function on the loop thread (it needs the running loop)."""
+    return fn(*args, **kwargs)
 
 
 async def _make(name: str, manager: str, **kwargs: Any) -> AsyncFleet:

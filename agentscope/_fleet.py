@@ -11,6 +11,7 @@ before it execs, so nothing runs outside its scope and nothing is left over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -18,6 +19,7 @@ import shutil
 import signal as _signal
 import subprocess
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,12 @@ import psutil
 
 from . import _names
 from ._bus import INFINITY, SystemdBus
-from ._cgroup import CGROUP_ROOT, cgroup_v2_mounted, memory_controller_enabled
+from ._cgroup import (
+    CGROUP_ROOT,
+    cgroup_v2_mounted,
+    memory_controller_enabled,
+    parse_memory_events,
+)
 from ._errors import (
     AgentExists,
     AgentNotFound,
@@ -36,6 +43,9 @@ from ._errors import (
     LaunchError,
     RegistryError,
 )
+from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
+from ._monitor import Event as MonitorEvent
+from ._monitor import Pressure as MonitorPressure
 from ._proc import read_cgroup, read_stat
 from ._registry import (
     AgentRecord,
@@ -300,6 +310,8 @@ class AsyncFleet:
         self._registry: Registry | None = None
         self._slice_cgroup: Path | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._unit_names: dict[str, str] = {}
+        self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
     async def __aenter__(self) -> AsyncFleet:
         await self.open()
@@ -353,6 +365,8 @@ class AsyncFleet:
         task.add_done_callback(self._tasks.discard)
 
     async def _record_exit(self, agent: Agent, status: int | None) -> None:
+        for mon in list(self._monitors):
+            mon.note_exit(agent.unit, agent.pid, status)
         if self._registry is None:
             return
         agent.state = "exited"
@@ -374,8 +388,9 @@ class AsyncFleet:
                     await self._bus.unit_path("init.scope"), _SCOPE_IFACE, "ControlGroup"
                 )
                 base = str(root).rsplit("/", 1)[0]
-                return CGROUP_ROOT / base.lstrip("/") / _slice_relpath(self.slice)
-            self._slice_cgroup = CGROUP_ROOT / str(cg).lstrip("/")
+                self._slice_cgroup = CGROUP_ROOT / base.lstrip("/") / _slice_relpath(self.slice)
+            else:
+                self._slice_cgroup = CGROUP_ROOT / str(cg).lstrip("/")
         return self._slice_cgroup
 
     async def _live(self) -> dict[str, tuple[str, str]]:
@@ -399,6 +414,7 @@ class AsyncFleet:
             log.info("agent %s (%s) is gone: closed as %s", rec.name, rec.unit, rec.state)
         for rec in plan.adopt:
             self._agents[rec.name] = Agent._from_record(self, rec)
+            self._unit_names[rec.unit] = rec.name
         found: list[tuple[str, LiveScope]] = []
         for scope in plan.unknown:
             name = live[scope.unit][0]
@@ -430,6 +446,71 @@ class AsyncFleet:
                 "running",
             )
             self._agents[name] = Agent._from_record(self, rec)
+
+    # -- monitor --------------------------------------------------------------
+
+    def unit_agent(self, unit: str) -> str | None:
+        """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
+        known = self._unit_names.get(unit)
+        if known is not None:
+            return known
+        prefix = f"agentscope-{self.name}-"
+        if unit.startswith(prefix) and unit.endswith(".scope") and len(unit) > len(prefix) + 13:
+            return unit[len(prefix) : -len("-xxxxxx.scope")] or None
+        return None
+
+    def monitor(self, interval: float = 2.0, top: int = 10, **options: Any) -> Monitor:
+        """A memory monitor for this fleet: ``async with fleet.monitor() as m: async for e in m``.
+
+        Events (OOM kills, throttling, pressure, exits, limits found) are also
+        recorded in the registry. ``options`` go to :class:`Monitor`.
+        """
+        self._check_open()
+        assert self._slice_cgroup is not None
+        theirs = options.pop("on_event", None)
+
+        def on_event(event: MonitorEvent) -> None:
+            self._on_monitor_event(event)
+            if theirs is not None:
+                theirs(event)
+
+        mon = Monitor(
+            slice_path=self._slice_cgroup,
+            unit_agent=self.unit_agent,
+            interval=interval,
+            top=top,
+            manager=self.manager,
+            on_event=on_event,
+            **options,
+        )
+        self._monitors.add(mon)
+        return mon
+
+    async def report(self, top: int = 10) -> MemoryReport:
+        """A memory report now: host, PSI, every agent, the top processes with their agent."""
+        self._check_open()
+        return await build_report(await self.slice_cgroup(), self.unit_agent, top=top)
+
+    def _on_monitor_event(self, event: MonitorEvent) -> None:
+        task = asyncio.get_running_loop().create_task(self._record_monitor_event(event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record_monitor_event(self, event: MonitorEvent) -> None:
+        if self._registry is None:
+            return
+        data = event.to_dict()
+        agent = data.get("agent") if isinstance(data.get("agent"), str) else None
+        try:
+            if isinstance(event, OomKill) and event.unit and agent is not None:
+                with contextlib.suppress(RegistryError):
+                    await self._db(self._registry.add_oom_kills, event.unit, 1)
+            if not isinstance(event, AgentExited):  # exits are recorded by the fleet
+                if isinstance(event, MonitorPressure):
+                    data.pop("report", None)  # a whole report per event would bloat the file
+                await self._event(agent, data.pop("kind"), **data)
+        except RegistryError as exc:
+            log.warning("could not record %s: %s", event.kind, exc)
 
     async def events(
         self,
@@ -500,8 +581,7 @@ class AsyncFleet:
         name = _names.validate_name("agent", name)
         cwd_s = os.fspath(cwd) if cwd is not None else None
         _check_argv(argv, env, cwd_s)
-        if memory_max is not None and (not isinstance(memory_max, int) or memory_max <= 0):
-            raise LaunchError(f"memory_max must be a positive number of bytes, not {memory_max!r}")
+        _check_memory_max(memory_max)
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)
@@ -550,6 +630,7 @@ class AsyncFleet:
         agent = Agent(self, name, unit, popen.pid, popen)
         agent.argv = list(argv)
         self._agents[name] = agent
+        self._unit_names[unit] = name
         agent._watch_exit()
         await self._db(self._registry.set_state, unit, "running")
         await self._event(name, "launched", unit=unit, pid=agent.pid, argv=list(argv))
@@ -651,26 +732,36 @@ class AsyncFleet:
         if self._slice_checked:
             return
         async with self._slice_lock:
-            if self._slice_checked:
-                return
-            limits = await self.slice_limits()
-            stale = {k: v for k, v in limits.items() if v is not None}
-            if stale:
-                await self._bus.call(
-                    "SetUnitProperties",
-                    "sba(sv)",
-                    [self.slice, True, SystemdBus.props({k: ("t", INFINITY) for k in stale})],
-                )
-                log.warning(
-                    "cleared stale limits on %s until reboot: %s (a MemoryHigh there "
-                    "throttles every agent at once; find where they were set with "
-                    "systemctl %scat %s)",
-                    self.slice,
-                    ", ".join(f"{k}={v}" for k, v in stale.items()),
-                    "--user " if self.manager == "user" else "",
-                    self.slice,
-                )
-            self._slice_checked = True
+            if not self._slice_checked:
+                await self.clear_slice_limits()
+                self._slice_checked = True
+
+    async def clear_slice_limits(self) -> dict[str, int]:
+        """Clear any MemoryHigh/MemoryMax/MemorySwapMax on the agents slice, until reboot.
+
+        A MemoryHigh there throttles every agent at once. Every launch does
+        this once per fleet; returns what was cleared (empty: nothing was set).
+        """
+        limits = await self.slice_limits()
+        stale = {k: v for k, v in limits.items() if v is not None}
+        if stale:
+            await self._bus.call(
+                "SetUnitProperties",
+                "sba(sv)",
+                [self.slice, True, SystemdBus.props({k: ("t", INFINITY) for k in stale})],
+            )
+            log.warning(
+                "cleared stale limits on %s until reboot: %s (a MemoryHigh there "
+                "throttles every agent at once; find where they were set with "
+                "systemctl %scat %s)",
+                self.slice,
+                ", ".join(f"{k}={v}" for k, v in stale.items()),
+                "--user " if self.manager == "user" else "",
+                self.slice,
+            )
+            if self._registry is not None:
+                await self._event(None, "limits_cleared", slice=self.slice, limits=stale)
+        return stale
 
     async def slice_limits(self) -> dict[str, int | None]:
         """The agents slice's MemoryHigh/MemoryMax/MemorySwapMax; None means infinity."""
@@ -678,8 +769,10 @@ class AsyncFleet:
 
     # -- adopt ------------------------------------------------------------
 
-    async def adopt(self, pid: int, name: str) -> Agent:
+    async def adopt(self, pid: int, name: str, *, memory_max: int | None = None) -> Agent:
         """Move a running process and all its descendants into a new agent scope.
+
+        ``memory_max`` (bytes) caps the new scope, as for :meth:`launch`.
 
         Raises:
             InvalidName, AgentExists, LaunchError (no such process), BusError.
@@ -707,7 +800,7 @@ class AsyncFleet:
             root.cwd(),
         )
         try:
-            await self._start_scope(unit, name, pids, None)
+            await self._start_scope(unit, name, pids, _check_memory_max(memory_max))
         except BaseException:
             await self._db(self._registry.delete, unit)
             raise
@@ -724,6 +817,7 @@ class AsyncFleet:
             _write_oom_score_adj(p, self.agent_oom_score_adj)
         agent = Agent(self, name, unit, pid, None)
         self._agents[name] = agent
+        self._unit_names[unit] = name
         return agent
 
     # -- control ----------------------------------------------------------
@@ -837,10 +931,14 @@ class AsyncFleet:
             _read_figures, slice_dir, [a.unit for a in out if a.state not in _CLOSED]
         )
         for agent in out:
-            current, peak, frozen = figures.get(agent.unit, (None, None, False))
-            if current is not None:
-                agent.memory_current, agent.memory_peak = current, peak
-            if frozen and agent.state == "running":
+            fig = figures.get(agent.unit)
+            if fig is None:
+                continue
+            if fig.memory_current is not None:
+                agent.memory_current, agent.memory_peak = fig.memory_current, fig.memory_peak
+            if fig.oom_kills is not None:
+                agent.oom_kills = max(agent.oom_kills, fig.oom_kills)
+            if fig.frozen and agent.state == "running":
                 agent.state = "frozen"
         return out
 
@@ -875,6 +973,14 @@ async def _slice_limits(bus: SystemdBus, slice: str) -> dict[str, int | None]:
 _CLOSED = ("exited", "failed", "lost")
 
 
+def _check_memory_max(memory_max: object) -> int | None:
+    if memory_max is not None and (
+        not isinstance(memory_max, int) or isinstance(memory_max, bool) or memory_max <= 0
+    ):
+        raise LaunchError(f"memory_max must be a positive number of bytes, not {memory_max!r}")
+    return memory_max
+
+
 def _slice_relpath(slice: str) -> str:
     parts = slice.removesuffix(".slice").split("-")
     return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
@@ -895,22 +1001,33 @@ def _read_scopes(slice_dir: Path, live: Mapping[str, tuple[str, str]]) -> dict[s
     return out
 
 
-def _read_figures(
-    slice_dir: Path, units: Sequence[str]
-) -> dict[str, tuple[int | None, int | None, bool]]:
-    """memory.current, memory.peak and frozen for each scope; missing files give None."""
+def _read_figures(slice_dir: Path, units: Sequence[str]) -> dict[str, _Figures]:
+    """Memory figures, OOM kills and the freezer state of each scope, from its files.
+
+    A scope that vanished mid-read gives Nones: that is normal, not an error.
+    """
     out = {}
     for unit in units:
         d = slice_dir / unit
         current = _read_text(d / "memory.current")
-        peak = _read_text(d / "memory.peak")
-        events = _read_text(d / "cgroup.events") or ""
-        out[unit] = (
+        peak = _read_text(d / "memory.peak")  # kernel 5.19+
+        events = _read_text(d / "memory.events")
+        kills = parse_memory_events(events.encode()).oom_kill if events else None
+        out[unit] = _Figures(
             int(current) if current else None,
             int(peak) if peak else None,
-            "frozen 1" in events,
+            kills,
+            "frozen 1" in (_read_text(d / "cgroup.events") or ""),
         )
     return out
+
+
+@dataclass(frozen=True)
+class _Figures:
+    memory_current: int | None
+    memory_peak: int | None
+    oom_kills: int | None
+    frozen: bool
 
 
 def _write_oom_score_adj(pid: int, value: int) -> bool:

@@ -211,13 +211,13 @@ class MemoryReport:
         return {
             "ts": self.ts,
             "host": None if self.host is None else self.host.to_dict(),
-            "host_pressure": None if self.host_pressure is None else self.host_pressure.to_dict(),
+            "pressure": None if self.host_pressure is None else self.host_pressure.to_dict(),
             "slice_pressure": (
                 None if self.slice_pressure is None else self.slice_pressure.to_dict()
             ),
             "slice_memory_current": self.slice_memory_current,
             "agents": [a.to_dict() for a in self.agents],
-            "top": [p.to_dict() for p in self.top],
+            "processes": [p.to_dict() for p in self.top],
         }
 
 
@@ -1142,7 +1142,7 @@ class Monitor:
         alive: Mapping[int, int],
         count: int,
     ) -> list[tuple[int, str | None, int | None, _Source]]:
-        """Up to ``count`` victims in ``unit``: (pid, comm, last RSS, source), best evidence first."""
+        """Up to ``count`` victims in ``unit`` as (pid, comm, last RSS, source), best first."""
         found: list[tuple[int, str | None, int | None, _Source]] = []
         reaped = self._reaped.get(unit, {})
         for pid in list(self._kernel_kills):

@@ -1,13 +1,97 @@
-"""Entry point of the ``agentscope`` command."""
+"""Entry point of the ``agentscope`` command.
+
+``exec`` takes a fast path that imports neither typer nor rich: it moves
+this process into a scope and execs, so its start-up is the command's.
+Every other command goes through the typer app in :mod:`._app`.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from ._errors import report_error
+from ._fleet import Options
+
+__all__ = ["main", "split_globals"]
+
+_VALUED = ("--manager", "--fleet")
+_FLAGS = ("--json", "--debug")
 
 
-def main() -> None:
-    """Run the agentscope command line."""
-    from . import __doc__ as doc
+def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] | None:
+    """The global options, the command and its arguments; None if they do not parse simply.
 
-    print(doc)
-    sys.exit(0)
+    None sends the whole command line to typer, which then reports what is wrong.
+    """
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, eq, value = arg.partition("=")
+        if key in _VALUED:
+            if not eq:
+                if i + 1 >= len(args):
+                    return None
+                i += 1
+                value = args[i]
+            values[key] = value
+        elif arg in _FLAGS:
+            flags.add(arg)
+        elif arg.startswith("-"):
+            return None
+        else:
+            break
+        i += 1
+    manager = values.get("--manager", "auto")
+    if manager not in ("auto", "user", "system"):
+        return None
+    opts = Options(
+        manager=manager,
+        fleet=values.get("--fleet", "default"),
+        json="--json" in flags,
+        debug="--debug" in flags,
+    )
+    command = args[i] if i < len(args) else None
+    return opts, command, list(args[i + 1 :])
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write(self.format(record) + "\n")
+
+
+def _setup_logging(debug: bool) -> None:
+    # The library logs its warnings (stale slice limits, no OOMPolicy) to "agentscope".
+    logger = logging.getLogger("agentscope")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("agentscope: %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Run the agentscope command line and exit with its status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    split = split_globals(args)
+    opts = (
+        split[0] if split is not None else Options(json="--json" in args, debug="--debug" in args)
+    )
+    _setup_logging(opts.debug)
+    if split is not None and split[1] == "exec":
+        from ._exec import run_exec
+
+        try:
+            run_exec(opts, split[2])
+        except (Exception, KeyboardInterrupt) as exc:
+            sys.exit(report_error(exc, json_mode=opts.json, debug=opts.debug))
+        sys.exit(0)  # reached only with a stand-in exec
+    from ._app import run_app
+
+    sys.exit(run_app(args, opts))

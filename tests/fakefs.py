@@ -2,18 +2,71 @@
 
 The files are written in the kernel's own formats (Linux 6.12), so the
 readers under test cannot tell them from the real thing.
+
+Atomicity. A real kernel file is generated whole when it is read, so a
+reader never sees one half-written, and a cgroup or /proc directory appears
+with all its files. A plain file write is a truncate and then a write, and a
+reader in another thread can land in between (an empty ``memory.events``,
+an empty ``cgroup.procs``). So every change made here holds :data:`KERNEL`,
+and a test whose code under test reads the tree from worker threads wraps
+those reads with :func:`holding_kernel`: a read then sees a change either not
+at all or complete. ``with KERNEL:`` around several changes makes them one
+step, as the kernel makes them between two samples. Files are rewritten in
+place (same inode), so inotify watches see ``IN_MODIFY`` as on cgroupfs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from agentscope._cgroup import MemoryEvents
 
 PAGE = 4096
 
 PressureFigures = tuple[float, float, float, int]
+
+#: The fake kernel's lock: held by every change made here and by the reads
+#: wrapped with :func:`holding_kernel` (reentrant, so changes can nest).
+KERNEL = threading.RLock()
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def holding_kernel(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` run holding :data:`KERNEL`, as one step.
+
+    For a reader: it sees each change before or after, never during. For a
+    maker: its files appear together (a cgroup is created with its files).
+    """
+
+    @functools.wraps(fn)
+    def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with KERNEL:
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+def write(path: Path, data: str | bytes) -> None:
+    """Set a fake kernel file's content in one step, in place (the inode stays)."""
+    raw = data.encode() if isinstance(data, str) else data
+    with KERNEL:
+        path.write_bytes(raw)
+
+
+def remove(path: Path) -> None:
+    """Remove a file or a whole directory tree in one step (a cgroup rmdir, a reaped pid)."""
+    with KERNEL:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def format_memory_events(events: MemoryEvents) -> bytes:
@@ -40,6 +93,7 @@ def format_pressure(some: PressureFigures, full: PressureFigures | None = None) 
     return "".join(out).encode()
 
 
+@holding_kernel
 def make_cgroup(
     root: Path,
     relpath: str,
@@ -85,6 +139,7 @@ def make_cgroup(
     return path
 
 
+@holding_kernel
 def make_cgroup_root(root: Path) -> Path:
     """The root of a v2 hierarchy: controllers, but no memory.current/events."""
     root.mkdir(parents=True, exist_ok=True)
@@ -111,6 +166,7 @@ def stat_line(
     return f"{pid} ({comm}) {' '.join(rest)}\n".encode()
 
 
+@holding_kernel
 def make_proc(
     root: Path,
     pid: int,
@@ -153,6 +209,7 @@ def make_proc(
     return path
 
 
+@holding_kernel
 def make_meminfo(
     root: Path,
     *,
@@ -181,6 +238,7 @@ def make_meminfo(
     (root / "meminfo").write_text("".join(lines))
 
 
+@holding_kernel
 def make_host_pressure(root: Path, data: bytes) -> None:
     """Write ``/proc/pressure/memory``."""
     (root / "pressure").mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from agentscope import AsyncFleet, Fleet
 
 def test_all_public_names_exported_and_nothing_else() -> None:
     public = {n for n in dir(agentscope) if not n.startswith("_")}
-    modules = {"lowlevel", "watchdog"}
+    modules = {"lowlevel", "watchdog", "generator"}
     assert public - modules == set(agentscope.__all__) - {"__version__"}
     for name in agentscope.__all__:
         assert hasattr(agentscope, name), name

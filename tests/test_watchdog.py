@@ -197,6 +197,44 @@ async def test_healthy_loop_gives_no_report_across_many_windows() -> None:
     assert lag < 0.5
 
 
+async def test_healthy_loop_costs_one_heartbeat_per_interval_and_no_timer() -> None:
+    loop = asyncio.get_running_loop()
+    stamps: list[int] = []
+
+    class Counting(LoopWatchdog):
+        def _stamp(self, seq: int) -> None:
+            stamps.append(seq)
+            super()._stamp(seq)
+
+    async with Counting(interval=0.05) as wd:
+        await asyncio.sleep(1.0)
+        # The sleep's timer has fired: the watchdog itself keeps none pending
+        # (asyncio's private heap; a pending timer costs every loop turn).
+        assert [h for h in loop._scheduled if not h.cancelled()] == []  # type: ignore[attr-defined]
+        assert wd.last_lag is not None
+        assert wd.last_lag < 0.05
+    # One heartbeat per interval: about 20 in 1 s, in order, none skipped.
+    assert 10 <= len(stamps) <= 22
+    assert stamps == list(range(1, len(stamps) + 1))
+
+
+def test_idle_time_between_runs_is_not_a_stall() -> None:
+    reports: list[StallReport] = []
+    loop = asyncio.new_event_loop()
+    try:
+        wd = LoopWatchdog(threshold=0.3, on_report=reports.append)
+        wd.start(loop)
+        loop.run_until_complete(asyncio.sleep(0.2))
+        time.sleep(0.8)  # the loop is not running: idle, not stalled
+        loop.run_until_complete(asyncio.sleep(0.3))
+        wd.stop()
+    finally:
+        loop.close()
+    assert reports == []
+    assert wd.last_lag is not None
+    assert wd.last_lag < 0.3
+
+
 async def test_report_callback_error_is_logged_and_watching_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

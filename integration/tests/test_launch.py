@@ -146,6 +146,15 @@ async def test_oom_with_cap_kills_only_the_allocator(fleet: AsyncFleet, tmp_path
     assert show(agent.unit, "ActiveState")["ActiveState"] == "active"
     events = (CGROUP / cgroup_of(agent.pid).lstrip("/") / "memory.events").read_text()
     assert "oom_kill 1" in events
+    listed = {a.name: a for a in await fleet.agents()}
+    assert listed["capped"].oom_kills == 1
+    assert listed["sibling"].oom_kills == 0
+    # systemd 259 added an OOMKills property; before, the cgroup file is the only record.
+    oom_kills = show(agent.unit, "OOMKills").get("OOMKills")
+    if SYSTEMD >= 259:
+        assert oom_kills == "1"
+    else:
+        assert not oom_kills
 
 
 async def test_global_oom_kills_only_the_runaway(fleet: AsyncFleet) -> None:

@@ -26,7 +26,8 @@ LAUNCHER = textwrap.dedent(
     async def main(fleet, db, n, prefix):
         async with agentscope.AsyncFleet(fleet, registry=db) as f:
             agents = await asyncio.gather(*(
-                f.launch(f"{prefix}{i}", ["sleep", "600"], stdout=subprocess.DEVNULL)
+                f.launch(f"{prefix}{i}", ["sleep", "600"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 for i in range(n)))
             print(json.dumps({a.name: a.pid for a in agents}), flush=True)
             if sys.argv[5] == "hang":
@@ -65,7 +66,7 @@ async def test_agents_survive_sigkilled_manager_and_are_adopted(tmp_path: Path) 
     pids = json.loads(proc.stdout.readline())
     assert len(pids) == 10
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.communicate()  # reaps it and closes its pipes
     assert all(_alive(p) for p in pids.values())
 
     async with AsyncFleet(name, registry=db) as fleet:

@@ -1,0 +1,25 @@
+"""Installing agentscope into systemd: the agents slice, the monitor service, the generator.
+
+Plans are plain data (files with their content and mode, then the commands
+to run); :func:`apply_plan` writes the files and records a manifest, so
+:func:`plan_uninstall` removes exactly what an install wrote. ``pip install``
+alone never touches systemd. See docs/install.md.
+"""
+
+from ._install import InstallPlan as InstallPlan
+from ._install import UninstallPlan as UninstallPlan
+from ._install import apply_plan as apply_plan
+from ._install import detect_systemd_version as detect_systemd_version
+from ._install import load_manifest as load_manifest
+from ._install import plan_install as plan_install
+from ._install import plan_uninstall as plan_uninstall
+
+__all__ = [
+    "InstallPlan",
+    "UninstallPlan",
+    "apply_plan",
+    "detect_systemd_version",
+    "load_manifest",
+    "plan_install",
+    "plan_uninstall",
+]

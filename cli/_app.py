@@ -1,0 +1,581 @@
+"""The typer app: every command but the ``exec`` fast path starts here.
+
+Commands reach the library only through :func:`._fleet.open_fleet`, print
+JSON (``--json``) or rich output from :mod:`._render`, and raise; the
+exceptions become exit codes in one place, :func:`._errors.report_error`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from . import _doctor, _fleet, _render
+from ._errors import BadInput, Failed, report_error
+from ._exec import exec_command
+from ._fleet import FleetLike, Options
+from ._notify import Notifier
+from ._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
+
+__all__ = ["app", "run_app"]
+
+app = typer.Typer(
+    name="agentscope",
+    help="Run every AI coding agent in its own systemd scope, and see which one ate the memory.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class Manager(enum.StrEnum):
+    user = "user"
+    system = "system"
+
+
+# -- plumbing ---------------------------------------------------------------
+
+
+def _opts(ctx: typer.Context) -> Options:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, Options) else Options()
+
+
+@contextlib.contextmanager
+def _fleet_of(ctx: typer.Context) -> Iterator[FleetLike]:
+    fleet = _fleet.open_fleet(_opts(ctx))
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False)
+
+
+def _version(ctx: typer.Context, value: bool) -> None:
+    if not value:
+        return
+    from agentscope import __version__
+
+    if _opts(ctx).json or "--json" in sys.argv[1:]:
+        _emit_json({"version": __version__})
+    else:
+        sys.stdout.write(f"agentscope {__version__}\n")
+    raise typer.Exit()
+
+
+@app.callback()
+def _globals(
+    ctx: typer.Context,
+    manager: Annotated[
+        Manager | None,
+        typer.Option(help="The systemd manager: system when root, else user.", show_default=False),
+    ] = None,
+    fleet: Annotated[str, typer.Option(help="The fleet to act on.")] = "default",
+    json_: Annotated[
+        bool, typer.Option("--json", help="Print JSON only on stdout; errors as JSON on stderr.")
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks and the library's debug log.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_version
+        ),
+    ] = False,
+) -> None:
+    """Run every AI coding agent in its own systemd scope, and see which one ate the memory."""
+    ctx.obj = Options(
+        manager=manager.value if manager is not None else "auto",
+        fleet=fleet,
+        json=json_,
+        debug=debug,
+    )
+
+
+def run_app(args: Sequence[str], opts: Options) -> int:
+    """Run the typer app on ``args``; return the exit code (errors already reported)."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=list(args), prog_name="agentscope", standalone_mode=False, obj=opts)
+    except (Exception, KeyboardInterrupt) as exc:
+        if isinstance(exc, typer.TyperException) and not opts.json and hasattr(exc, "show"):
+            exc.show()  # click's own usage message, with the "Try --help" hint
+            return int(getattr(exc, "exit_code", 2))
+        return report_error(exc, json_mode=opts.json, debug=opts.debug)
+    return rv if isinstance(rv, int) else 0
+
+
+# -- commands -----------------------------------------------------------------
+
+_CMD = typer.Argument(metavar="-- CMD [ARGS]...", help="The command and its arguments.")
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The agent's name.")],
+    cmd: Annotated[list[str], _CMD],
+    cwd: Annotated[Path | None, typer.Option(help="The agent's working directory.")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="K=V added to the agent's environment.")
+    ] = None,
+    memory_max: Annotated[
+        str | None, typer.Option(help="Cap the agent's memory: bytes or K/M/G/T (1024s).")
+    ] = None,
+    log: Annotated[
+        Path | None, typer.Option(help="Where the agent's stdout and stderr go.")
+    ] = None,
+) -> None:
+    """Launch CMD as agent NAME, detached, its output going to a log file."""
+    opts = _opts(ctx)
+    size = parse_size(memory_max) if memory_max is not None else None
+    extra = parse_env(env or [])
+    log_path = log if log is not None else _fleet.default_log_path(opts, name)
+    agent_env = {**os.environ, **extra} if extra else None
+    with _fleet_of(ctx) as fleet:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as out:
+            agent = fleet.launch(
+                name,
+                cmd,
+                cwd=str(cwd) if cwd is not None else None,
+                env=agent_env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                memory_max=size,
+            )
+    result = {"name": agent.name, "unit": agent.unit, "pid": agent.pid, "log": str(log_path)}
+    if opts.json:
+        _emit_json(result)
+    else:
+        for key, value in result.items():
+            sys.stdout.write(f"{key:<5} {value}\n")
+
+
+@app.command("exec")
+def exec_(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The agent's name.")],
+    cmd: Annotated[list[str], _CMD],
+    memory_max: Annotated[
+        str | None, typer.Option(help="Cap the agent's memory (needs adopt() support).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not name the unit.")] = False,
+) -> None:
+    """Move this process into a new agent scope NAME and exec CMD there.
+
+    CMD keeps the PID, stdio and signals, like systemd-run --scope.
+    """
+    exec_command(_opts(ctx), name, cmd, memory_max=memory_max, quiet=quiet)
+
+
+@app.command("ls")
+def ls(ctx: typer.Context) -> None:
+    """List the fleet's agents."""
+    with _fleet_of(ctx) as fleet:
+        agents = [a.to_dict() for a in fleet.agents()]
+    if _opts(ctx).json:
+        _emit_json(agents)
+    elif not agents:
+        sys.stdout.write(f"no agents in fleet {_opts(ctx).fleet!r}\n")
+    else:
+        _console().print(_render.ls_table(agents))
+
+
+@app.command()
+def stop(
+    ctx: typer.Context,
+    name: Annotated[str | None, typer.Argument(help="The agent to stop.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every agent of the fleet.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds from SIGTERM to SIGKILL.", min=0)] = 10.0,
+) -> None:
+    """Stop an agent (SIGTERM, then SIGKILL after the timeout), or all of them."""
+    opts = _opts(ctx)
+    if (name is None) == (not all_):
+        raise BadInput("give an agent NAME or --all, not both")
+    with _fleet_of(ctx) as fleet:
+        if name is not None:
+            fleet.stop(name, timeout=timeout)
+            if opts.json:
+                _emit_json({"stopped": [name], "failed": []})
+            else:
+                sys.stdout.write(f"stopped {name}\n")
+            return
+        stopped, failed = _stop_all(fleet, timeout, progress=not opts.json and sys.stderr.isatty())
+    if opts.json:
+        _emit_json({"stopped": stopped, "failed": failed})
+    else:
+        sys.stdout.write(f"stopped {len(stopped)} agent(s)\n")
+    if failed:
+        raise Failed("could not stop " + ", ".join(f"{f['name']} ({f['error']})" for f in failed))
+
+
+def _stop_all(
+    fleet: FleetLike, timeout: float, *, progress: bool
+) -> tuple[list[str], list[dict[str, str]]]:
+    from agentscope import AgentNotFound, AgentscopeError
+
+    names = [a.name for a in fleet.agents()]
+    stopped: list[str] = []
+    failed: list[dict[str, str]] = []
+    with Progress(console=_console(stderr=True), disable=not progress, transient=True) as bar:
+        task = bar.add_task("stopping", total=len(names))
+        for name in names:
+            bar.update(task, description=f"stopping {name}")
+            try:
+                fleet.stop(name, timeout=timeout)
+            except AgentNotFound:
+                pass  # it ended by itself meanwhile
+            except AgentscopeError as exc:
+                failed.append({"name": name, "error": str(exc), "kind": type(exc).__name__})
+                continue
+            finally:
+                bar.advance(task)
+            stopped.append(name)
+    return stopped, failed
+
+
+@app.command()
+def kill(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The agent to signal.")],
+    signal_: Annotated[str, typer.Option("--signal", "-s", help="TERM, SIGKILL, 9, ...")] = "TERM",
+) -> None:
+    """Send a signal to every process of an agent."""
+    sig = parse_signal(signal_)
+    with _fleet_of(ctx) as fleet:
+        fleet.kill(name, sig)
+    if _opts(ctx).json:
+        _emit_json({"name": name, "signal": sig.name})
+    else:
+        sys.stdout.write(f"sent {sig.name} to {name}\n")
+
+
+@app.command()
+def freeze(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The agent.")]) -> None:
+    """Freeze every process of an agent (cgroup freezer)."""
+    with _fleet_of(ctx) as fleet:
+        fleet.freeze(name)
+    _said(ctx, {"name": name, "frozen": True}, f"froze {name}")
+
+
+@app.command()
+def thaw(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The agent.")]) -> None:
+    """Thaw a frozen agent."""
+    with _fleet_of(ctx) as fleet:
+        fleet.thaw(name)
+    _said(ctx, {"name": name, "frozen": False}, f"thawed {name}")
+
+
+def _said(ctx: typer.Context, data: dict[str, Any], text: str) -> None:
+    if _opts(ctx).json:
+        _emit_json(data)
+    else:
+        sys.stdout.write(text + "\n")
+
+
+@app.command()
+def report(
+    ctx: typer.Context,
+    top: Annotated[int, typer.Option(help="How many top processes to show.", min=0)] = 10,
+) -> None:
+    """The memory report: per agent, and the top processes with their agents."""
+    with _fleet_of(ctx) as fleet:
+        data = fleet.report(top=top).to_dict()
+    if _opts(ctx).json:
+        _emit_json(data)
+    else:
+        _console().print(_render.report_view(data))
+
+
+@app.command()
+def events(
+    ctx: typer.Context,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events.")
+    ] = False,
+    since: Annotated[
+        str | None, typer.Option(help="Unix seconds, ISO 8601, or ago like 10m, 2h, 1d.")
+    ] = None,
+    kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
+) -> None:
+    """Print the fleet's recorded events (OOM kills, throttling, starts, exits)."""
+    opts = _opts(ctx)
+    start = parse_since(since, time.time()) if since is not None else None
+    with _fleet_of(ctx) as fleet:
+        last = _print_events(fleet.events(since=start, kind=kind), opts.json)
+        try:
+            while follow:
+                time.sleep(1.0)
+                last = _print_events(fleet.events(kind=kind, after_id=last), opts.json) or last
+        except KeyboardInterrupt:
+            return
+
+
+def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:
+    last = None
+    for record in records:
+        data = record.to_dict()
+        sys.stdout.write(
+            (json.dumps(data, default=str) if as_json else _render.event_line(data)) + "\n"
+        )
+        last = record.id
+    sys.stdout.flush()
+    return last
+
+
+@app.command()
+def top(
+    ctx: typer.Context,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 1.0,
+) -> None:
+    """A live view of the fleet: agents with memory bars, PSI, recent events; q quits."""
+    from ._top import run_top, snapshot
+
+    opts = _opts(ctx)
+    with _fleet_of(ctx) as fleet:
+        if opts.json:
+            _emit_json(snapshot(fleet, time.time()))
+        elif not sys.stdout.isatty():
+            _console().print(_render.ls_table([a.to_dict() for a in fleet.agents()]))
+        else:
+            run_top(fleet, interval)
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGINT arrived: leave the monitor loop cleanly."""
+
+
+@app.command()
+def monitor(
+    ctx: typer.Context,
+    interval: Annotated[float, typer.Option(help="Seconds between samples.", min=0.1)] = 2.0,
+    top: Annotated[int, typer.Option(help="Top processes kept per sample.", min=0)] = 10,
+) -> None:
+    """Run the monitor in the foreground, recording and printing its events.
+
+    Exits cleanly on SIGTERM and SIGINT. Under systemd (Type=notify,
+    $NOTIFY_SOCKET set) it sends READY=1, then WATCHDOG=1 and a STATUS= line
+    every tick.
+    """
+    opts = _opts(ctx)
+    notifier = Notifier()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise _Stopped
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with _fleet_of(ctx) as fleet, fleet.monitor(interval=interval, top=top) as stream:
+            _monitor_loop(fleet, stream, interval, notifier, opts.json)
+    except _Stopped:
+        pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        notifier.send(STOPPING=1)
+
+
+_END = object()
+
+
+def _monitor_loop(
+    fleet: FleetLike,
+    stream: Iterator[_fleet.Record],
+    interval: float,
+    notifier: Notifier,
+    as_json: bool,
+) -> None:
+    # The events arrive on a thread of their own so that ticks (WATCHDOG=1,
+    # STATUS=) go out on time even while no event comes.
+    inbox: queue.Queue[object] = queue.Queue()
+
+    def pump() -> None:
+        try:
+            for event in stream:
+                inbox.put(event)
+        except BaseException as exc:  # handed to the main thread, which raises it
+            inbox.put(exc)
+        inbox.put(_END)
+
+    threading.Thread(target=pump, name="agentscope-monitor", daemon=True).start()
+    notifier.send(READY=1, STATUS=_status(fleet))
+    while True:
+        try:
+            item = inbox.get(timeout=interval)
+        except queue.Empty:
+            item = None
+        if item is _END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        if item is not None:
+            data = item.to_dict()  # type: ignore[attr-defined]
+            sys.stdout.write(
+                (json.dumps(data, default=str) if as_json else _render.event_line(data)) + "\n"
+            )
+            sys.stdout.flush()
+        notifier.send(WATCHDOG=1, STATUS=_status(fleet))
+
+
+def _status(fleet: FleetLike) -> str:
+    agents = [a.to_dict() for a in fleet.agents()]
+    states: dict[str, int] = {}
+    for a in agents:
+        states[str(a.get("state"))] = states.get(str(a.get("state")), 0) + 1
+    memory = sum(a.get("memory_current") or 0 for a in agents)
+    kills = sum(a.get("oom_kills") or 0 for a in agents)
+    detail = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    return (
+        f"fleet {fleet.name}: {len(agents)} agents"
+        + (f" ({detail})" if detail else "")
+        + f", {_render.format_bytes(memory)}, {kills} OOM kills"
+    )
+
+
+@app.command()
+def doctor(
+    ctx: typer.Context,
+    fix: Annotated[bool, typer.Option(help="Clear the agents slice's runtime limits.")] = False,
+) -> None:
+    """Check this host for what agentscope needs, one line per check.
+
+    Exits 1 when a check fails, 4 when systemd is unreachable.
+    """
+    opts = _opts(ctx)
+    facts = _doctor.gather(opts)
+    results = _doctor.checks(facts)
+    if fix and any(c["name"] == "slice_limits" and c["status"] == "fail" for c in results):
+        _clear_slice_limits(ctx)
+        facts = _doctor.gather(opts)
+        results = _doctor.checks(facts)
+    version = facts.capabilities["systemd_version"] if facts.capabilities else None
+    if opts.json:
+        _emit_json({"systemd_version": version, "manager": facts.manager, "checks": results})
+    else:
+        _console().print(_render.doctor_view(version, facts.manager, results))
+    if facts.capabilities is None:
+        raise typer.Exit(4)
+    if any(c["status"] == "fail" for c in results):
+        raise typer.Exit(1)
+
+
+def _clear_slice_limits(ctx: typer.Context) -> None:
+    with _fleet_of(ctx) as fleet:
+        fleet.clear_slice_limits()
+
+
+@app.command()
+def gc(
+    ctx: typer.Context,
+    retention: Annotated[
+        str, typer.Option(help="Keep exited agents younger than this (10m, 2h, 7d).")
+    ] = "7d",
+) -> None:
+    """Forget exited agents (and their records) older than the retention."""
+    seconds = parse_duration(retention)
+    with _fleet_of(ctx) as fleet:
+        removed = fleet.gc(retention_seconds=seconds)
+    _said(ctx, {"removed": removed, "retention_seconds": seconds}, f"removed {removed} agent(s)")
+
+
+def _install_scope(ctx: typer.Context, system: bool, user: bool) -> str:
+    if system and user:
+        raise BadInput("choose one of --system and --user")
+    if system or user:
+        return "system" if system else "user"
+    return _opts(ctx).resolved_manager
+
+
+def _run_actions(actions: Sequence[Sequence[str]], as_json: bool) -> None:
+    for argv in actions:
+        done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise Failed(
+                f"{' '.join(argv)} failed (exit {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()}",
+                "failed",
+            )
+        if not as_json:
+            sys.stdout.write(f"ran: {' '.join(argv)}\n")
+
+
+@app.command()
+def install(
+    ctx: typer.Context,
+    system: Annotated[
+        bool, typer.Option("--system", help="Install for the system manager (root).")
+    ] = False,
+    user: Annotated[bool, typer.Option("--user", help="Install for your user manager.")] = False,
+    linger: Annotated[
+        bool, typer.Option(help="Also enable linger (user managers at boot).")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would be written.")
+    ] = False,
+) -> None:
+    """Install the agents slice (no memory limits) and the monitor service for --fleet."""
+    from agentscope import install as inst
+
+    scope = _install_scope(ctx, system, user)
+    if scope == "system" and os.geteuid() != 0:
+        raise BadInput("install --system needs root; use --user for your own manager")
+    plan = inst.plan_install(
+        scope,  # type: ignore[arg-type]
+        systemd_version=inst.detect_systemd_version(),
+        linger=linger,
+        fleets=[_opts(ctx).fleet],
+    )
+    lines = inst.apply_plan(plan, dry_run=dry_run)
+    if not dry_run:
+        _run_actions(plan.actions, _opts(ctx).json)
+    _said(ctx, {"scope": scope, "dry_run": dry_run, "done": lines}, "\n".join(lines))
+
+
+@app.command()
+def uninstall(
+    ctx: typer.Context,
+    system: Annotated[bool, typer.Option("--system", help="Remove the system install.")] = False,
+    user: Annotated[bool, typer.Option("--user", help="Remove your user install.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would be removed.")
+    ] = False,
+) -> None:
+    """Remove exactly what install wrote (agents keep running)."""
+    from agentscope import install as inst
+
+    scope = _install_scope(ctx, system, user)
+    manifest = inst.load_manifest(scope)  # type: ignore[arg-type]
+    if manifest is None:
+        raise Failed(f"nothing to uninstall: no {scope} install of agentscope found", "failed")
+    plan = inst.plan_uninstall(manifest)
+    lines = inst.apply_plan(plan, dry_run=dry_run)
+    if not dry_run:
+        _run_actions(plan.actions, _opts(ctx).json)
+    _said(ctx, {"scope": scope, "dry_run": dry_run, "done": lines}, "\n".join(lines))

@@ -1,0 +1,263 @@
+"""``agentscope doctor``: gather facts about this host (I/O), then judge them (pure).
+
+:func:`gather` does the probing through the library's public API;
+:func:`checks` turns the facts into pass/warn/fail lines, each that is not a
+pass with the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._fleet import Options
+
+__all__ = ["Facts", "checks", "gather"]
+
+_SD_PATH = "/org/freedesktop/systemd1"
+_SD_MANAGER = "org.freedesktop.systemd1.Manager"
+_UNIT_IFACE = "org.freedesktop.systemd1.Unit"
+OOMD_BINARY = Path("/usr/lib/systemd/systemd-oomd")
+LINGER_DIR = Path("/var/lib/systemd/linger")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What :func:`gather` found; ``None`` where it could not tell, with the reason beside."""
+
+    manager: str
+    user: str
+    capabilities: dict[str, Any] | None = None
+    unreachable: str | None = None
+    default_oom_policy: str | None = None
+    default_oom_policy_error: str | None = None
+    oomd_binary: bool = False
+    oomd_state: str | None = None
+    linger: bool | None = None
+    oom_score_adj: int | None = None
+
+
+async def _manager_facts(manager: str) -> tuple[str | None, str | None, str | None]:
+    from agentscope import AgentscopeError
+    from agentscope.lowlevel import SystemdBus
+
+    policy = policy_error = oomd = None
+    bus = SystemdBus(manager)
+    try:
+        policy = str(await bus.get_property(_SD_PATH, _SD_MANAGER, "DefaultOOMPolicy"))
+    except AgentscopeError as exc:  # systemd < 243 has no DefaultOOMPolicy
+        policy_error = str(exc)
+    finally:
+        bus.close()
+    system = SystemdBus("system")  # systemd-oomd is a system service
+    try:
+        path = await system.unit_path("systemd-oomd.service")
+        oomd = str(await system.get_property(path, _UNIT_IFACE, "ActiveState"))
+    except AgentscopeError:
+        oomd = None
+    finally:
+        system.close()
+    return policy, policy_error, oomd
+
+
+def gather(opts: Options) -> Facts:
+    """Probe systemd, the cgroup tree and this process for :func:`checks`."""
+    import agentscope
+    from agentscope.lowlevel import read_oom_score_adj
+
+    manager = opts.resolved_manager
+    user = pwd.getpwuid(os.getuid()).pw_name
+    caps: dict[str, Any] | None = None
+    unreachable = policy = policy_error = oomd = None
+    try:
+        caps = agentscope.probe_sync(manager).to_dict()
+    except agentscope.SystemdUnavailable as exc:
+        unreachable = str(exc)
+    if caps is not None:
+        policy, policy_error, oomd = asyncio.run(_manager_facts(manager))
+    return Facts(
+        manager=manager,
+        user=user,
+        capabilities=caps,
+        unreachable=unreachable,
+        default_oom_policy=policy,
+        default_oom_policy_error=policy_error,
+        oomd_binary=OOMD_BINARY.exists(),
+        oomd_state=oomd,
+        linger=(LINGER_DIR / user).exists() if manager == "user" else None,
+        oom_score_adj=read_oom_score_adj(os.getpid()),
+    )
+
+
+def _check(name: str, status: str, detail: str, fix: str | None = None) -> dict[str, Any]:
+    return {"name": name, "status": status, "detail": detail, "fix": fix}
+
+
+def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> list[dict[str, Any]]:
+    """The doctor's verdicts, in a fixed order, from gathered facts."""
+    user_flag = "--user " if facts.manager == "user" else ""
+    sudo = "" if facts.manager == "user" else "sudo "
+    out: list[dict[str, Any]] = []
+    caps = facts.capabilities
+    if caps is None:
+        out.append(
+            _check(
+                "systemd",
+                "fail",
+                facts.unreachable or "unreachable",
+                f"sudo loginctl enable-linger {facts.user}"
+                if facts.manager == "user"
+                else "run on a host booted with systemd, with dbus running",
+            )
+        )
+        for name in ("cgroup_v2", "memory_controller", "scope_oom_policy", "slice_limits"):
+            out.append(_check(name, "warn", "not checked: systemd is unreachable"))
+        out.append(_check("default_oom_policy", "warn", "not checked: systemd is unreachable"))
+    else:
+        out.append(
+            _check(
+                "systemd",
+                "pass",
+                f"{facts.manager} manager reachable at {caps['bus_address']}, "
+                f"systemd {caps['systemd_version']}",
+            )
+        )
+        out.append(
+            _check("cgroup_v2", "pass", "unified cgroup v2 hierarchy")
+            if caps["cgroup_v2"]
+            else _check(
+                "cgroup_v2",
+                "fail",
+                "no unified cgroup v2 hierarchy",
+                "boot with systemd.unified_cgroup_hierarchy=1 on the kernel command line",
+            )
+        )
+        out.append(
+            _check(
+                "memory_controller",
+                "pass",
+                f"memory controller available to the {facts.manager} manager",
+            )
+            if caps["memory_controller"]
+            else _check(
+                "memory_controller",
+                "fail",
+                f"the memory controller is not available to the {facts.manager} manager",
+                "sudo systemctl edit user@.service  # [Service] Delegate=pids memory cpu"
+                if facts.manager == "user"
+                else "enable the memory controller: boot with cgroup_enable=memory",
+            )
+        )
+        out.append(
+            _check("scope_oom_policy", "pass", "scopes accept OOMPolicy=continue")
+            if caps["scope_oom_policy"]
+            else _check(
+                "scope_oom_policy",
+                "warn",
+                f"systemd {caps['systemd_version']} refuses OOMPolicy on scopes: an OOM kill "
+                "may stop an agent's whole scope",
+                "upgrade to systemd 253+ (Debian 12: 252.38+), or set DefaultOOMPolicy=continue",
+            )
+        )
+        limits = caps.get("slice_limits") or {}
+        stale = {k: v for k, v in limits.items() if v is not None}
+        out.append(
+            _check("slice_limits", "pass", f"{slice_name} has no memory limits")
+            if not stale
+            else _check(
+                "slice_limits",
+                "fail",
+                f"{slice_name} carries "
+                + ", ".join(f"{k}={v}" for k, v in stale.items())
+                + " (a MemoryHigh there throttles every agent at once)",
+                "agentscope doctor --fix  # or: "
+                f"{sudo}systemctl {user_flag}set-property --runtime {slice_name} "
+                + " ".join(f"{k}=infinity" for k in stale),
+            )
+        )
+        policy = facts.default_oom_policy
+        dropin = (
+            "~/.config/systemd/user.conf.d/oom.conf"
+            if facts.manager == "user"
+            else "/etc/systemd/system.conf.d/oom.conf"
+        )
+        policy_fix = (
+            f"printf '[Manager]\\nDefaultOOMPolicy=continue\\n' > {dropin}; "
+            f"{sudo}systemctl {user_flag}daemon-reexec"
+        )
+        if policy is None:
+            out.append(
+                _check(
+                    "default_oom_policy",
+                    "warn",
+                    f"cannot read DefaultOOMPolicy: {facts.default_oom_policy_error}",
+                    policy_fix,
+                )
+            )
+        elif policy == "continue" or caps["scope_oom_policy"]:
+            out.append(_check("default_oom_policy", "pass", f"DefaultOOMPolicy={policy}"))
+        else:
+            out.append(
+                _check(
+                    "default_oom_policy",
+                    "warn",
+                    f"DefaultOOMPolicy={policy} and scopes take no OOMPolicy: an OOM kill "
+                    "stops the agent's whole scope",
+                    policy_fix,
+                )
+            )
+    if facts.oomd_binary:
+        state = facts.oomd_state or "state unknown"
+        status = "pass" if facts.oomd_state in (None, "active") else "warn"
+        out.append(
+            _check(
+                "systemd_oomd",
+                status,
+                f"systemd-oomd installed, {state}",
+                None if status == "pass" else "sudo systemctl enable --now systemd-oomd",
+            )
+        )
+    else:
+        out.append(
+            _check(
+                "systemd_oomd",
+                "warn",
+                f"systemd-oomd not installed ({OOMD_BINARY} missing)",
+                "sudo apt-get install systemd-oomd",
+            )
+        )
+    if facts.linger is None:
+        out.append(_check("linger", "pass", "not needed for the system manager"))
+    elif facts.linger:
+        out.append(
+            _check("linger", "pass", f"{facts.user} lingers: the user manager outlives logins")
+        )
+    else:
+        out.append(
+            _check(
+                "linger",
+                "warn",
+                f"{facts.user} does not linger: agents die with the last login session",
+                f"sudo loginctl enable-linger {facts.user}",
+            )
+        )
+    adj = facts.oom_score_adj
+    if adj is None:
+        out.append(_check("oom_score_adj", "warn", "cannot read this process's oom_score_adj"))
+    elif adj >= 800:
+        out.append(
+            _check(
+                "oom_score_adj",
+                "warn",
+                f"this process has oom_score_adj {adj}, an agent's score: "
+                "is it inside an agent scope?",
+                "run the manager outside agent scopes",
+            )
+        )
+    else:
+        out.append(_check("oom_score_adj", "pass", f"this process has oom_score_adj {adj}"))
+    return out

@@ -1,0 +1,110 @@
+"""Every failure of the command line becomes an exit code and a message here.
+
+This is the one place that maps exceptions to exit codes::
+
+    0  ok
+    1  the operation failed        BusError, AgentExists, other AgentscopeError, OSError
+    2  bad usage or bad input      usage errors, BadInput, InvalidName, LaunchError
+    3  no such agent               AgentNotFound
+    4  systemd unreachable         SystemdUnavailable
+
+With ``--json`` the message goes to stderr as ``{"error": ..., "kind": ...}``.
+Kept free of typer and rich: the ``exec`` fast path reports through it too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import TextIO
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "BadInput",
+    "Failed",
+    "classify",
+    "report_error",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_UNAVAILABLE = 4
+
+
+class BadInput(ValueError):
+    """Input the user can correct (a size, a time, a signal, a missing binary): exit 2."""
+
+
+class Failed(Exception):
+    """An operation of the command line itself failed: exit 1 with ``kind``."""
+
+    def __init__(self, message: str, kind: str = "failed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def classify(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the ``kind`` word of an exception."""
+    if isinstance(exc, BadInput):
+        return EXIT_USAGE, "bad_input"
+    if isinstance(exc, Failed):
+        return EXIT_FAILED, exc.kind
+    if "typer" in sys.modules:
+        import typer
+
+        if isinstance(exc, typer.TyperException):  # click's usage errors and friends
+            code = getattr(exc, "exit_code", EXIT_FAILED)
+            return code, "usage" if code == EXIT_USAGE else "failed"
+    if "agentscope" in sys.modules:
+        import agentscope as a
+
+        table: list[tuple[type[BaseException], int, str]] = [
+            (a.InvalidName, EXIT_USAGE, "invalid_name"),
+            (a.LaunchError, EXIT_USAGE, "launch_error"),
+            (a.AgentNotFound, EXIT_NOT_FOUND, "not_found"),
+            (a.SystemdUnavailable, EXIT_UNAVAILABLE, "systemd_unavailable"),
+            (a.AgentExists, EXIT_FAILED, "agent_exists"),
+            (a.BusError, EXIT_FAILED, "bus_error"),
+            (a.AgentscopeError, EXIT_FAILED, "error"),
+        ]
+        for cls, code, kind in table:
+            if isinstance(exc, cls):
+                return code, kind
+    if isinstance(exc, OSError):
+        return EXIT_FAILED, "os_error"
+    return EXIT_FAILED, "internal"
+
+
+def _message(exc: BaseException, kind: str) -> str:
+    text = str(exc)
+    if kind == "usage" and hasattr(exc, "format_message"):
+        text = str(exc.format_message())
+    if kind == "internal":
+        text = (
+            f"{type(exc).__name__}: {text} (a bug in agentscope; rerun with --debug to see where)"
+        )
+    return text or type(exc).__name__
+
+
+def report_error(
+    exc: BaseException, *, json_mode: bool, debug: bool, stream: TextIO | None = None
+) -> int:
+    """Write ``exc`` to stderr (JSON or one line) and return its exit code."""
+    out = stream if stream is not None else sys.stderr
+    code, kind = classify(exc)
+    message = _message(exc, kind)
+    if debug:
+        traceback.print_exception(exc, file=out)
+    if json_mode:
+        out.write(json.dumps({"error": message, "kind": kind}) + "\n")
+    else:
+        out.write(f"agentscope: error: {message}\n")
+    out.flush()
+    return code

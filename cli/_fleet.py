@@ -1,0 +1,139 @@
+"""The fleet the command line talks to: options, the library surface it uses, one factory.
+
+Every command reaches the library through :func:`open_fleet` (looked up on
+this module at call time), so tests replace it with a fake fleet.
+:class:`FleetLike` spells out the part of ``agentscope.Fleet`` the CLI relies
+on. Kept free of typer and rich: the ``exec`` fast path uses it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol, cast
+
+__all__ = [
+    "AgentLike",
+    "FleetLike",
+    "Options",
+    "Record",
+    "default_log_path",
+    "open_fleet",
+]
+
+
+@dataclass(frozen=True)
+class Options:
+    """The global options: which manager and fleet, and how to print."""
+
+    manager: str = "auto"  # "auto": system when root, else user
+    fleet: str = "default"
+    json: bool = False
+    debug: bool = False
+
+    @property
+    def resolved_manager(self) -> str:
+        if self.manager != "auto":
+            return self.manager
+        return "system" if os.geteuid() == 0 else "user"
+
+
+class Record(Protocol):
+    """Anything the library hands out as plain data (events, reports)."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class EventLike(Record, Protocol):
+    id: int
+
+
+class AgentLike(Record, Protocol):
+    """An item of ``fleet.agents()``; ``to_dict()`` carries state, memory and the rest."""
+
+    name: str
+    unit: str
+    pid: int
+
+
+class FleetLike(Protocol):
+    """What the CLI uses of the blocking ``agentscope.Fleet``."""
+
+    name: str
+    manager: str
+
+    def close(self) -> None: ...
+
+    def launch(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        stdin: int | IO[Any] | None = ...,
+        stdout: int | IO[Any] | None = ...,
+        stderr: int | IO[Any] | None = ...,
+        memory_max: int | None = ...,
+    ) -> AgentLike: ...
+
+    def adopt(self, pid: int, name: str, *, memory_max: int | None = ...) -> AgentLike: ...
+
+    def stop(self, name: str, timeout: float = ...) -> None: ...
+
+    def kill(self, name: str, signal: int = ...) -> None: ...
+
+    def freeze(self, name: str) -> None: ...
+
+    def thaw(self, name: str) -> None: ...
+
+    def agents(self) -> Sequence[AgentLike]: ...
+
+    def clear_slice_limits(self) -> dict[str, int]: ...
+
+    def slice_limits(self) -> dict[str, int | None]: ...
+
+    def events(
+        self,
+        *,
+        since: float | None = ...,
+        kind: str | None = ...,
+        after_id: int | None = ...,
+        limit: int | None = ...,
+    ) -> Sequence[EventLike]: ...
+
+    def gc(self, retention_seconds: float = ...) -> int: ...
+
+    def report(self, top: int = ...) -> Record: ...
+
+    def monitor(
+        self, interval: float = ..., top: int = ...
+    ) -> AbstractContextManager[Iterator[Record]]: ...
+
+
+def open_fleet(opts: Options) -> FleetLike:
+    """Connect to the fleet the options name.
+
+    Raises:
+        InvalidName: a bad fleet name.
+        SystemdUnavailable: no manager reachable.
+    """
+    from agentscope import Fleet
+
+    return cast(FleetLike, Fleet(opts.fleet, opts.manager))
+
+
+def default_log_path(opts: Options, name: str, env: Mapping[str, str] = os.environ) -> Path:
+    """Where ``run`` sends an agent's output unless told otherwise.
+
+    ``/var/log/agentscope/<fleet>/<name>.log`` for the system manager,
+    ``$XDG_STATE_HOME/agentscope/logs/<fleet>/<name>.log`` (``~/.local/state``
+    without it) for a user manager.
+    """
+    if opts.resolved_manager == "system":
+        return Path("/var/log/agentscope") / opts.fleet / f"{name}.log"
+    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "agentscope" / "logs" / opts.fleet / f"{name}.log"

@@ -1,0 +1,47 @@
+"""sd_notify(3) over the unix datagram socket in ``$NOTIFY_SOCKET``, no dependency.
+
+Only what ``agentscope monitor`` needs: ``READY=1``, ``WATCHDOG=1``,
+``STATUS=...`` and ``STOPPING=1``. An address starting with ``@`` is in the
+abstract namespace (the ``@`` stands for a leading NUL byte).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+__all__ = ["Notifier", "format_state"]
+
+
+def format_state(**fields: object) -> str:
+    """``KEY=value`` lines, one per field; a value is kept to one line."""
+    return "\n".join(f"{key}={' '.join(str(value).splitlines())}" for key, value in fields.items())
+
+
+class Notifier:
+    """Sends states to the service manager; does nothing when ``$NOTIFY_SOCKET`` is unset.
+
+    Raises (from :meth:`send`):
+        OSError: the socket is set but cannot be reached.
+        ValueError: an address that is neither a path nor ``@abstract``.
+    """
+
+    def __init__(self, env: Mapping[str, str] = os.environ) -> None:
+        address = env.get("NOTIFY_SOCKET", "")
+        if address and address[0] not in "/@":
+            raise ValueError(f"NOTIFY_SOCKET={address!r}: only unix socket addresses are supported")
+        self.address = "\0" + address[1:] if address.startswith("@") else address
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+    def send(self, **fields: object) -> bool:
+        """Send one state message; False when there is no socket to send to."""
+        if not self.address:
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(self.address)
+            sock.sendall(format_state(**fields).encode())
+        return True

@@ -1,0 +1,241 @@
+"""Rendering: pure functions from plain data (lists of dicts) to rich renderables.
+
+No I/O and no fleet here, so every table can be snapshot-tested with
+:func:`render_text` at a fixed width without a terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, Group, JustifyMethod, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+__all__ = [
+    "doctor_view",
+    "event_line",
+    "format_age",
+    "format_bytes",
+    "format_pressure",
+    "ls_table",
+    "render_text",
+    "report_view",
+    "top_view",
+]
+
+_STATE_STYLE = {
+    "running": "green",
+    "frozen": "cyan",
+    "starting": "yellow",
+    "stopping": "yellow",
+    "exited": "dim",
+    "failed": "red",
+    "lost": "red",
+}
+_STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def format_bytes(n: int | None) -> str:
+    """``1.5 GiB``; ``-`` for unknown."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_age(seconds: float | None) -> str:
+    """``45s``, ``12m``, ``3h05m``, ``2d04h``; ``-`` for unknown."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _num(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def format_pressure(pressure: Mapping[str, Any] | None) -> str:
+    """One line from a PSI dict: ``some avg10=0.00 avg60=... full avg10=...``."""
+    if not pressure:
+        return "no PSI"
+    parts: list[str] = []
+    for key, value in pressure.items():
+        if isinstance(value, Mapping):
+            inner = " ".join(f"{k}={_num(v)}" for k, v in value.items() if k != "total")
+            parts.append(f"{key} {inner}" if inner else key)
+        elif value is not None:
+            parts.append(f"{key}={_num(value)}")
+    return "  ".join(parts) or "no PSI"
+
+
+_RIGHT = frozenset({"PID", "MEMORY", "PEAK", "OOM KILLS", "OOM", "AGE", "RSS"})
+
+
+def _columns(table: Table, names: Sequence[str]) -> None:
+    # Long unit names fold onto a second line before any other column is cut.
+    for name in names:
+        justify: JustifyMethod = "right" if name in _RIGHT else "left"
+        if name == "UNIT":
+            table.add_column(name, justify=justify, overflow="fold", min_width=12)
+        else:
+            table.add_column(name, justify=justify, no_wrap=True, min_width=len(name))
+
+
+def _styled(value: str, style: str | None) -> Text:
+    return Text(value, style=style or "")
+
+
+def ls_table(agents: Sequence[Mapping[str, Any]], now: float | None = None) -> Table:
+    """The ``ls`` table: name, state, pid, memory, peak, OOM kills, age, unit."""
+    now = time.time() if now is None else now
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    _columns(table, ("NAME", "STATE", "PID", "MEMORY", "PEAK", "OOM KILLS", "AGE", "UNIT"))
+    for a in agents:
+        state = str(a.get("state") or "-")
+        started = a.get("started")
+        table.add_row(
+            str(a.get("name", "-")),
+            _styled(state, _STATE_STYLE.get(state)),
+            str(a.get("pid") or "-"),
+            format_bytes(a.get("memory_current")),
+            format_bytes(a.get("memory_peak")),
+            _styled(str(a.get("oom_kills", 0)), "bold red" if a.get("oom_kills") else None),
+            format_age(now - started if started else None),
+            str(a.get("unit", "-")),
+        )
+    return table
+
+
+def _host_line(host: Mapping[str, Any]) -> Text:
+    parts: list[str] = []
+    for key, value in host.items():
+        if isinstance(value, int) and not isinstance(value, bool) and _is_size(key):
+            parts.append(f"{key}={format_bytes(value)}")
+        elif not isinstance(value, Mapping | list):
+            parts.append(f"{key}={_num(value)}")
+    return Text("host  " + "  ".join(parts))
+
+
+def _is_size(key: str) -> bool:
+    return key.startswith(("mem", "swap")) or key.endswith(
+        ("_bytes", "total", "available", "free", "used", "rss")
+    )
+
+
+def report_view(report: Mapping[str, Any]) -> Group:
+    """The ``report`` view: host line, PSI line, agents table, top processes table."""
+    agents = Table(title="agents", title_justify="left", box=None, header_style="bold")
+    _columns(agents, ("NAME", "MEMORY", "PEAK", "OOM KILLS", "UNIT"))
+    for a in report.get("agents", []):
+        agents.add_row(
+            str(a.get("name", "-")),
+            format_bytes(a.get("memory_current")),
+            format_bytes(a.get("memory_peak")),
+            str(a.get("oom_kills", 0)),
+            str(a.get("unit", "-")),
+        )
+    procs = Table(title="top processes", title_justify="left", box=None, header_style="bold")
+    _columns(procs, ("PID", "COMM", "RSS", "AGENT"))
+    for p in report.get("processes", []):
+        procs.add_row(
+            str(p.get("pid", "-")),
+            str(p.get("comm", "-")),
+            format_bytes(p.get("rss")),
+            str(p.get("agent") or "-"),
+        )
+    return Group(
+        _host_line(report.get("host") or {}),
+        Text("pressure  " + format_pressure(report.get("pressure"))),
+        Text(""),
+        agents,
+        Text(""),
+        procs,
+    )
+
+
+def doctor_view(
+    systemd_version: str | None, manager: str, checks: Sequence[Mapping[str, Any]]
+) -> Group:
+    """One line per check, with the command that fixes each one that is not a pass."""
+    lines: list[RenderableType] = [Text(f"{manager} manager, systemd {systemd_version or '?'}")]
+    for c in checks:
+        status = str(c["status"])
+        line = Text(f"{status.upper():<5}", style=_STATUS_STYLE.get(status, ""))
+        line.append(f" {c['name']}: {c['detail']}")
+        lines.append(line)
+        if c.get("fix") and status != "pass":
+            lines.append(Text(f"      fix: {c['fix']}", style="dim"))
+    return Group(*lines)
+
+
+def _local(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    """``2024-05-01 12:00:00 oom_kill builder-1 pid=123 comm=node``."""
+    detail = event.get("detail") or {}
+    extra = " ".join(f"{k}={v}" for k, v in detail.items()) if isinstance(detail, Mapping) else ""
+    ts = event.get("ts")
+    stamp = _local(float(ts)) if ts is not None else "-"
+    return f"{stamp} {event.get('kind', '-')} {event.get('agent') or '-'} {extra}".rstrip()
+
+
+def top_view(
+    agents: Sequence[Mapping[str, Any]],
+    pressure: Mapping[str, Any] | None,
+    events: Sequence[Mapping[str, Any]],
+    now: float,
+) -> Group:
+    """The ``top`` screen: agents with memory bars, PSI, recent events."""
+    biggest = max((a.get("memory_current") or 0 for a in agents), default=0) or 1
+    table = Table(box=None, header_style="bold", expand=False)
+    _columns(table, ("NAME", "STATE", "MEMORY", "", "PEAK", "OOM", "AGE"))
+    for a in agents:
+        current = a.get("memory_current") or 0
+        state = str(a.get("state") or "-")
+        started = a.get("started")
+        table.add_row(
+            str(a.get("name", "-")),
+            _styled(state, _STATE_STYLE.get(state)),
+            format_bytes(a.get("memory_current")),
+            ProgressBar(total=biggest, completed=current, width=24),
+            format_bytes(a.get("memory_peak")),
+            str(a.get("oom_kills", 0)),
+            format_age(now - started if started else None),
+        )
+    recent = [Text(event_line(e)) for e in events] or [Text("no recent events", style="dim")]
+    return Group(
+        Text(f"agentscope top  {_local(now)}  {len(agents)} agents  (q quits)", style="bold"),
+        Text("pressure  " + format_pressure(pressure)),
+        Text(""),
+        table,
+        Text(""),
+        Text("recent events", style="bold"),
+        *recent,
+    )
+
+
+def render_text(renderable: RenderableType, width: int = 100) -> str:
+    """Plain text of a renderable at a fixed width, as the snapshots hold it."""
+    console = Console(
+        record=True, width=width, color_system=None, file=io.StringIO(), force_terminal=False
+    )
+    console.print(renderable)
+    return console.export_text()

@@ -1,0 +1,1014 @@
+"""The command line over a fake fleet: parsing, exit codes, JSON shapes, rendering.
+
+Every command reaches the library through ``cli._fleet.open_fleet``; the
+fake below stands in for ``agentscope.Fleet`` with the API the CLI assumes
+(see ``cli._fleet.FleetLike``). Set AGENTSCOPE_UPDATE_SNAPSHOTS=1 to rewrite
+tests/snapshots/ and docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import agentscope
+from cli import _docs, _doctor, _fleet, _render
+from cli._errors import BadInput
+from cli._notify import Notifier, format_state
+from cli._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
+from cli.main import main, split_globals
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+UPDATE = os.environ.get("AGENTSCOPE_UPDATE_SNAPSHOTS") == "1"
+NOW = 1_700_000_000.0
+
+
+# -- the fake fleet -------------------------------------------------------------
+
+
+@dataclass
+class FakeRecord:
+    data: dict[str, Any]
+    id: int = 0
+    name: str = ""
+    unit: str = ""
+    pid: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+def _agent(name: str, **over: Any) -> FakeRecord:
+    data = {
+        "name": name,
+        "unit": f"agentscope-default-{name}-3f9a2c.scope",
+        "pid": 4242,
+        "state": "running",
+        "started": NOW - 3725,
+        "memory_current": 512 * 2**20,
+        "memory_peak": 3 * 2**30,
+        "oom_kills": 0,
+    } | over
+    return FakeRecord(data, name=name, unit=data["unit"], pid=data["pid"])
+
+
+REPORT = {
+    "host": {"mem_total": 16 * 2**30, "mem_available": 9 * 2**30, "swap_total": 0},
+    "pressure": {
+        "some": {"avg10": 1.5, "avg60": 0.25, "avg300": 0.0, "total": 123},
+        "full": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total": 0},
+    },
+    "agents": [
+        {
+            "name": "builder-1",
+            "unit": "agentscope-default-builder-1-3f9a2c.scope",
+            "memory_current": 6 * 2**30,
+            "memory_peak": 8 * 2**30,
+            "oom_kills": 1,
+        },
+        {
+            "name": "reviewer",
+            "unit": "agentscope-default-reviewer-0a0b0c.scope",
+            "memory_current": 300 * 2**20,
+            "memory_peak": None,
+            "oom_kills": 0,
+        },
+    ],
+    "processes": [
+        {"pid": 5001, "comm": "node", "rss": 5 * 2**30, "agent": "builder-1"},
+        {"pid": 5002, "comm": "cargo build", "rss": 700 * 2**20, "agent": "builder-1"},
+        {"pid": 812, "comm": "Xorg", "rss": 200 * 2**20, "agent": None},
+    ],
+}
+
+EVENTS = [
+    {
+        "id": 1,
+        "ts": NOW - 60,
+        "fleet": "default",
+        "agent": "builder-1",
+        "kind": "start",
+        "detail": {"pid": 4242},
+    },
+    {
+        "id": 2,
+        "ts": NOW - 30,
+        "fleet": "default",
+        "agent": "builder-1",
+        "kind": "oom_kill",
+        "detail": {"pid": 5001, "comm": "node"},
+    },
+]
+
+
+@dataclass
+class FakeFleet:
+    """Stands in for agentscope.Fleet; records calls; raises ``fail`` from every operation."""
+
+    name: str = "default"
+    manager: str = "user"
+    fail: BaseException | None = None
+    agent_list: list[FakeRecord] = field(
+        default_factory=lambda: [_agent("builder-1"), _agent("reviewer", state="frozen")]
+    )
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    closed: bool = False
+
+    def _op(self, *call: Any) -> None:
+        self.calls.append(call)
+        if self.fail is not None:
+            raise self.fail
+
+    def close(self) -> None:
+        self.closed = True
+
+    def launch(self, name: str, argv: list[str], **kw: Any) -> FakeRecord:
+        self._op("launch", name, list(argv), kw)
+        return _agent(name)
+
+    def adopt(self, pid: int, name: str, *, memory_max: int | None = None) -> FakeRecord:
+        self._op("adopt", pid, name, memory_max)
+        return _agent(name, pid=pid)
+
+    def stop(self, name: str, timeout: float = 10) -> None:
+        self._op("stop", name, timeout)
+
+    def kill(self, name: str, signal: int = 15) -> None:
+        self._op("kill", name, int(signal))
+
+    def freeze(self, name: str) -> None:
+        self._op("freeze", name)
+
+    def thaw(self, name: str) -> None:
+        self._op("thaw", name)
+
+    def agents(self) -> list[FakeRecord]:
+        self._op("agents")
+        return self.agent_list
+
+    def slice_limits(self) -> dict[str, int | None]:
+        return {"MemoryHigh": None, "MemoryMax": None, "MemorySwapMax": None}
+
+    def clear_slice_limits(self) -> dict[str, int]:
+        self._op("clear_slice_limits")
+        return {}
+
+    def events(
+        self,
+        *,
+        since: float | None = None,
+        kind: str | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[FakeRecord]:
+        self._op("events", since, kind, after_id, limit)
+        out = [
+            e
+            for e in EVENTS
+            if (kind is None or e["kind"] == kind) and (after_id is None or e["id"] > after_id)
+        ]
+        return [FakeRecord(e, id=e["id"]) for e in out]
+
+    def gc(self, retention_seconds: float = 7 * 86400) -> int:
+        self._op("gc", retention_seconds)
+        return 3
+
+    def report(self, top: int = 10) -> FakeRecord:
+        self._op("report", top)
+        return FakeRecord({**REPORT, "processes": REPORT["processes"][:top]})
+
+    @contextmanager
+    def monitor(self, interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+        self._op("monitor", interval, top)
+        yield iter([FakeRecord(e, id=e["id"]) for e in EVENTS])
+
+
+@pytest.fixture
+def fleet(monkeypatch: pytest.MonkeyPatch) -> FakeFleet:
+    fake = FakeFleet()
+    opened: list[_fleet.Options] = []
+
+    def open_fleet(opts: _fleet.Options) -> FakeFleet:
+        opened.append(opts)
+        fake.name = opts.fleet
+        return fake
+
+    monkeypatch.setattr(_fleet, "open_fleet", open_fleet)
+    fake.opened = opened  # type: ignore[attr-defined]
+    return fake
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def run(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    runner = CliRunner()
+    with runner.isolation(env=env) as (out, err, _mixed):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        else:  # pragma: no cover - main always exits
+            code = -1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return Result(code, out.getvalue().decode(), err.getvalue().decode())
+
+
+def run_json(*args: str) -> tuple[Result, Any]:
+    result = run("--json", *args)
+    return result, json.loads(result.stdout) if result.stdout.strip() else None
+
+
+def assert_no_traceback(result: Result) -> None:
+    assert "Traceback" not in result.stdout + result.stderr
+    assert 'File "' not in result.stdout + result.stderr
+
+
+# -- parsing ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("4096", 4096),
+        ("1B", 1),
+        ("512K", 512 * 2**10),
+        ("512k", 512 * 2**10),
+        ("4M", 4 * 2**20),
+        ("4G", 4 * 2**30),
+        ("2T", 2 * 2**40),
+        ("1.5G", 3 * 2**29),
+        ("2GiB", 2 * 2**30),
+        ("2gb", 2 * 2**30),
+        (" 8 MiB ", 8 * 2**20),
+        (".5K", 512),
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0", "zero"),
+        ("0G", "zero"),
+        ("-1G", "negative"),
+        ("-5", "negative"),
+        ("lots", "not a size"),
+        ("4X", "not a size"),
+        ("4GG", "not a size"),
+        ("", "not a size"),
+        ("1.5", "whole number"),
+    ],
+)
+def test_parse_size_rejects(text: str, message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1700000000", 1_700_000_000.0),
+        ("1699999999.5", 1_699_999_999.5),
+        ("10m", NOW - 600),
+        ("2h", NOW - 7200),
+        ("1d", NOW - 86400),
+        ("30s", NOW - 30),
+        ("2023-11-14T22:13:20+00:00", 1_700_000_000.0),
+        ("2023-11-14T22:13:20Z", 1_700_000_000.0),
+    ],
+)
+def test_parse_since(text: str, expected: float) -> None:
+    assert parse_since(text, NOW) == expected
+
+
+def test_parse_since_naive_iso_is_local_time() -> None:
+    from datetime import datetime
+
+    assert parse_since("2024-05-01T12:00:00", NOW) == datetime(2024, 5, 1, 12).timestamp()
+
+
+@pytest.mark.parametrize("text", ["yesterday", "10 minutes", "-5m", "2024-13-40"])
+def test_parse_since_rejects(text: str) -> None:
+    with pytest.raises(BadInput, match="not a time"):
+        parse_since(text, NOW)
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("90") == 90
+    assert parse_duration("7d") == 7 * 86400
+    assert parse_duration("1w") == 7 * 86400
+    with pytest.raises(BadInput):
+        parse_duration("soon")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("TERM", signal.SIGTERM),
+        ("SIGKILL", signal.SIGKILL),
+        ("hup", signal.SIGHUP),
+        ("9", signal.SIGKILL),
+        ("sigusr1", signal.SIGUSR1),
+    ],
+)
+def test_parse_signal(text: str, expected: signal.Signals) -> None:
+    assert parse_signal(text) == expected
+
+
+@pytest.mark.parametrize("text", ["NOPE", "999", "", "SIG"])
+def test_parse_signal_rejects(text: str) -> None:
+    with pytest.raises(BadInput, match="no signal"):
+        parse_signal(text)
+
+
+def test_parse_env() -> None:
+    assert parse_env(["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
+    for bad in ("A", "=1"):
+        with pytest.raises(BadInput):
+            parse_env([bad])
+
+
+def test_split_globals() -> None:
+    opts, command, rest = split_globals(
+        ["--manager", "system", "--fleet=ci", "--json", "exec", "a", "--", "ls", "--json"]
+    ) or pytest.fail("did not split")
+    assert opts == _fleet.Options(manager="system", fleet="ci", json=True, debug=False)
+    assert command == "exec"
+    assert rest == ["a", "--", "ls", "--json"]
+    assert split_globals(["--manager", "bogus", "ls"]) is None
+    assert split_globals(["--version"]) is None
+    assert split_globals(["--fleet"]) is None
+
+
+# -- global options -------------------------------------------------------------
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.code == 0
+    assert result.stdout.strip() == f"agentscope {agentscope.__version__}"
+    result = run("--json", "--version")
+    assert json.loads(result.stdout) == {"version": agentscope.__version__}
+
+
+def test_global_options_reach_the_factory(fleet: FakeFleet) -> None:
+    result = run("--manager", "system", "--fleet", "ci", "ls")
+    assert result.code == 0, result.stderr
+    assert fleet.opened == [_fleet.Options(manager="system", fleet="ci")]  # type: ignore[attr-defined]
+    assert fleet.closed
+
+
+def test_default_manager_follows_uid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert _fleet.Options().resolved_manager == "system"
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert _fleet.Options().resolved_manager == "user"
+    assert _fleet.Options(manager="system").resolved_manager == "system"
+
+
+def test_help_and_no_args() -> None:
+    result = run("--help")
+    assert result.code == 0
+    assert "monitor" in result.stdout
+    assert run().code in (0, 2)
+
+
+# -- exit codes ---------------------------------------------------------------------
+
+ERRORS = [
+    (agentscope.InvalidName("agent", "-x", "starts with '-'"), 2, "invalid_name"),
+    (agentscope.LaunchError("'nope' not found on the agent's PATH"), 2, "launch_error"),
+    (agentscope.AgentNotFound("default", "ghost"), 3, "not_found"),
+    (
+        agentscope.SystemdUnavailable("user", "unix:path=/run/user/1/bus", "no such file"),
+        4,
+        "systemd_unavailable",
+    ),
+    (
+        agentscope.BusError("StopUnit", "org.freedesktop.systemd1.NoSuchUnit", "gone"),
+        1,
+        "bus_error",
+    ),
+    (
+        agentscope.AgentExists("default", "a", "agentscope-default-a-000000.scope"),
+        1,
+        "agent_exists",
+    ),
+    (agentscope.AgentscopeError("fleet 'default' is closed"), 1, "error"),
+    (PermissionError(13, "Permission denied"), 1, "os_error"),
+    (RuntimeError("boom"), 1, "internal"),
+]
+
+
+@pytest.mark.parametrize(("exc", "code", "kind"), ERRORS)
+@pytest.mark.parametrize("command", [["stop", "a"], ["kill", "a"], ["freeze", "a"], ["ls"]])
+def test_exit_codes(
+    fleet: FakeFleet, exc: BaseException, code: int, kind: str, command: list[str]
+) -> None:
+    fleet.fail = exc
+    result = run(*command)
+    assert result.code == code
+    assert result.stdout == ""
+    assert result.stderr.startswith("agentscope: error: ")
+    assert_no_traceback(result)
+    result = run("--json", *command)
+    assert result.code == code
+    assert result.stdout == ""
+    assert json.loads(result.stderr) == {"error": json.loads(result.stderr)["error"], "kind": kind}
+
+
+def test_debug_shows_traceback(fleet: FakeFleet) -> None:
+    fleet.fail = agentscope.AgentNotFound("default", "ghost")
+    result = run("--debug", "stop", "ghost")
+    assert result.code == 3
+    assert "Traceback" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["nosuchcommand"],
+        ["stop", "a", "--bogus"],
+        ["--manager", "bogus", "ls"],
+        ["kill"],
+        ["report", "--top", "many"],
+        ["stop"],
+        ["stop", "a", "--all"],
+        ["kill", "a", "--signal", "NOPE"],
+        ["events", "--since", "yesterday"],
+        ["gc", "--retention", "forever"],
+        ["run", "a", "--memory-max", "0", "--", "true"],
+        ["run", "a", "--memory-max", "-1G", "--", "true"],
+        ["run", "a", "--memory-max", "lots", "--", "true"],
+        ["run", "a", "--env", "NOEQUALS", "--", "true"],
+        ["exec", "a", "--memory-max", "junk", "--", "true"],
+        ["exec", "a", "--", "no-such-binary-agentscope"],
+        ["exec"],
+        ["exec", "a"],
+        ["exec", "a", "--bogus", "--", "true"],
+    ],
+)
+def test_usage_errors_exit_2(fleet: FakeFleet, args: list[str]) -> None:
+    result = run(*args)
+    assert result.code == 2, result
+    assert_no_traceback(result)
+    result = run("--json", *args)
+    assert result.code == 2, result
+    assert result.stdout == ""
+    error = json.loads(result.stderr)
+    assert error["kind"] in ("usage", "bad_input")
+    assert error["error"]
+    assert not [c for c in fleet.calls if c[0] in ("launch", "adopt", "stop", "kill")]
+
+
+def test_size_error_names_the_problem(fleet: FakeFleet) -> None:
+    result = run("run", "a", "--memory-max", "0", "--", "true")
+    assert "zero" in result.stderr
+    result = run("run", "a", "--memory-max", "-2G", "--", "true")
+    assert "negative" in result.stderr
+
+
+# -- commands and their JSON ----------------------------------------------------------
+
+
+def test_run(fleet: FakeFleet, tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "a.log"
+    result, data = run_json(
+        "run",
+        "a",
+        "--cwd",
+        str(tmp_path),
+        "--env",
+        "X=1",
+        "--memory-max",
+        "1.5G",
+        "--log",
+        str(log),
+        "--",
+        "sh",
+        "-c",
+        "echo hi",
+    )
+    assert result.code == 0, result.stderr
+    assert data == {
+        "name": "a",
+        "unit": "agentscope-default-a-3f9a2c.scope",
+        "pid": 4242,
+        "log": str(log),
+    }
+    ((_, name, argv, kw),) = [c for c in fleet.calls if c[0] == "launch"]
+    assert (name, argv) == ("a", ["sh", "-c", "echo hi"])
+    assert kw["memory_max"] == 3 * 2**29
+    assert kw["cwd"] == str(tmp_path)
+    assert kw["env"]["X"] == "1"
+    assert kw["env"]["PATH"] == os.environ["PATH"]
+    assert kw["stdin"] == subprocess.DEVNULL
+    assert kw["stdout"] is kw["stderr"]
+    assert log.exists()
+    human = run("run", "b", "--log", str(log), "--", "true")
+    assert human.code == 0
+    assert "agentscope-default-b-3f9a2c.scope" in human.stdout
+    assert str(log) in human.stdout
+
+
+def test_run_default_log_path(
+    fleet: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    result = run(
+        "--json", "--fleet", "ci", "run", "a", "--", "true", env={"XDG_STATE_HOME": str(tmp_path)}
+    )
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["log"] == str(tmp_path / "agentscope/logs/ci/a.log")
+    system = _fleet.Options(manager="system", fleet="ci")
+    assert _fleet.default_log_path(system, "a") == Path("/var/log/agentscope/ci/a.log")
+
+
+def test_ls(fleet: FakeFleet) -> None:
+    result, data = run_json("ls")
+    assert result.code == 0
+    assert [a["name"] for a in data] == ["builder-1", "reviewer"]
+    for agent in data:
+        assert {"name", "unit", "pid", "state", "memory_current", "oom_kills", "started"} <= set(
+            agent
+        )
+    human = run("ls")
+    assert "builder-1" in human.stdout
+    assert "frozen" in human.stdout
+
+
+def test_ls_empty(fleet: FakeFleet) -> None:
+    fleet.agent_list = []
+    assert run_json("ls")[1] == []
+    assert "no agents" in run("ls").stdout
+
+
+def test_stop_kill_freeze_thaw(fleet: FakeFleet) -> None:
+    assert run_json("stop", "a", "--timeout", "3")[1] == {"stopped": ["a"], "failed": []}
+    assert run_json("kill", "a", "--signal", "9")[1] == {"name": "a", "signal": "SIGKILL"}
+    assert run_json("kill", "a")[1] == {"name": "a", "signal": "SIGTERM"}
+    assert run_json("freeze", "a")[1] == {"name": "a", "frozen": True}
+    assert run_json("thaw", "a")[1] == {"name": "a", "frozen": False}
+    assert [c for c in fleet.calls if c[0] != "agents"] == [
+        ("stop", "a", 3.0),
+        ("kill", "a", 9),
+        ("kill", "a", 15),
+        ("freeze", "a"),
+        ("thaw", "a"),
+    ]
+
+
+def test_stop_all(fleet: FakeFleet) -> None:
+    result, data = run_json("stop", "--all")
+    assert result.code == 0
+    assert data == {"stopped": ["builder-1", "reviewer"], "failed": []}
+    assert result.stderr == ""  # no progress when stderr is no terminal
+
+
+def test_stop_all_reports_failures(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    def stop(name: str, timeout: float = 10) -> None:
+        if name == "reviewer":
+            raise agentscope.BusError("StopUnit", "org.freedesktop.DBus.Error.AccessDenied", "no")
+        if name == "builder-1":
+            raise agentscope.AgentNotFound("default", name)  # ended meanwhile: counts as stopped
+
+    monkeypatch.setattr(fleet, "stop", stop)
+    result, data = run_json("stop", "--all")
+    assert result.code == 1
+    assert data["stopped"] == ["builder-1"]
+    assert [f["name"] for f in data["failed"]] == ["reviewer"]
+    assert json.loads(result.stderr)["kind"] == "failed"
+
+
+def test_report(fleet: FakeFleet) -> None:
+    result, data = run_json("report", "--top", "2")
+    assert result.code == 0
+    assert set(data) >= {"host", "pressure", "agents", "processes"}
+    assert {"name", "unit", "memory_current"} <= set(data["agents"][0])
+    assert len(data["processes"]) == 2
+    assert {"pid", "comm", "rss", "agent"} <= set(data["processes"][0])
+    assert ("report", 2) in fleet.calls
+
+
+def test_events(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.time", lambda: NOW)
+    result = run("--json", "events", "--since", "10m", "--kind", "oom_kill")
+    assert result.code == 0
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["kind"] for e in lines] == ["oom_kill"]
+    for event in lines:
+        assert {"ts", "kind", "agent", "detail"} <= set(event)
+    assert ("events", NOW - 600, "oom_kill", None, None) in fleet.calls
+    human = run("events")
+    assert "oom_kill builder-1 pid=5001 comm=node" in human.stdout
+
+
+def test_events_follow_polls_after_the_last_id(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("time.sleep", sleep)
+    result = run("--json", "events", "--follow")
+    assert result.code == 0
+    assert len(result.stdout.splitlines()) == 2
+    assert ("events", None, None, 2, None) in fleet.calls
+
+
+def test_gc(fleet: FakeFleet) -> None:
+    assert run_json("gc")[1] == {"removed": 3, "retention_seconds": 7 * 86400}
+    assert run_json("gc", "--retention", "2h")[1]["retention_seconds"] == 7200
+
+
+def test_top_without_a_terminal(fleet: FakeFleet) -> None:
+    result = run("top")
+    assert result.code == 0
+    assert "builder-1" in result.stdout
+    result, data = run_json("top")
+    assert set(data) == {"agents", "pressure", "events"}
+
+
+def test_top_view_renders() -> None:
+    text = _render.render_text(
+        _render.top_view(
+            [_agent("a").data, _agent("b", memory_current=None).data],
+            REPORT["pressure"],
+            EVENTS,
+            NOW,
+        )
+    )
+    assert "some avg10=1.50" in text
+    assert "oom_kill" in text
+
+
+def test_monitor_prints_events_and_notifies(fleet: FakeFleet, tmp_path: Path) -> None:
+    sock_path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(str(sock_path))
+        server.settimeout(2)
+        result = run(
+            "--json", "monitor", "--interval", "0.1", env={"NOTIFY_SOCKET": str(sock_path)}
+        )
+        assert result.code == 0, result.stderr
+        assert [json.loads(x)["kind"] for x in result.stdout.splitlines()] == ["start", "oom_kill"]
+        messages = []
+        server.settimeout(0.5)
+        try:
+            while True:
+                messages.append(server.recv(4096).decode())
+        except TimeoutError:
+            pass
+    assert messages[0].splitlines()[0] == "READY=1"
+    assert messages[0].splitlines()[1].startswith("STATUS=fleet default: 2 agents (1 frozen, 1 ")
+    assert any(m.startswith("WATCHDOG=1\nSTATUS=") for m in messages)
+    assert messages[-1] == "STOPPING=1"
+    assert ("monitor", 0.1, 10) in fleet.calls
+
+
+def test_monitor_stops_on_sigterm(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    @contextmanager
+    def endless(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+        def forever() -> Iterator[FakeRecord]:
+            os.kill(os.getpid(), signal.SIGTERM)
+            while True:
+                yield FakeRecord(EVENTS[0], id=1)
+
+        yield forever()
+
+    monkeypatch.setattr(fleet, "monitor", endless)
+    previous = signal.getsignal(signal.SIGTERM)
+    result = run("monitor", "--interval", "0.1")
+    assert result.code == 0
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+# -- exec -------------------------------------------------------------------------------
+
+
+def test_exec_adopts_then_execs(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    execs: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: execs.append((path, argv)))
+    result = run("--fleet", "ci", "exec", "me", "--", "sh", "-c", "true")
+    assert result.code == 0, result.stderr
+    assert fleet.calls == [("adopt", os.getpid(), "me", None)]
+    assert fleet.closed
+    assert execs == [
+        (
+            subprocess.run(
+                ["sh", "-c", "command -v sh"], capture_output=True, text=True
+            ).stdout.strip(),
+            ["sh", "-c", "true"],
+        )
+    ]
+    assert "Running as unit: agentscope-default-me-3f9a2c.scope" in result.stderr
+
+
+def test_exec_memory_max_caps_the_scope(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "execv", lambda path, argv: None)
+    run("--json", "exec", "me", "--memory-max", "1G", "--", "true")
+    assert ("adopt", os.getpid(), "me", 2**30) in fleet.calls
+
+
+def test_exec_error_codes(fleet: FakeFleet) -> None:
+    fleet.fail = agentscope.AgentExists("default", "me", "agentscope-default-me-000000.scope")
+    result = run("--json", "exec", "me", "--", "true")
+    assert result.code == 1
+    assert json.loads(result.stderr)["kind"] == "agent_exists"
+
+
+def test_exec_fast_path_imports_no_typer_or_rich() -> None:
+    code = textwrap.dedent(
+        """
+        import json, os, sys
+        from cli import _fleet
+        from cli.main import main
+
+        class Agent:
+            unit = "agentscope-default-me-000000.scope"
+
+        class Fleet:
+            def adopt(self, pid, name, memory_max=None):
+                return Agent()
+            def close(self):
+                pass
+
+        _fleet.open_fleet = lambda opts: Fleet()
+
+        def execv(path, argv):
+            heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("typer", "rich", "click"))
+            print(json.dumps({"path": path, "argv": argv, "heavy": heavy}))
+            os._exit(0)
+
+        os.execv = execv
+        main(["--json", "exec", "me", "--", "true", "x"])
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    data = json.loads(proc.stdout)
+    assert data["heavy"] == []
+    assert data["argv"] == ["true", "x"]
+    assert os.path.basename(data["path"]) == "true"
+
+
+# -- sd_notify ----------------------------------------------------------------------
+
+
+def test_format_state() -> None:
+    assert format_state(READY=1, STATUS="3 agents\nall well") == "READY=1\nSTATUS=3 agents all well"
+
+
+def test_notify_path_socket(tmp_path: Path) -> None:
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(str(path))
+        assert Notifier({"NOTIFY_SOCKET": str(path)}).send(WATCHDOG=1, STATUS="ok")
+        assert server.recv(4096) == b"WATCHDOG=1\nSTATUS=ok"
+
+
+def test_notify_abstract_socket() -> None:
+    name = f"agentscope-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind("\0" + name)
+        assert Notifier({"NOTIFY_SOCKET": "@" + name}).send(READY=1)
+        assert server.recv(4096) == b"READY=1"
+
+
+def test_notify_unset_and_unsupported() -> None:
+    assert not Notifier({}).send(READY=1)
+    with pytest.raises(ValueError, match="unix socket"):
+        Notifier({"NOTIFY_SOCKET": "vsock:2:1234"})
+
+
+# -- doctor -----------------------------------------------------------------------------
+
+CAPS = {
+    "manager": "user",
+    "systemd_version": "252.38-1~deb12u1",
+    "bus_address": "unix:path=/run/user/1000/bus",
+    "cgroup_v2": True,
+    "memory_controller": True,
+    "scope_oom_policy": True,
+    "pidfds": False,
+    "slice": "app-agentscope-agents.slice",
+    "slice_limits": {"MemoryHigh": 2**30, "MemoryMax": None, "MemorySwapMax": None},
+}
+
+
+def _facts(**over: Any) -> _doctor.Facts:
+    base: dict[str, Any] = dict(
+        manager="user",
+        user="dev",
+        capabilities=CAPS,
+        default_oom_policy="stop",
+        oomd_binary=False,
+        linger=False,
+        oom_score_adj=200,
+    )
+    return _doctor.Facts(**(base | over))
+
+
+def test_doctor_json(monkeypatch: pytest.MonkeyPatch, fleet: FakeFleet) -> None:
+    monkeypatch.setattr(_doctor, "gather", lambda opts: _facts())
+    result, data = run_json("doctor")
+    assert result.code == 1  # the slice limit fails
+    assert data["systemd_version"] == "252.38-1~deb12u1"
+    assert data["manager"] == "user"
+    by_name = {c["name"]: c for c in data["checks"]}
+    assert list(by_name) == [
+        "systemd",
+        "cgroup_v2",
+        "memory_controller",
+        "scope_oom_policy",
+        "slice_limits",
+        "default_oom_policy",
+        "systemd_oomd",
+        "linger",
+        "oom_score_adj",
+    ]
+    for check in data["checks"]:
+        assert set(check) == {"name", "status", "detail", "fix"}
+        assert check["status"] in ("pass", "warn", "fail")
+        if check["status"] != "pass":
+            assert check["fix"]
+    assert by_name["slice_limits"]["status"] == "fail"
+    assert "systemctl --user set-property --runtime" in by_name["slice_limits"]["fix"]
+    assert by_name["linger"]["fix"] == "sudo loginctl enable-linger dev"
+
+
+def test_doctor_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = _facts(capabilities=None, unreachable="cannot reach the user manager")
+    monkeypatch.setattr(_doctor, "gather", lambda opts: facts)
+    result, data = run_json("doctor")
+    assert result.code == 4
+    assert data["checks"][0] == {
+        "name": "systemd",
+        "status": "fail",
+        "detail": "cannot reach the user manager",
+        "fix": "sudo loginctl enable-linger dev",
+    }
+    human = run("doctor")
+    assert human.code == 4
+    assert "FAIL  systemd" in human.stdout
+
+
+def test_doctor_fix_clears(monkeypatch: pytest.MonkeyPatch, fleet: FakeFleet) -> None:
+    facts = [_facts(), _facts(capabilities=CAPS | {"slice_limits": {"MemoryHigh": None}})]
+    monkeypatch.setattr(_doctor, "gather", lambda opts: facts.pop(0))
+    cleared: list[bool] = []
+    fleet.clear_slice_limits = lambda: cleared.append(True)  # type: ignore[assignment,method-assign,return-value]
+    result, data = run_json("doctor", "--fix")
+    assert cleared == [True]
+    assert {c["name"]: c["status"] for c in data["checks"]}["slice_limits"] == "pass"
+    assert result.code == 0
+
+
+def test_doctor_system_manager_needs_no_linger() -> None:
+    checks = {c["name"]: c for c in _doctor.checks(_facts(manager="system", linger=None))}
+    assert checks["linger"]["status"] == "pass"
+    assert "sudo systemctl set-property" in checks["slice_limits"]["fix"]
+
+
+# -- rendering snapshots ------------------------------------------------------------------
+
+
+def _snapshot(name: str, text: str) -> None:
+    path = SNAPSHOTS / name
+    if UPDATE or not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_ls_table_snapshot() -> None:
+    agents = [
+        _agent("builder-1", memory_current=6 * 2**30, memory_peak=8 * 2**30, oom_kills=2).data,
+        _agent("reviewer", state="frozen", started=NOW - 40, pid=4300).data,
+        _agent(
+            "old",
+            state="exited",
+            started=NOW - 3 * 86400,
+            memory_current=None,
+            memory_peak=None,
+            pid=0,
+        ).data,
+    ]
+    _snapshot("ls.txt", _render.render_text(_render.ls_table(agents, now=NOW)))
+
+
+def test_report_snapshot() -> None:
+    _snapshot("report.txt", _render.render_text(_render.report_view(REPORT)))
+
+
+def test_doctor_snapshot() -> None:
+    checks = _doctor.checks(_facts())
+    _snapshot("doctor.txt", _render.render_text(_render.doctor_view("252.38", "user", checks)))
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (None, "-"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1536, "1.5 KiB"),
+        (3 * 2**29, "1.5 GiB"),
+        (2**50, "1024.0 TiB"),
+    ],
+)
+def test_format_bytes(n: int | None, text: str) -> None:
+    assert _render.format_bytes(n) == text
+
+
+def test_format_age() -> None:
+    assert [_render.format_age(s) for s in (None, 5, 125, 3725, 90000)] == [
+        "-",
+        "5s",
+        "2m",
+        "1h02m",
+        "1d01h",
+    ]
+
+
+# -- docs -----------------------------------------------------------------------------------
+
+
+def test_docs_are_generated_from_the_app() -> None:
+    path = ROOT / "docs" / "cli.md"
+    if UPDATE or not path.exists():
+        _docs.write(path)
+    assert path.read_text() == _docs.generate()
+    for command in (
+        "run",
+        "exec",
+        "ls",
+        "stop",
+        "kill",
+        "freeze",
+        "thaw",
+        "report",
+        "events",
+        "top",
+        "monitor",
+        "doctor",
+        "gc",
+    ):
+        assert f"### `agentscope {command}`" in path.read_text()
+
+
+def test_install_user_dry_run_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    before = sorted(tmp_path.rglob("*"))
+    result, data = run_json("install", "--user", "--dry-run")
+    assert result.code == 0
+    assert data["scope"] == "user"
+    assert data["dry_run"] is True
+    assert any("app-agentscope-agents.slice" in line for line in data["done"])
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_install_both_scopes_is_bad_usage() -> None:
+    result = run("install", "--user", "--system")
+    assert result.code == 2
+    assert "Traceback" not in result.stderr
+
+
+def test_uninstall_without_install_fails_clearly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    result = run("uninstall", "--user")
+    assert result.code == 1
+    assert "nothing to uninstall" in result.stderr
