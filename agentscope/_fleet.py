@@ -66,6 +66,7 @@ T = TypeVar("T")
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
 _SLICE_IFACE = "org.freedesktop.systemd1.Slice"
+_UNIT_IFACE = "org.freedesktop.systemd1.Unit"
 _SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
 _LIMITS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
 # systemd < 253 (and vanilla 252.0-252.4) refuse OOMPolicy on a scope with one of these.
@@ -311,6 +312,9 @@ class AsyncFleet:
         self._slice_cgroup: Path | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unit_names: dict[str, str] = {}
+        # Each launch in flight holds a thread inside Popen until its exec; a
+        # few at a time keep the GIL (and the event loop) free for the rest.
+        self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
         self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
     async def __aenter__(self) -> AsyncFleet:
@@ -358,6 +362,13 @@ class AsyncFleet:
         assert self._registry is not None
         await self._db(self._registry.record_event, self.name, agent, kind, detail)
 
+    def _mark_running(self, unit: str, name: str, **event: dict[str, Any]) -> None:
+        """Row to running, and the event that says why: one trip to the worker thread."""
+        assert self._registry is not None
+        self._registry.set_state(unit, "running")
+        ((kind, detail),) = event.items()
+        self._registry.record_event(self.name, name, kind, {"unit": unit, **detail})
+
     def _note_exit(self, agent: Agent, status: int | None) -> None:
         """A launched child was reaped: record it (from the pidfd callback)."""
         task = asyncio.get_running_loop().create_task(self._record_exit(agent, status))
@@ -370,9 +381,15 @@ class AsyncFleet:
         if self._registry is None:
             return
         agent.state = "exited"
+        registry = self._registry
+
+        def record() -> None:
+            registry.set_state(agent.unit, "exited", exit_status=status)
+            detail = {"unit": agent.unit, "pid": agent.pid, "status": status}
+            registry.record_event(self.name, agent.name, "exited", detail)
+
         try:
-            await self._db(self._registry.set_state, agent.unit, "exited", exit_status=status)
-            await self._event(agent.name, "exited", unit=agent.unit, pid=agent.pid, status=status)
+            await self._db(record)
         except InvalidTransition:
             pass  # already closed by a listing that saw the scope go first
         except RegistryError as exc:
@@ -407,6 +424,9 @@ class AsyncFleet:
         live = await self._live()
         slice_dir = await self.slice_cgroup()
         rows = await self._db(self._registry.agents, self.name)
+        # A launch in flight (here or in another process) has its row before
+        # its scope: leave it to its launcher.
+        rows = [r for r in rows if r.unit in live or not _in_flight(r)]
         scopes = await asyncio.to_thread(_read_scopes, slice_dir, live)
         plan = reconcile(rows, scopes)
         closed = await self._db(self._registry.apply_closures, plan)
@@ -500,7 +520,8 @@ class AsyncFleet:
         if self._registry is None:
             return
         data = event.to_dict()
-        agent = data.get("agent") if isinstance(data.get("agent"), str) else None
+        agent = data.pop("agent", None)
+        agent = agent if isinstance(agent, str) else None
         try:
             if isinstance(event, OomKill) and event.unit and agent is not None:
                 with contextlib.suppress(RegistryError):
@@ -585,11 +606,43 @@ class AsyncFleet:
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)
-        assert self._registry is not None
+        async with self._spawn_slots:
+            popen = await self._spawn_in_scope(
+                unit, name, argv, cwd_s, env, stdin, stdout, stderr, memory_max
+            )
+        agent = Agent(self, name, unit, popen.pid, popen)
+        agent.argv = list(argv)
+        self._agents[name] = agent
+        self._unit_names[unit] = name
+        agent._watch_exit()
+        launched = {"pid": agent.pid, "argv": list(argv)}
+        await self._db(self._mark_running, unit, name, launched=launched)
+        if _streams:  # the blocking facade reads the plain pipes instead
+            await agent._attach_streams()
+        log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
+        return agent
+
+    async def _spawn_in_scope(
+        self,
+        unit: str,
+        name: str,
+        argv: Sequence[str],
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: Stdio,
+        stdout: Stdio,
+        stderr: Stdio,
+        memory_max: int | None,
+    ) -> subprocess.Popen[bytes]:
+        """Fork the gated child, record it, make its scope, let it exec."""
+        # This launch's own reference: cleanup must work even if the fleet is
+        # closed meanwhile (a gather of launches cancelled at shutdown).
+        registry = self._registry
+        assert registry is not None
         try:
             child = await spawn_gated(
                 argv,
-                cwd=cwd_s,
+                cwd=cwd,
                 env=env,
                 stdin=stdin,
                 stdout=stdout,
@@ -604,53 +657,56 @@ class AsyncFleet:
             # same name now fails here, with nothing started.
             stat = read_stat(child.pid)
             await self._db(
-                self._registry.record_launch,
+                registry.record_launch,
                 self.name,
                 name,
                 unit,
                 child.pid,
                 stat.start_time if stat else 0,
                 list(argv),
-                cwd_s or os.getcwd(),
+                cwd or os.getcwd(),
             )
             recorded = True
             await self._start_scope(unit, name, [child.pid], memory_max)
         except BaseException:
             await child.abort()
             if recorded:
-                await self._db(self._registry.delete, unit)
+                try:
+                    await asyncio.to_thread(registry.delete, unit)
+                except RegistryError as exc:  # closed meanwhile: reconciliation closes the row
+                    log.debug("could not forget %s: %s", unit, exc)
             raise
         try:
-            popen = await child.release()
+            return await child.release()
         except OSError as exc:
             # The exec failed inside the scope: the scope ends with its only process.
-            await self._db(self._registry.set_state, unit, "failed")
+            await self._db(registry.set_state, unit, "failed")
             await self._event(name, "failed", unit=unit, error=str(exc))
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
-        agent = Agent(self, name, unit, popen.pid, popen)
-        agent.argv = list(argv)
-        self._agents[name] = agent
-        self._unit_names[unit] = name
-        agent._watch_exit()
-        await self._db(self._registry.set_state, unit, "running")
-        await self._event(name, "launched", unit=unit, pid=agent.pid, argv=list(argv))
-        if _streams:  # the blocking facade reads the plain pipes instead
-            await agent._attach_streams()
-        log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
-        return agent
 
     async def _refuse_running(self, name: str) -> None:
+        # The registry is the fleet's memory across processes: its open row
+        # names the running agent, so no listing of systemd's units is needed
+        # (ListUnitsByPatterns costs systemd O(units) per launch).
         known = self._agents.get(name)
         if known is not None and known.alive() and known.state != "exited":
             raise AgentExists(self.name, name, known.unit)
-        for unit, desc, *_ in await self._list_units(name):
-            if _names.parse_description(desc) == (self.name, name):
-                raise AgentExists(self.name, name, unit)
-        # A row left open by an agent whose scope is gone: close it first.
         assert self._registry is not None
         rec = await self._db(self._registry.get, self.name, name)
         if rec is not None and not rec.closed:
-            await self._close_gone(rec)
+            if await self._unit_active(rec.unit):
+                raise AgentExists(self.name, name, rec.unit)
+            await self._close_gone(rec)  # its scope is gone: close the row first
+
+    async def _unit_active(self, unit: str) -> bool:
+        try:
+            (path,) = await self._bus.call("GetUnit", "s", [unit])
+        except BusError as exc:
+            if exc.dbus_name == "org.freedesktop.systemd1.NoSuchUnit":
+                return False
+            raise
+        state = await self._bus.get_property(str(path), _UNIT_IFACE, "ActiveState")
+        return state in ("active", "activating", "deactivating", "reloading")
 
     async def _list_units(self, agent: str | None = None) -> list[list[Any]]:
         (units,) = await self._bus.call(
@@ -804,8 +860,7 @@ class AsyncFleet:
         except BaseException:
             await self._db(self._registry.delete, unit)
             raise
-        await self._db(self._registry.set_state, unit, "running")
-        await self._event(name, "adopted", unit=unit, pid=pid, pids=pids)
+        await self._db(self._mark_running, unit, name, adopted={"pid": pid, "pids": pids})
         # Children forked while the scope was being made: move them too.
         try:
             late = [c.pid for c in root.children(recursive=True) if c.pid not in pids]
@@ -917,6 +972,8 @@ class AsyncFleet:
         out: list[Agent] = []
         for rec in rows:
             if not rec.closed and rec.unit not in live:
+                if _in_flight(rec):
+                    continue
                 rec = await self._close_gone(rec)
             known = self._agents.get(rec.name)
             if known is not None and known.unit == rec.unit:
@@ -984,6 +1041,14 @@ def _check_memory_max(memory_max: object) -> int | None:
 def _slice_relpath(slice: str) -> str:
     parts = slice.removesuffix(".slice").split("-")
     return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def _in_flight(rec: AgentRecord) -> bool:
+    """A ``starting`` row whose child still waits at the gate: its scope is being made."""
+    if rec.state != "starting":
+        return False
+    stat = read_stat(rec.pid)
+    return stat is not None and stat.start_time == rec.start_time
 
 
 def _read_scopes(slice_dir: Path, live: Mapping[str, tuple[str, str]]) -> dict[str, LiveScope]:

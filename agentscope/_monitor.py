@@ -615,6 +615,23 @@ def _arm_psi(paths: Iterable[Path]) -> tuple[select.epoll, list[int]] | None:
     return poller, fds
 
 
+def _parse_oom_task_line(line: str) -> tuple[int, str] | None:
+    """(pid, task_memcg) from the kernel's ``oom-kill:constraint=...`` summary line.
+
+    mm/oom_kill.c (dump_oom_summary, Linux 4.19+) prints it right before
+    ``Killed process``: ``oom-kill:constraint=CONSTRAINT_MEMCG,...,
+    oom_memcg=/a.slice/x.scope,task_memcg=/a.slice/x.scope,task=python3,pid=1234,uid=0``.
+    """
+    _, sep, rest = line.partition("oom-kill:")
+    if not sep:
+        return None
+    fields = dict(item.partition("=")[::2] for item in rest.strip().split(","))
+    memcg, pid = fields.get("task_memcg"), fields.get("pid", "")
+    if memcg is None or not pid.isdigit():
+        return None
+    return int(pid), memcg
+
+
 def _open_kmsg(path: Path) -> int | None:
     """Open the kernel log for non-blocking reads from its current end; None when unreadable."""
     try:
@@ -736,6 +753,8 @@ class Monitor:
         self._scope_kills = 0  # ... in scopes' counters
         self._slice_only_kills = 0  # ... reported from the slice alone
         self._kernel_kills: dict[int, tuple[float, KernelOomKill]] = {}
+        # pid -> the cgroup the kernel's "oom-kill:...,task_memcg=" line named
+        self._kernel_memcg: dict[int, str] = {}
         self._reaped: dict[str, dict[int, float]] = {}
         self._created: set[str] = set()
         self._deleted: set[str] = set()
@@ -950,7 +969,12 @@ class Monitor:
             if raw.startswith(b" "):
                 continue
             _, sep, message = raw.partition(b";")
-            kill = parse_oom_kill_line((message if sep else raw).decode("utf-8", "replace"))
+            text = (message if sep else raw).decode("utf-8", "replace")
+            task = _parse_oom_task_line(text)
+            if task is not None:
+                self._kernel_memcg[task[0]] = task[1]
+                continue
+            kill = parse_oom_kill_line(text)
             if kill is not None:
                 self._kernel_kills[kill.pid] = (now, kill)
                 found = True
@@ -1128,6 +1152,9 @@ class Monitor:
         for pid, (ts, _) in list(self._kernel_kills.items()):
             if now - ts > NOTE_TTL:
                 del self._kernel_kills[pid]
+                self._kernel_memcg.pop(pid, None)
+        if len(self._kernel_memcg) > 4 * len(self._kernel_kills) + 64:
+            self._kernel_memcg.clear()  # task lines whose "Killed process" line never came
         for unit, notes in list(self._reaped.items()):
             for pid, ts in list(notes.items()):
                 if now - ts > NOTE_TTL:
@@ -1148,8 +1175,12 @@ class Monitor:
         for pid in list(self._kernel_kills):
             if len(found) >= count:
                 break
-            if pid in seen or pid in reaped:
+            # A victim born and killed between two samples was never seen; the
+            # kernel's own line then says which cgroup it was in.
+            memcg = self._kernel_memcg.get(pid, "")
+            if pid in seen or pid in reaped or memcg.endswith("/" + unit):
                 _, kill = self._kernel_kills.pop(pid)
+                self._kernel_memcg.pop(pid, None)
                 reaped.pop(pid, None)
                 last = seen.get(pid)
                 found.append((pid, kill.comm, None if last is None else last.rss, "kmsg"))

@@ -622,3 +622,19 @@ async def test_callback_error_does_not_stop_monitor(tree: Tree) -> None:
         async with asyncio.timeout(WAIT):
             event = await anext(aiter(mon))
     assert isinstance(event, OomKill)
+
+
+def test_kernel_oom_task_line_names_the_cgroup() -> None:
+    from agentscope._monitor import _parse_oom_task_line
+
+    line = (
+        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        "oom_memcg=/app.slice/app-agentscope.slice/app-agentscope-agents.slice/"
+        "agentscope-f-a-123456.scope,task_memcg=/app.slice/app-agentscope.slice/"
+        "app-agentscope-agents.slice/agentscope-f-a-123456.scope,task=python3,pid=4242,uid=0"
+    )
+    pid, memcg = _parse_oom_task_line(line) or (0, "")
+    assert pid == 4242
+    assert memcg.endswith("/agentscope-f-a-123456.scope")
+    assert _parse_oom_task_line("Memory cgroup out of memory: Killed process 1 (x)") is None
+    assert _parse_oom_task_line("oom-kill:constraint=CONSTRAINT_NONE,task=x,pid=zz") is None

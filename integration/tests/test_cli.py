@@ -1,0 +1,164 @@
+"""The agentscope command against real systemd: exit codes, JSON, exec, run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+CLI = shutil.which("agentscope") or "agentscope"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def ok_json(*args: str) -> object:
+    done = cli("--json", *args)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def fleet() -> str:
+    return f"c{uuid.uuid4().hex[:6]}"
+
+
+def test_run_ls_stop_and_the_agent_outlives_the_cli(fleet: str, tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    out = ok_json(
+        "--fleet",
+        fleet,
+        "run",
+        "a",
+        "--log",
+        str(log),
+        "--",
+        "sh",
+        "-c",
+        "echo started; exec sleep 300",
+    )
+    assert isinstance(out, dict)
+    assert set(out) >= {"name", "unit", "pid", "log"}
+    pid = out["pid"]
+    assert Path(f"/proc/{pid}").exists(), "the agent must outlive the CLI that ran it"
+    for _ in range(50):
+        if "started" in log.read_text():
+            break
+        time.sleep(0.1)
+    assert "started" in log.read_text()
+    listed = ok_json("--fleet", fleet, "ls")
+    assert isinstance(listed, list)
+    (row,) = listed
+    assert {k: row[k] for k in ("name", "unit", "pid", "state")} == {
+        "name": "a",
+        "unit": out["unit"],
+        "pid": pid,
+        "state": "running",
+    }
+    assert {"memory_current", "oom_kills", "started"} <= set(row)
+    for args in (["freeze", "a"], ["thaw", "a"], ["kill", "a", "--signal", "CONT"]):
+        ok_json("--fleet", fleet, *args)
+    report = ok_json("--fleet", fleet, "report", "--top", "5")
+    assert isinstance(report, dict)
+    assert {"host", "pressure", "agents", "processes"} <= set(report)
+    assert [a["agent"] for a in report["agents"]] == ["a"]
+    ok_json("--fleet", fleet, "stop", "a", "--timeout", "5")
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    events = cli("--json", "--fleet", fleet, "events")
+    kinds = [json.loads(line)["kind"] for line in events.stdout.splitlines()]
+    assert kinds[0] == "launched"
+    assert "stopped" in kinds
+    assert ok_json("--fleet", fleet, "ls") == []
+
+
+def test_exec_keeps_the_pid(fleet: str) -> None:
+    wrapped = subprocess.Popen(
+        [CLI, "--fleet", fleet, "exec", "me", "--", "sh", "-c", "echo $$; cat /proc/self/cgroup"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = wrapped.communicate(timeout=120)
+    assert wrapped.returncode == 0, err
+    pid_line, cgroup = out.split()[:2]
+    # The wrapped command runs as the very process the caller started.
+    assert int(pid_line) == wrapped.pid
+    assert f"agentscope-{fleet}-me-" in cgroup
+    proc = subprocess.Popen([CLI, "--fleet", fleet, "exec", "me2", "--", "sleep", "30"])
+    try:
+        for _ in range(100):
+            try:
+                comm = Path(f"/proc/{proc.pid}/comm").read_text().strip()
+            except FileNotFoundError:
+                comm = ""
+            if comm == "sleep":
+                break
+            time.sleep(0.1)
+        assert comm == "sleep", "exec must replace the CLI process itself"
+        assert f"agentscope-{fleet}-me2-" in Path(f"/proc/{proc.pid}/cgroup").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "kind"),
+    [
+        (["stop", "ghost"], 3, "not_found"),
+        (["run", "bad name", "--", "true"], 2, "invalid_name"),
+        (["run", "a", "--memory-max", "lots", "--", "true"], 2, "bad_input"),
+        (["run", "a", "--", "no-such-binary-xyz"], 2, "launch_error"),
+        (["exec", "a", "--", "no-such-binary-xyz"], 2, "bad_input"),
+    ],
+)
+def test_bad_input_exit_codes(fleet: str, args: list[str], code: int, kind: str) -> None:
+    done = cli("--json", "--fleet", fleet, *args)
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    assert json.loads(done.stderr)["kind"] == kind
+    human = cli("--fleet", fleet, *args)
+    assert human.returncode == code
+    assert len(human.stderr.strip().splitlines()) == 1, human.stderr
+
+
+def test_systemd_unreachable_is_exit_4(fleet: str) -> None:
+    env = {
+        "DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/bus",
+        "DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent/bus",
+        "XDG_RUNTIME_DIR": "/nonexistent",
+    }
+    done = cli("--json", "--fleet", fleet, "ls", env=env)
+    assert done.returncode == 4
+    assert json.loads(done.stderr)["kind"] == "systemd_unavailable"
+    assert "/nonexistent/bus" in done.stderr
+
+
+def test_doctor_and_gc_json(fleet: str) -> None:
+    done = cli("--json", "--fleet", fleet, "doctor")
+    assert done.returncode in (0, 1), done.stderr
+    data = json.loads(done.stdout)
+    assert set(data) >= {"systemd_version", "manager", "checks"}
+    names = {c["name"] for c in data["checks"]}
+    assert "slice_limits" in names
+    for check in data["checks"]:
+        assert check["status"] in ("pass", "warn", "fail")
+        if check["status"] == "fail":
+            assert check["fix"]
+    gc = ok_json("--fleet", fleet, "gc")
+    assert isinstance(gc, dict)
+    assert "removed" in gc
