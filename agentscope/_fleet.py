@@ -336,10 +336,14 @@ class AsyncFleet:
             SystemdUnavailable, RegistryError.
         """
         await self._bus.connect()
-        if self.manager_oom_score_adj is not None:
-            _raise_own_oom_score_adj(self.manager_oom_score_adj)
-        self._registry = await asyncio.to_thread(Registry, self.registry_path)
-        await self._reconcile()
+        try:
+            if self.manager_oom_score_adj is not None:
+                _raise_own_oom_score_adj(self.manager_oom_score_adj)
+            self._registry = await asyncio.to_thread(Registry, self.registry_path)
+            await self._reconcile()
+        except BaseException:
+            await self.aclose()  # a fleet that failed to open holds nothing open
+            raise
 
     async def aclose(self) -> None:
         """Close the connection and the registry. Agents keep running."""

@@ -19,6 +19,8 @@ from agentscope import AsyncFleet, OomKill, Throttled
 
 CGROUP = Path("/sys/fs/cgroup")
 ALLOC = "import time; b = b'x' * ({mb} << 20); time.sleep({hold})"
+# A runaway as agents' tool calls are: it grows over a few seconds.
+GROW = "import time\nl = []\nwhile True:\n    l.append(b'x' * (8 << 20))\n    time.sleep(0.25)"
 
 
 @pytest.fixture
@@ -70,7 +72,7 @@ class _KillClock:
 
 async def test_capped_oom_kill_named_within_2s(fleet: AsyncFleet) -> None:
     slice_events = (await fleet.slice_cgroup()) / "memory.events"
-    async with fleet.monitor(interval=2.0) as monitor:
+    async with fleet.monitor(interval=1.0) as monitor:
         agent = await fleet.launch(
             "capped",
             ["sh", "-c", f'python3 -c "{ALLOC.format(mb=200, hold=0)}"; exec sleep 300'],
