@@ -12,12 +12,13 @@ Documentation/accounting/psi.rst (Linux 6.12).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "CgroupMemory",
@@ -26,6 +27,7 @@ __all__ = [
     "MemoryStat",
     "Pressure",
     "PressureLine",
+    "ScopeCounters",
     "cgroup_path_for_unit",
     "cgroup_v2_mounted",
     "find_limit_holders",
@@ -36,7 +38,9 @@ __all__ = [
     "parse_pressure",
     "parse_procs",
     "read_cgroup_memory",
+    "read_scope_counters",
     "scan_slice",
+    "scan_slice_counters",
     "user_manager_cgroup",
 ]
 
@@ -57,27 +61,45 @@ _GONE_OR_DENIED = _GONE | {errno.EACCES, errno.EPERM}
 _GONE_OR_UNSUPPORTED = _GONE | {errno.EOPNOTSUPP}
 
 
-def _read_kernel_file(path: Path, tolerate: frozenset[int] = _GONE) -> bytes | None:
+# The two system calls behind every read, as module names so tests can make
+# them fail with the errnos a real kernel gives (ESRCH, ENODEV, EACCES).
+_os_open = os.open
+_os_read = os.read
+
+
+def _read_kernel_file(path: str | Path, tolerate: frozenset[int] = _GONE) -> bytes | None:
     """Read a kernel file whole; None when it fails with one of the ``tolerate`` errnos.
 
     Every reader in ``_cgroup`` and ``_proc`` goes through here, so the
-    question "what counts as vanished" has exactly one answer.
+    question "what counts as vanished" has exactly one answer. ``path`` may
+    be a ``str``: the monitor's per-tick readers build paths by string
+    formatting, several times cheaper than ``Path`` joins.
 
     Raises:
         OSError: any other failure (for example EACCES on a file we must read),
             unchanged, so its errno and filename reach the caller.
     """
     try:
-        # buffering=0: one read() per call; seq_file hands back whole records
-        # and these files are small.
-        with open(path, "rb", buffering=0) as f:
-            chunks = []
-            while chunk := f.read(65536):
-                chunks.append(chunk)
-            return b"".join(chunks)
+        # Raw os.read: no file object. seq_file hands back whole records, but
+        # may return less than asked before the end (a record past its
+        # buffer), so read until EOF.
+        fd = _os_open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = _os_read(fd, 65536)
+            if data:
+                chunks = [data]
+                while chunk := _os_read(fd, 65536):
+                    chunks.append(chunk)
+                if len(chunks) > 1:
+                    data = b"".join(chunks)
+        finally:
+            os.close(fd)
+        return data
     except OSError as exc:
         if exc.errno in tolerate:
             return None
+        if exc.filename is None:
+            exc.filename = os.fspath(path)  # os.read's errors name no file
         raise
 
 
@@ -156,6 +178,12 @@ def parse_memory_events(data: bytes) -> MemoryEvents:
         )
     except KeyError as exc:
         raise ValueError(f"memory.events: missing counter {exc.args[0]!r}") from None
+
+
+# Most scopes print the same memory.events (all zeros, or a few counters),
+# and it changes rarely: parse each distinct content once. MemoryEvents is
+# frozen, so sharing one instance is safe.
+_parse_memory_events_cached = functools.lru_cache(maxsize=1024)(parse_memory_events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +293,7 @@ def parse_pressure(data: bytes) -> Pressure:
 
 def parse_procs(data: bytes) -> tuple[int, ...]:
     """Parse ``cgroup.procs`` (one pid per line)."""
-    return tuple(int(line) for line in data.split())
+    return tuple(map(int, data.split()))
 
 
 def parse_limit(data: bytes) -> int | None:
@@ -369,6 +397,70 @@ def scan_slice(slice_path: Path) -> dict[str, CgroupMemory]:
         memory = read_cgroup_memory(Path(entry.path))
         if memory is not None:
             result[entry.name] = memory
+    return result
+
+
+class ScopeCounters(NamedTuple):
+    """The per-tick figures of a cgroup: what the monitor needs at every sample.
+
+    ``current`` is ``memory.current`` (bytes), ``events`` its
+    ``memory.events``, ``pids`` its own processes (``cgroup.procs``). The
+    report data (``memory.peak``, ``memory.stat``, ``memory.pressure``) is
+    left to :func:`read_cgroup_memory`.
+    """
+
+    current: int
+    events: MemoryEvents
+    pids: tuple[int, ...]
+
+
+def read_scope_counters(path: str | Path) -> ScopeCounters | None:
+    """Read ``memory.current``, ``memory.events`` and ``cgroup.procs`` of the cgroup ``path``.
+
+    Three reads where :func:`read_cgroup_memory` makes six. None when the
+    cgroup is gone (at any point of the read) or has no memory accounting.
+
+    Raises:
+        OSError: other than the cgroup vanishing (e.g. EACCES).
+        ValueError: a file holds something that is not its documented format.
+    """
+    base = os.fspath(path)
+    current = _read_kernel_file(base + "/memory.current")
+    if current is None:
+        return None
+    events = _read_kernel_file(base + "/memory.events")
+    procs = _read_kernel_file(base + "/cgroup.procs")
+    if events is None or procs is None:
+        return None
+    try:
+        value = int(current)
+    except ValueError:
+        raise ValueError(f"memory.current: {current!r} is not an integer") from None
+    return ScopeCounters(value, _parse_memory_events_cached(events), parse_procs(procs))
+
+
+def scan_slice_counters(slice_path: Path) -> dict[str, ScopeCounters]:
+    """:func:`read_scope_counters` of every scope directly under a slice, keyed by unit name.
+
+    As :func:`scan_slice` (vanished scopes left out, a missing slice gives
+    ``{}``), reading only the per-tick files.
+
+    Raises:
+        OSError: other than cgroups vanishing.
+    """
+    try:
+        with os.scandir(slice_path) as it:
+            entries = [(e.name, e.path) for e in it if e.name.endswith(".scope")]
+    except OSError as exc:
+        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+            return {}
+        raise
+    entries.sort()
+    result: dict[str, ScopeCounters] = {}
+    for name, path in entries:
+        counters = read_scope_counters(path)
+        if counters is not None:
+            result[name] = counters
     return result
 
 

@@ -14,11 +14,19 @@ systemd records nothing (FIELD-NOTES, "Scopes and OOMPolicy"). The
 - :class:`AgentExited` and :class:`LimitFound` for context.
 
 How it stays cheap. A *sample* reads the slice's files, then one directory
-walk of its scopes (:func:`scan_slice`), then ``statm`` of the processes
-those scopes list (``stat`` only for pids not seen before): O(agents), never
-a pass over the host. Samples run every ``interval`` seconds and, debounced,
-whenever inotify reports a change of a watched ``memory.events`` or a scope
-appearing or vanishing, or a PSI trigger fires. The host-wide /proc pass
+walk of its scopes reading three files each (``memory.current``,
+``memory.events``, ``cgroup.procs``: :func:`scan_slice_counters`): O(agents),
+never a pass over the host. ``memory.stat``, ``memory.peak`` and the
+scopes' ``memory.pressure`` are report data, read only for a report. A
+scope's processes are sized (``statm``) only when its ``memory.current``
+moved by more than :data:`RSS_SLACK` or 2% since they last were, when its
+``oom_kill`` counter moved or a kill awaits its victim, and at least every
+:data:`FULL_PASS_EVERY` samples, so a victim's last-seen RSS is recent; a
+pid not seen before is sized and named (``stat``) at once. Inotify watches
+are synced only when the set of scopes changes. Samples run every
+``interval`` seconds and, debounced, whenever inotify reports a change of
+a watched ``memory.events`` or a scope appearing or vanishing, or a PSI
+trigger fires. The host-wide /proc pass
 (and ``smaps_rollup`` and ``cmdline`` for the top N) runs only when a
 report is built. All reads run in a worker thread (``asyncio.to_thread``);
 the loop only does bookkeeping.
@@ -72,15 +80,18 @@ from ._attribution import (
     parse_oom_kill_line,
 )
 from ._cgroup import (
+    _GONE_OR_UNSUPPORTED,
     CGROUP_ROOT,
-    CgroupMemory,
     LimitHolder,
     MemoryEvents,
     _read_kernel_file,
     find_limit_holders,
     parse_memory_events,
+    parse_pressure,
     read_cgroup_memory,
+    read_scope_counters,
     scan_slice,
+    scan_slice_counters,
 )
 from ._cgroup import Pressure as PsiPressure
 from ._errors import AgentscopeError
@@ -129,6 +140,12 @@ NOTE_TTL = 120.0
 #: only use windows that are multiples of 2 s (Linux 6.5+, psi.rst), hence
 #: the fallback with the same ratio.
 PSI_TRIGGERS = (b"some 150000 1000000\0", b"some 300000 2000000\0")
+#: A scope's processes are sized (``statm``) again when its memory.current
+#: moved by more than this or 2% since they last were, and at least every
+#: :data:`FULL_PASS_EVERY` samples, so a victim's last-seen RSS is recent
+#: without a read per process per sample.
+RSS_SLACK = 1 << 20
+FULL_PASS_EVERY = 5
 
 _Source = Literal["cgroup", "reaped", "kmsg"]
 
@@ -450,21 +467,33 @@ async def build_report(
 
 
 @dataclass(frozen=True, slots=True)
+class _ScopePlan:
+    """What the worker needs to know of a scope from earlier samples (loop thread builds it)."""
+
+    seen: Mapping[int, SeenProcess]  # as last sampled
+    pass_current: int  # memory.current at the last per-process pass
+    oom_kill: int  # the last counter read
+    force: bool  # read every process's statm this time
+
+
+@dataclass(frozen=True, slots=True)
 class _ScopeSample:
-    path: Path
-    memory: CgroupMemory
+    current: int
+    events: MemoryEvents
     procs: dict[int, SeenProcess]  # live processes (RSS > 0) by pid
+    passed: bool  # every process's statm was read (else unchanged ones kept their last RSS)
 
 
 @dataclass(frozen=True, slots=True)
 class _Sample:
-    slice_memory: CgroupMemory | None
+    slice_events: MemoryEvents | None  # None: the slice is gone
+    slice_pressure: PsiPressure | None
     scopes: dict[str, _ScopeSample]
     ancestors: tuple[tuple[Path, MemoryEvents], ...]  # nearest first
     limits: tuple[LimitHolder, ...]
     meminfo: MemInfo | None
     host_pressure: PsiPressure | None
-    watches: dict[Path, int]
+    watches: dict[Path, int] | None  # None: the same scopes as before, watches unchanged
 
 
 _DIR_MASK = flags.CREATE | flags.DELETE | flags.ONLYDIR
@@ -514,31 +543,64 @@ def _sync_watches(
     return result
 
 
+def _moved(current: int, before: int) -> bool:
+    """memory.current moved enough since the last per-process pass to read them again."""
+    return abs(current - before) > max(RSS_SLACK, before // 50)
+
+
 def _collect(
     slice_path: Path,
     cgroup_root: Path,
     proc_root: Path,
-    known: Mapping[int, tuple[int, str]],
+    plans: Mapping[str, _ScopePlan],
     inotify: INotify | None,
     watches: Mapping[Path, int],
+    watched: frozenset[str] | None,
 ) -> _Sample:
-    """One sample: the slice first, then its scopes (the order the kill count relies on)."""
-    slice_memory = read_cgroup_memory(slice_path)
+    """One sample: the slice first, then its scopes (the order the kill count relies on).
+
+    Per scope, ``memory.current``, ``memory.events`` and ``cgroup.procs``
+    every time; ``statm`` of its processes only when its plan says so, its
+    ``memory.current`` moved (:func:`_moved`) or its ``oom_kill`` counter did,
+    and otherwise only for pids not seen before (``stat`` too, once per pid
+    while it stays listed). ``watched`` names the scopes ``watches`` were
+    set for; the watches are synced (and returned) only when the scopes
+    found differ.
+    """
+    slice_counters = read_scope_counters(slice_path)
+    slice_pressure = None
+    if slice_counters is not None:
+        data = _read_kernel_file(slice_path / "memory.pressure", _GONE_OR_UNSUPPORTED)
+        slice_pressure = None if data is None else parse_pressure(data)
     scopes: dict[str, _ScopeSample] = {}
-    for unit, memory in scan_slice(slice_path).items():
+    for unit, counters in scan_slice_counters(slice_path).items():
+        plan = plans.get(unit)
+        seen: Mapping[int, SeenProcess] = {} if plan is None else plan.seen
+        passed = (
+            plan is None
+            or plan.force
+            or plan.oom_kill != counters.events.oom_kill
+            or _moved(counters.current, plan.pass_current)
+        )
         procs: dict[int, SeenProcess] = {}
-        for pid in memory.pids:
+        for pid in counters.pids:
+            last = seen.get(pid)
+            if last is not None and not passed:
+                procs[pid] = last
+                continue
             rss = read_statm_rss(pid, proc_root)
             if not rss:  # None: gone; 0: a zombie, as good as gone
                 continue
-            meta = known.get(pid)
-            if meta is None:
+            if last is None:
                 stat = read_stat(pid, proc_root)
                 if stat is None:
                     continue
-                meta = (stat.start_time, stat.comm)
-            procs[pid] = SeenProcess(pid=pid, start_time=meta[0], comm=meta[1], rss=rss)
-        scopes[unit] = _ScopeSample(slice_path / unit, memory, procs)
+                procs[pid] = SeenProcess(pid, stat.start_time, stat.comm, rss)
+            elif last.rss == rss:
+                procs[pid] = last
+            else:
+                procs[pid] = SeenProcess(pid, last.start_time, last.comm, rss)
+        scopes[unit] = _ScopeSample(counters.current, counters.events, procs, passed)
     ancestors = []
     for path in _ancestors(slice_path, cgroup_root):
         data = _read_kernel_file(path / "memory.events")
@@ -548,16 +610,23 @@ def _collect(
         meminfo: MemInfo | None = read_meminfo(proc_root)
     except FileNotFoundError:
         meminfo = None  # not a procfs (a test tree without meminfo)
-    wanted: dict[Path, int] = {slice_path: _DIR_MASK, slice_path / "memory.events": _FILE_MASK}
-    wanted.update((s.path / "memory.events", _FILE_MASK) for s in scopes.values())
+    synced = None
+    if watched is None or scopes.keys() != watched:
+        wanted: dict[Path, int] = {
+            slice_path: _DIR_MASK,
+            slice_path / "memory.events": _FILE_MASK,
+        }
+        wanted.update((slice_path / unit / "memory.events", _FILE_MASK) for unit in scopes)
+        synced = _sync_watches(inotify, watches, wanted)
     return _Sample(
-        slice_memory=slice_memory,
+        slice_events=None if slice_counters is None else slice_counters.events,
+        slice_pressure=slice_pressure,
         scopes=scopes,
         ancestors=tuple(ancestors),
         limits=find_limit_holders(cgroup_root, slice_path),
         meminfo=meminfo,
         host_pressure=host_pressure(proc_root),
-        watches=_sync_watches(inotify, watches, wanted),
+        watches=synced,
     )
 
 
@@ -664,6 +733,8 @@ class _ScopeState:
     pending: int = 0  # kills counted whose victim is not named yet
     pending_since: float = 0.0
     pending_seen: dict[int, SeenProcess] = field(default_factory=dict)
+    pass_current: int = 0  # memory.current when its processes were last all sized
+    pass_tick: int = 0  # ... at that sample (Monitor._tick)
 
 
 class Monitor:
@@ -765,6 +836,8 @@ class Monitor:
         # Kernel handles.
         self._inotify: INotify | None = None
         self._watches: dict[Path, int] = {}
+        self._watched: frozenset[str] | None = None  # the scopes _watches were set for
+        self._tick = 0  # samples applied
         self._kmsg_fd: int | None = None
         self._kmsg_rest = b""
         self._psi: tuple[select.epoll, list[int]] | None = None
@@ -1021,22 +1094,35 @@ class Monitor:
             self.samples += 1
 
     async def _sample(self) -> None:
-        known = {
-            pid: (p.start_time, p.comm) for s in self._scopes.values() for pid, p in s.seen.items()
+        tick = self._tick
+        plans = {
+            unit: _ScopePlan(
+                s.seen,
+                s.pass_current,
+                s.oom_kill,
+                # A kill waiting for its victim: size every process, so one
+                # that is exiting (RSS 0) counts as gone as soon as it is.
+                s.pending > 0 or tick - s.pass_tick >= FULL_PASS_EVERY,
+            )
+            for unit, s in self._scopes.items()
         }
         sample = await asyncio.to_thread(
             _collect,
             self.slice_path,
             self.cgroup_root,
             self.proc_root,
-            known,
+            plans,
             self._inotify,
-            dict(self._watches),
+            self._watches,
+            self._watched,
         )
-        self._watches = sample.watches
+        if sample.watches is not None:
+            self._watches = sample.watches
+            self._watched = frozenset(sample.scopes)
         now = time.time()
         candidates = self._count(sample, now)
         self._first = False
+        self._tick = tick + 1
         if candidates:
             throttles = await asyncio.to_thread(
                 _detect_throttles, candidates, self.cgroup_root, self.proc_root
@@ -1051,8 +1137,8 @@ class Monitor:
         # The slice, read first.
         slice_prev = self._slice_events
         slice_high_delta = 0
-        if sample.slice_memory is not None:
-            events = sample.slice_memory.events
+        if sample.slice_events is not None:
+            events = sample.slice_events
             if not first:
                 prev_kills = 0 if slice_prev is None else slice_prev.oom_kill
                 self._slice_kills += counter_delta(prev_kills, events.oom_kill)
@@ -1067,7 +1153,7 @@ class Monitor:
         scope_high_total = 0
         all_pids: list[int] = []
         for unit, scope in sample.scopes.items():
-            events = scope.memory.events
+            events = scope.events
             state = self._scopes.get(unit)
             if state is None:
                 # Present at start: counted from now. Appeared later: a new
@@ -1078,8 +1164,12 @@ class Monitor:
                     agent=self.unit_agent(unit),
                     oom_kill=0 if base is None else base.oom_kill,
                     high=0 if base is None else base.high,
+                    # Spread the scopes' periodic passes over the samples.
+                    pass_tick=self._tick - len(self._scopes) % FULL_PASS_EVERY,
                 )
                 self._scopes[unit] = state
+            if scope.passed:
+                state.pass_current, state.pass_tick = scope.current, self._tick
             kills = counter_delta(state.oom_kill, events.oom_kill)
             high = counter_delta(state.high, events.high)
             if kills:
@@ -1091,7 +1181,9 @@ class Monitor:
             if high:
                 scope_high_total += high
                 candidates.append(
-                    _ThrottleCandidate(scope.path, state.events, events, tuple(scope.procs), False)
+                    _ThrottleCandidate(
+                        self.slice_path / unit, state.events, events, tuple(scope.procs), False
+                    )
                 )
             state.oom_kill, state.high, state.events = events.oom_kill, events.high, events
             state.seen = scope.procs
@@ -1117,12 +1209,12 @@ class Monitor:
             self._slice_only_kills += slice_only
             self._report_slice_only(slice_only, ended, now)
         # Throttling: a rise not explained by the level below is this level's own.
-        if sample.slice_memory is not None and slice_high_delta > scope_high_total:
+        if sample.slice_events is not None and slice_high_delta > scope_high_total:
             candidates.append(
                 _ThrottleCandidate(
                     self.slice_path,
                     slice_prev,
-                    sample.slice_memory.events,
+                    sample.slice_events,
                     tuple(all_pids),
                     False,
                 )
@@ -1285,7 +1377,7 @@ class Monitor:
         if sample.meminfo is None:
             return
         avg10 = 0.0 if sample.host_pressure is None else sample.host_pressure.some.avg10
-        slice_psi = None if sample.slice_memory is None else sample.slice_memory.pressure
+        slice_psi = sample.slice_pressure
         if slice_psi is not None:
             avg10 = max(avg10, slice_psi.some.avg10)
         point = PressureSample(avg10, sample.meminfo.available_fraction)

@@ -95,8 +95,10 @@ def parse_stat(data: bytes) -> ProcStat:
     )
 
 
-def _pid_file(proc_root: Path, pid: int, name: str) -> Path:
-    return proc_root / str(pid) / name
+def _pid_file(proc_root: Path, pid: int, name: str) -> str:
+    # A str, not a Path: the monitor reads statm of every agent process, and
+    # two Path joins cost more than the read itself.
+    return f"{os.fspath(proc_root)}/{pid}/{name}"
 
 
 def read_stat(pid: int, proc_root: Path = PROC_ROOT) -> ProcStat | None:

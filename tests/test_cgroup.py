@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fakefs import format_memory_events, format_pressure, make_cgroup, make_cgroup_root
+from fakefs import format_memory_events, format_pressure, make_cgroup, make_cgroup_root, write
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,7 +25,9 @@ from agentscope._cgroup import (
     parse_pressure,
     parse_procs,
     read_cgroup_memory,
+    read_scope_counters,
     scan_slice,
+    scan_slice_counters,
     user_manager_cgroup,
 )
 
@@ -216,15 +218,16 @@ def test_enodev_from_a_removed_cgroup_counts_as_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = make_cgroup(tmp_path, SCOPE, current=4096)
-    real_open = open
+    real_open = _cgroup._os_open
 
-    def open_then_enodev(file: Path, *args: object, **kwargs: object) -> object:
+    def open_then_enodev(file: str | Path, flags: int) -> int:
         if Path(file).name == "memory.events":
             raise OSError(errno.ENODEV, "No such device", str(file))
-        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+        return real_open(file, flags)
 
-    monkeypatch.setattr(_cgroup, "open", open_then_enodev, raising=False)
+    monkeypatch.setattr(_cgroup, "_os_open", open_then_enodev)
     assert read_cgroup_memory(path) is None
+    assert read_scope_counters(path) is None
 
 
 def test_other_read_failures_are_not_mistaken_for_vanishing(tmp_path: Path) -> None:
@@ -287,6 +290,33 @@ def test_scan_slice_skips_a_scope_that_vanishes(tmp_path: Path) -> None:
 
 def test_scan_of_a_slice_that_does_not_exist_is_empty(tmp_path: Path) -> None:
     assert scan_slice(tmp_path / AGENTS) == {}
+
+
+def test_scan_slice_counters_reads_only_the_per_tick_files(tmp_path: Path) -> None:
+    slice_path = make_cgroup(tmp_path, AGENTS, current=300)
+    alice = make_cgroup(
+        tmp_path,
+        f"{AGENTS}/agentscope-f-alice-000001.scope",
+        current=100,
+        procs=[10, 11],
+        events=MemoryEvents(0, 4, 0, 1, 1),
+    )
+    make_cgroup(tmp_path, f"{AGENTS}/agentscope-f-bob-000002.scope", current=200, procs=[20])
+    dying = make_cgroup(tmp_path, f"{AGENTS}/agentscope-f-carl-000003.scope", current=1)
+    (dying / "cgroup.procs").unlink()  # vanishing mid-read
+    make_cgroup(tmp_path, f"{AGENTS}/nested.slice", current=5)  # not an agent
+    # The report files are not needed: a sample must not read them.
+    for name in ("memory.stat", "memory.peak", "memory.pressure"):
+        (alice / name).unlink(missing_ok=True)
+    scopes = scan_slice_counters(slice_path)
+    assert list(scopes) == ["agentscope-f-alice-000001.scope", "agentscope-f-bob-000002.scope"]
+    counters = scopes["agentscope-f-alice-000001.scope"]
+    assert (counters.current, counters.pids) == (100, (10, 11))
+    assert (counters.events.high, counters.events.oom_kill) == (4, 1)
+    assert scan_slice_counters(tmp_path / "gone.slice") == {}
+    write(alice / "memory.current", "lots\n")
+    with pytest.raises(ValueError, match=r"memory\.current"):
+        read_scope_counters(alice)
 
 
 # --- paths -----------------------------------------------------------------

@@ -382,6 +382,73 @@ async def test_victim_still_exiting_is_awaited(
     assert [k.comm for k in kills(got)] == ["python3"]
 
 
+def grow(tree: Tree, scope: Path, pid: int, comm: str, pages: int, scope_pages: int) -> None:
+    """Set a process's RSS and its scope's memory.current, in pages (one step)."""
+    with KERNEL:
+        make_proc(
+            tree.proc,
+            pid,
+            comm=comm,
+            rss_pages=pages,
+            cgroup=f"/{SLICE}/{scope.name}",
+            start_time=1000 + pid,
+        )
+        write(scope / "memory.current", f"{scope_pages * PAGE}\n")
+
+
+async def test_growing_victim_is_named_with_its_recent_rss(tree: Tree, kernel: Reads) -> None:
+    scope = tree.scope("alice", {101: ("sh", 100), 102: ("python3", 1000), 103: ("node", 500)})
+    mon, got = monitor(tree)
+    async with mon:
+        await sampled(mon, kernel, 2)
+        # The scope's memory.current follows the growth: the next sample sizes it.
+        grow(tree, scope, 102, "python3", 60_000, 60_600)
+        await sampled(mon, kernel)
+        tree.kill(scope, 102, scope_kills=1, slice_kills=1)
+        await wait_for(lambda: bool(kills(got)))
+        # RSS that moves while memory.current does not (pages shared, or
+        # moved between processes) is caught by the periodic pass.
+        grow(tree, scope, 103, "node", 700, 60_600 - 59_000)
+        await sampled(mon, kernel)
+        grow(tree, scope, 101, "sh", 900, 60_600 - 59_000)  # memory.current unchanged
+        await sampled(mon, kernel, _monitor.FULL_PASS_EVERY + 1)
+        tree.kill(scope, 101, scope_kills=2, slice_kills=2)
+        await wait_for(lambda: len(kills(got)) >= 2)
+    first, second = kills(got)
+    assert (first.pid, first.comm, first.rss_last_seen) == (102, "python3", 60_000 * PAGE)
+    assert (second.pid, second.comm, second.rss_last_seen) == (101, "sh", 900 * PAGE)
+    assert mon.failures == 0
+
+
+async def test_statm_of_an_unchanged_scope_is_not_read_every_sample(
+    tree: Tree, kernel: Reads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: dict[int, int] = {}
+    read_statm_rss = _monitor.read_statm_rss
+
+    def counted(pid: int, proc_root: Path) -> int | None:
+        reads[pid] = reads.get(pid, 0) + 1
+        return read_statm_rss(pid, proc_root)
+
+    monkeypatch.setattr(_monitor, "read_statm_rss", counted)
+    scope = tree.scope("alice", {101: ("sh", 100), 102: ("python3", 1000)})
+    mon, _ = monitor(tree)
+    async with mon:
+        await sampled(mon, kernel, 3 * _monitor.FULL_PASS_EVERY)
+        with KERNEL:
+            samples = kernel.collects
+            statm_reads = reads[102]
+        # Once when first seen, then once per FULL_PASS_EVERY samples.
+        assert statm_reads <= samples // _monitor.FULL_PASS_EVERY + 2 < samples
+        # memory.current moved by more than 2% (and 1 MiB): sized at the next sample.
+        with KERNEL:
+            write(scope / "memory.current", f"{2000 * PAGE}\n")
+            before = reads[102]
+        await sampled(mon, kernel)
+        assert reads[102] > before
+    assert mon.failures == 0
+
+
 async def test_unnamed_kill_reported_after_grace(tree: Tree) -> None:
     scope = tree.scope("alice", {101: ("sh", 100)})
     mon, got = monitor(tree)

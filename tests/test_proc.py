@@ -114,10 +114,10 @@ def test_esrch_while_reading_counts_as_gone(
 ) -> None:
     make_proc(tmp_path, 8)
 
-    def esrch(file: Path, *args: object, **kwargs: object) -> object:
-        raise ProcessLookupError(errno.ESRCH, "No such process", str(file))
+    def esrch(fd: int, size: int) -> bytes:
+        raise ProcessLookupError(errno.ESRCH, "No such process")
 
-    monkeypatch.setattr(_cgroup, "open", esrch, raising=False)
+    monkeypatch.setattr(_cgroup, "_os_read", esrch)
     assert read_stat(8, tmp_path) is None
     assert read_cmdline(8, tmp_path) is None
 
@@ -164,23 +164,22 @@ def test_another_users_smaps_rollup_and_wchan_are_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_proc(tmp_path, 9, smaps_kb={"Rss": 4})
-    real_open = open
+    real_open = _cgroup._os_open
 
-    def denied(file: Path, *args: object, **kwargs: object) -> object:
+    def denied(file: str | Path, flags: int) -> int:
         if Path(file).name in ("smaps_rollup", "wchan"):
             raise PermissionError(errno.EACCES, "Permission denied", str(file))
-        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+        return real_open(file, flags)
 
-    monkeypatch.setattr(_cgroup, "open", denied, raising=False)
+    monkeypatch.setattr(_cgroup, "_os_open", denied)
     assert read_smaps_rollup(9, tmp_path) is None
     assert read_wchan(9, tmp_path) is None
     assert read_stat(9, tmp_path) is not None
     # Denial is only "unknown" for detail files: stat must not hide it.
     monkeypatch.setattr(
         _cgroup,
-        "open",
-        lambda f, *a, **k: (_ for _ in ()).throw(PermissionError(errno.EACCES, "no", str(f))),
-        raising=False,
+        "_os_open",
+        lambda f, flags: (_ for _ in ()).throw(PermissionError(errno.EACCES, "no", str(f))),
     )
     with pytest.raises(PermissionError):
         read_stat(9, tmp_path)

@@ -161,7 +161,7 @@ async def test_report_names_largest_agent_process_and_the_manager(fleet: AsyncFl
     assert me, "the manager (this test) should be among the top processes"
     assert me[0].agent is None
     by_name = {a.agent: a for a in report.agents}
-    assert by_name["big"].memory_current >= 200 << 20
+    assert by_name["big"].memory_current >= 190 << 20  # its libraries are charged elsewhere
     assert by_name["small"].memory_current < by_name["big"].memory_current
     data = report.to_dict()
     assert {"host", "pressure", "agents", "processes"} <= set(data)
