@@ -413,35 +413,50 @@ def _monitor_loop(
     as_json: bool,
 ) -> None:
     # The events arrive on a thread of their own so that ticks (WATCHDOG=1,
-    # STATUS=) go out on time even while no event comes.
-    inbox: queue.Queue[object] = queue.Queue()
+    # STATUS=) go out on time even while no event comes. The queue is bounded
+    # and the thread stops with the loop: a stream that never ends must not
+    # outlive the command or fill memory.
+    inbox: queue.Queue[object] = queue.Queue(maxsize=1024)
+    stop = threading.Event()
+
+    def deliver(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                inbox.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def pump() -> None:
         try:
             for event in stream:
-                inbox.put(event)
+                if not deliver(event):
+                    return
         except BaseException as exc:  # handed to the main thread, which raises it
-            inbox.put(exc)
-        inbox.put(_END)
+            deliver(exc)
+        deliver(_END)
 
-    threading.Thread(target=pump, name="agentscope-monitor", daemon=True).start()
-    notifier.send(READY=1, STATUS=_status(fleet))
-    while True:
-        try:
-            item = inbox.get(timeout=interval)
-        except queue.Empty:
-            item = None
-        if item is _END:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        if item is not None:
-            data = item.to_dict()  # type: ignore[attr-defined]
-            sys.stdout.write(
-                (json.dumps(data, default=str) if as_json else _render.event_line(data)) + "\n"
-            )
-            sys.stdout.flush()
-        notifier.send(WATCHDOG=1, STATUS=_status(fleet))
+    try:  # from here on, any way out (a signal included) stops the pump
+        threading.Thread(target=pump, name="agentscope-monitor", daemon=True).start()
+        notifier.send(READY=1, STATUS=_status(fleet))
+        while True:
+            try:
+                item = inbox.get(timeout=interval)
+            except queue.Empty:
+                item = None
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item is not None:
+                data = item.to_dict()  # type: ignore[attr-defined]
+                line = json.dumps(data, default=str) if as_json else _render.event_line(data)
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            notifier.send(WATCHDOG=1, STATUS=_status(fleet))
+    finally:
+        stop.set()
 
 
 def _status(fleet: FleetLike) -> str:

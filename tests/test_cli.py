@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -704,9 +705,16 @@ def test_monitor_stops_on_sigterm(fleet: FakeFleet, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(fleet, "monitor", endless)
     previous = signal.getsignal(signal.SIGTERM)
+    before = {t for t in threading.enumerate() if t.name == "agentscope-monitor"}
     result = run("monitor", "--interval", "0.1")
     assert result.code == 0
     assert signal.getsignal(signal.SIGTERM) is previous
+    # The event pump stops with the command: an endless stream must not keep
+    # a thread spinning (and filling memory) after it.
+    for thread in threading.enumerate():
+        if thread.name == "agentscope-monitor" and thread not in before:
+            thread.join(5)
+            assert not thread.is_alive()
 
 
 # -- exec -------------------------------------------------------------------------------
