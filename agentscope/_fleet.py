@@ -404,12 +404,13 @@ class AsyncFleet:
         if self._slice_cgroup is None:
             path = await self._bus.unit_path(self.slice)
             cg = await self._bus.get_property(path, _SLICE_IFACE, "ControlGroup")
-            if not cg:  # not realized yet: derive it from the manager's own cgroup
-                root = await self._bus.get_property(
-                    await self._bus.unit_path("init.scope"), _SCOPE_IFACE, "ControlGroup"
-                )
-                base = str(root).rsplit("/", 1)[0]
-                self._slice_cgroup = CGROUP_ROOT / base.lstrip("/") / _slice_relpath(self.slice)
+            if not cg:  # not realized yet: where systemd will put it
+                root = CGROUP_ROOT
+                if self.manager == "user":
+                    uid = os.getuid()
+                    root = CGROUP_ROOT / f"user.slice/user-{uid}.slice/user@{uid}.service"
+                # Not cached: the real path is known once the slice is realized.
+                return root / _slice_relpath(self.slice)
             else:
                 self._slice_cgroup = CGROUP_ROOT / str(cg).lstrip("/")
         return self._slice_cgroup
@@ -432,6 +433,8 @@ class AsyncFleet:
         # its scope: leave it to its launcher.
         rows = [r for r in rows if r.unit in live or not _in_flight(r)]
         scopes = await asyncio.to_thread(_read_scopes, slice_dir, live)
+        # Rows of live scopes that could not be read are left as they are.
+        rows = [r for r in rows if r.unit not in live or r.unit in scopes]
         plan = reconcile(rows, scopes)
         closed = await self._db(self._registry.apply_closures, plan)
         for rec in closed:
@@ -458,17 +461,23 @@ class AsyncFleet:
             if not scope.pids:
                 continue
             pid = min(scope.pids)
-            rec = await self._db(
-                self._registry.record_launch,
-                self.name,
-                name,
-                scope.unit,
-                pid,
-                scope.start_times.get(pid, 0),
-                [],
-                "",
-                "running",
-            )
+            try:
+                rec = await self._db(
+                    self._registry.record_launch,
+                    self.name,
+                    name,
+                    scope.unit,
+                    pid,
+                    scope.start_times.get(pid, 0),
+                    [],
+                    "",
+                    "running",
+                )
+            except (AgentExists, RegistryError) as exc:
+                # Its row was closed meanwhile, or the name is taken by another
+                # row: report it, and let the fleet open all the same.
+                log.warning("cannot record found agent %s (%s): %s", name, scope.unit, exc)
+                continue
             self._agents[name] = Agent._from_record(self, rec)
 
     # -- monitor --------------------------------------------------------------
@@ -849,6 +858,10 @@ class AsyncFleet:
         unit = _names.scope_unit_name(self.name, name)
         assert self._registry is not None
         stat = read_stat(pid)
+        try:  # another user's process: its argv and cwd may be hidden from us
+            argv, cwd = root.cmdline(), root.cwd()
+        except psutil.Error:
+            argv, cwd = [], ""
         await self._db(
             self._registry.record_launch,
             self.name,
@@ -856,8 +869,8 @@ class AsyncFleet:
             unit,
             pid,
             stat.start_time if stat else 0,
-            root.cmdline() if stat else [],
-            root.cwd(),
+            argv,
+            cwd,
         )
         try:
             await self._start_scope(unit, name, pids, _check_memory_max(memory_max))
@@ -1059,7 +1072,11 @@ def _read_scopes(slice_dir: Path, live: Mapping[str, tuple[str, str]]) -> dict[s
     """The processes of each live scope, from cgroup.procs and /proc (no D-Bus)."""
     out: dict[str, LiveScope] = {}
     for unit, (_name, active) in live.items():
-        procs = _read_text(slice_dir / unit / "cgroup.procs") or ""
+        procs = _read_text(slice_dir / unit / "cgroup.procs")
+        if procs is None:
+            # Unreadable (gone this instant, or not where we looked): no
+            # verdict on its row rather than a wrong "headless".
+            continue
         pids = tuple(int(p) for p in procs.split())
         starts = {}
         for pid in pids:

@@ -109,6 +109,16 @@ def _payload(
     return img
 
 
+def _remove_stale_runs() -> None:
+    """Run directories whose runner died without cleaning up (SIGKILL, a crash)."""
+    for run in images.CACHE_DIR.glob("run-*"):
+        try:
+            owner = int((run / "owner").read_text())
+            os.kill(owner, 0)
+        except (OSError, ValueError):
+            shutil.rmtree(run, ignore_errors=True)
+
+
 def _die_with_parent() -> None:
     # PR_SET_PDEATHSIG: qemu must not outlive this runner, even if the runner
     # itself is SIGKILLed and has no chance to clean up.
@@ -119,9 +129,13 @@ def _die_with_parent() -> None:
 @contextlib.contextmanager
 def _terminate_on_signals() -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
+        # Once: a second signal (pkill, make and timeout all forward theirs)
+        # must not interrupt the cleanup the first one started.
+        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         yield
     finally:
@@ -153,7 +167,9 @@ def boot(
     image = images.ensure_image(distro_name, rebuild=rebuild)
     distro = image.distro
     images.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    _remove_stale_runs()
     work = Path(tempfile.mkdtemp(prefix=f"run-{distro.name}-", dir=images.CACHE_DIR))
+    (work / "owner").write_text(str(os.getpid()))
     results: dict[str, tuple[int, str]] = {}
     proc: subprocess.Popen[bytes] | None = None
     try:
