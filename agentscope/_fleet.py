@@ -429,9 +429,10 @@ class AsyncFleet:
         live = await self._live()
         slice_dir = await self.slice_cgroup()
         rows = await self._db(self._registry.agents, self.name)
-        # A launch in flight (here or in another process) has its row before
-        # its scope: leave it to its launcher.
-        rows = [r for r in rows if r.unit in live or not _in_flight(r)]
+        # A launch in flight (here or in another process) may show its scope
+        # before the child is in it (the start job is still running): leave
+        # such rows to their launcher.
+        rows = [r for r in rows if not _in_flight(r)]
         scopes = await asyncio.to_thread(_read_scopes, slice_dir, live)
         # Rows of live scopes that could not be read are left as they are.
         rows = [r for r in rows if r.unit not in live or r.unit in scopes]
@@ -1060,9 +1061,12 @@ def _slice_relpath(slice: str) -> str:
     return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
 
 
+_LAUNCH_GRACE = 120.0  # seconds a "starting" row may take before it is judged
+
+
 def _in_flight(rec: AgentRecord) -> bool:
-    """A ``starting`` row whose child still waits at the gate: its scope is being made."""
-    if rec.state != "starting":
+    """A young ``starting`` row whose child lives: its launcher is still at work."""
+    if rec.state != "starting" or time.time() - rec.created > _LAUNCH_GRACE:
         return False
     stat = read_stat(rec.pid)
     return stat is not None and stat.start_time == rec.start_time
