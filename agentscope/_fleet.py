@@ -405,15 +405,19 @@ class AsyncFleet:
             path = await self._bus.unit_path(self.slice)
             cg = await self._bus.get_property(path, _SLICE_IFACE, "ControlGroup")
             if not cg:  # not realized yet: where systemd will put it
-                root = CGROUP_ROOT
-                if self.manager == "user":
-                    uid = os.getuid()
-                    root = CGROUP_ROOT / f"user.slice/user-{uid}.slice/user@{uid}.service"
                 # Not cached: the real path is known once the slice is realized.
-                return root / _slice_relpath(self.slice)
+                return self._expected_slice_cgroup()
             else:
                 self._slice_cgroup = CGROUP_ROOT / str(cg).lstrip("/")
         return self._slice_cgroup
+
+    def _expected_slice_cgroup(self) -> Path:
+        """Where the manager puts the agents slice: dashes in its name are the hierarchy."""
+        root = CGROUP_ROOT
+        if self.manager == "user":
+            uid = os.getuid()
+            root = CGROUP_ROOT / f"user.slice/user-{uid}.slice/user@{uid}.service"
+        return root / _slice_relpath(self.slice)
 
     async def _live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
@@ -500,7 +504,8 @@ class AsyncFleet:
         recorded in the registry. ``options`` go to :class:`Monitor`.
         """
         self._check_open()
-        assert self._slice_cgroup is not None
+        # The slice may not exist yet (no agent so far): watch where it will be.
+        slice_path = self._slice_cgroup or self._expected_slice_cgroup()
         theirs = options.pop("on_event", None)
 
         def on_event(event: MonitorEvent) -> None:
@@ -509,7 +514,7 @@ class AsyncFleet:
                 theirs(event)
 
         mon = Monitor(
-            slice_path=self._slice_cgroup,
+            slice_path=slice_path,
             unit_agent=self.unit_agent,
             interval=interval,
             top=top,

@@ -20,7 +20,7 @@ from agentscope import AsyncFleet, OomKill, Throttled
 CGROUP = Path("/sys/fs/cgroup")
 ALLOC = "import time; b = b'x' * ({mb} << 20); time.sleep({hold})"
 # A runaway as agents' tool calls are: it grows over a few seconds.
-GROW = "import time\nl = []\nwhile True:\n    l.append(b'x' * (8 << 20))\n    time.sleep(0.25)"
+GROW = "import time\nl = []\nwhile True:\n    l.append(b'x' * (4 << 20))\n    time.sleep(0.25)"
 
 
 @pytest.fixture
