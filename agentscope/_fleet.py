@@ -430,9 +430,12 @@ class AsyncFleet:
 
     async def _reconcile(self) -> None:
         assert self._registry is not None
+        # Rows before units: a row is written before its scope starts, so every
+        # row read here whose scope runs is in the listing taken after it (the
+        # other order closed launches that finished in between as lost).
+        rows = await self._db(self._registry.agents, self.name)
         live = await self._live()
         slice_dir = await self.slice_cgroup()
-        rows = await self._db(self._registry.agents, self.name)
         # A launch in flight (here or in another process) may show its scope
         # before the child is in it (the start job is still running): leave
         # such rows to their launcher.
