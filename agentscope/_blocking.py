@@ -152,6 +152,16 @@ class Fleet:
         self.manager = self._fleet.manager
         self.slice = self._fleet.slice
 
+    @property
+    def systemd_version(self) -> str:
+        """See :attr:`AsyncFleet.systemd_version`."""
+        return self._fleet.systemd_version
+
+    @property
+    def bus_address(self) -> str:
+        """See :attr:`AsyncFleet.bus_address`."""
+        return self._fleet.bus_address
+
     def __enter__(self) -> Fleet:
         return self
 

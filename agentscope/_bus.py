@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
+from dbus_fast.aio.message_bus import _MessageWriter
+from dbus_fast.aio.message_reader import build_message_reader
 from dbus_fast.errors import AuthError, InvalidAddressError
 
 from ._errors import BusError, SystemdUnavailable
@@ -78,6 +80,40 @@ def bus_addresses(manager: Manager, env: Mapping[str, str] = os.environ) -> list
     return out
 
 
+class _DirectBus(MessageBus):
+    """A peer-to-peer connection, as to systemd's private socket: no bus daemon, no Hello.
+
+    dbus-fast's ``connect()`` always greets a bus daemon with ``Hello``,
+    which a manager's private socket answers with an error; this is the same
+    connect, authenticate and read set-up without it.
+    """
+
+    async def connect(self) -> MessageBus:
+        ((transport, options),) = self._bus_address
+        sock, stream, address = self._create_socket_for_transport(transport, options)
+        sock.setblocking(False)
+        try:
+            await self._loop.sock_connect(sock, address)
+            self._sock, self._stream, self._fd = sock, stream, sock.fileno()
+            self._writer = _MessageWriter(self)
+            await self._authenticate()
+        except BaseException:
+            stream.close()
+            sock.close()
+            self._sock = self._stream = self._fd = self._writer = None
+            raise
+        self._loop.add_reader(
+            self._fd,
+            build_message_reader(
+                self._sock, self._process_message, self._finalize, self._negotiate_unix_fd
+            ),
+        )
+        # The writer holds messages back until the connection has a name.
+        self.unique_name = ":direct"
+        self._writer.schedule_write()
+        return self
+
+
 def _check(method: str, reply: Message | None) -> list[Any]:
     """The body of a method return; every D-Bus error becomes a BusError here."""
     if reply is None:
@@ -118,12 +154,8 @@ class SystemdBus:
                 return self._bus
             tried: list[str] = []
             for addr in bus_addresses(self.manager, self._env):
-                if addr.direct:
-                    # dbus-fast always sends Hello, which a peer-to-peer
-                    # connection to systemd's private socket refuses.
-                    tried.append(f"{addr.address} (a direct connection: not supported yet)")
-                    continue
-                bus = MessageBus(bus_address=addr.address, negotiate_unix_fd=True)
+                bus_class = _DirectBus if addr.direct else MessageBus
+                bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
                 try:
                     await asyncio.wait_for(bus.connect(), 10)
                     await self._subscribe(bus, addr.direct)

@@ -585,7 +585,13 @@ class AsyncFleet:
 
     @property
     def systemd_version(self) -> str:
+        """The manager's systemd version string, as it reports it ("" before open)."""
         return self._bus.version
+
+    @property
+    def bus_address(self) -> str:
+        """The D-Bus address the fleet reached its manager at ("" before open)."""
+        return self._bus.address
 
     def _check_open(self) -> None:
         if self._closed:

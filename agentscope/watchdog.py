@@ -56,6 +56,9 @@ logger = logging.getLogger("agentscope.watchdog")
 #: Samples of the same function less than this far apart are one stretch.
 COALESCE_GAP = 0.010
 
+#: The longest default heartbeat period (seconds); shorter for a low threshold.
+DEFAULT_INTERVAL = 0.25
+
 
 # ---------------------------------------------------------------------------
 # Reports (plain data, no I/O)
@@ -277,7 +280,8 @@ class LoopWatchdog:
     ``interval`` is the heartbeat period: the watchdog's thread posts a
     heartbeat to the loop every ``interval`` seconds, measures how late the
     loop runs it, and starts sampling once one is ``interval`` late; a
-    stall's lag is measured to within ``interval``. ``sample_interval`` is
+    stall's lag is measured to within ``interval``. By default it is a
+    quarter of ``threshold``, at most 0.25 s (4 wake-ups a second). ``sample_interval`` is
     the stack sampling period while the loop is late. Stopping reports the
     current, partial window if it had stalls.
 
@@ -297,9 +301,16 @@ class LoopWatchdog:
         threshold: float = 1.0,
         window: float = 30.0,
         on_report: Callable[[StallReport], None] | None = None,
-        interval: float = 0.04,
+        interval: float | None = None,
         sample_interval: float = 0.002,
     ) -> None:
+        if interval is None:
+            # Each heartbeat wakes this thread, and a wake-up contends for the
+            # GIL with the busy loop: at 25 a second that measured 2-4 % of a
+            # chain of tiny callbacks, at 4 a second it is lost in the noise.
+            # A quarter of the threshold still catches and samples any stall
+            # that reaches it.
+            interval = min(DEFAULT_INTERVAL, threshold / 4) if threshold > 0 else DEFAULT_INTERVAL
         for name, value in (
             ("threshold", threshold),
             ("window", window),

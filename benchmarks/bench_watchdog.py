@@ -146,7 +146,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--callbacks", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument(
+        "--only",
+        choices=list(SETUPS),
+        help="run one set-up once, untimed (for counting instructions under callgrind)",
+    )
     args = parser.parse_args()
+    if args.only:
+        run_once(args.only, args.callbacks)
+        return
 
     for name in SETUPS:  # warm up imports, caches and the thread machinery
         run_once(name, args.callbacks // 10)

@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -312,6 +314,31 @@ async def test_systemd_unreachable_says_where() -> None:
     with pytest.raises(agentscope.SystemdUnavailable, match="/nonexistent/bus"):
         async with AsyncFleet("t", env=env):
             pass
+
+
+@pytest.mark.skipif(MANAGER != "user", reason="the private-socket fallback is the user manager's")
+async def test_user_manager_through_its_private_socket_alone(tmp_path: Path) -> None:
+    # No user bus: no $DBUS_SESSION_BUS_ADDRESS and a runtime directory with
+    # only the manager's private socket in it (a short path: sun_path is small).
+    runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    try:
+        (runtime / "systemd").mkdir()
+        (runtime / "systemd" / "private").symlink_to(f"/run/user/{os.getuid()}/systemd/private")
+        env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+        async with AsyncFleet(
+            f"p{uuid.uuid4().hex[:6]}", env=env, registry=tmp_path / "registry.db"
+        ) as fleet:
+            agent = await fleet.launch(
+                "direct", ["sh", "-c", "(cat /proc/self/cgroup)"], stdout=subprocess.PIPE
+            )
+            assert agent.stdout is not None
+            line = (await agent.stdout.read()).decode().strip()
+            assert await agent.wait() == 0
+            assert line.endswith(f"/{agent.unit}"), line
+            assert fleet.bus_address.endswith("/systemd/private"), fleet.bus_address
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 async def test_100_concurrent_launches(fleet: AsyncFleet) -> None:

@@ -1,0 +1,127 @@
+"""The CLI's own cost: ``agentscope exec`` against ``systemd-run --scope``, and ``ls --json``.
+
+Run inside a VM of the test bed (``make bench BENCH=bench_cli.py``) or on any
+systemd host, as root (system manager) or as a user with a user manager.
+
+``exec``
+    ``agentscope exec NAME -q -- true`` against ``systemd-run --scope -q
+    true`` (``--user`` for the user manager) and a bare ``python -c pass``
+    of the interpreter the ``agentscope`` command runs on, interleaved, one
+    of each per round (the order rotating), ``--rounds`` rounds. Python's
+    own start-up dominates under TCG, so the wrapper's time less the bare
+    interpreter's is what agentscope adds; the target is that remainder
+    within 1.5x of systemd-run's time.
+``ls``
+    ``agentscope ls --json`` wall time with ``--agents`` agents running
+    (default 100), median of 5; the output is parsed and must list them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import agentscope
+
+
+def _timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def _interpreter(script: str) -> str:
+    """The interpreter of a console script (its shebang), else this one."""
+    with open(script, "rb") as f:
+        first = f.readline().decode(errors="replace")
+    if first.startswith("#!") and os.path.isabs(first[2:].split()[0]):
+        return first[2:].split()[0]
+    return sys.executable
+
+
+def bench_exec(cli: str, fleet: str, manager: str, rounds: int) -> dict[str, float]:
+    user = ["--user"] if manager == "user" else []
+    sides = {
+        "exec": lambda i: [cli, "--fleet", fleet, "exec", f"e{i}", "-q", "--", "true"],
+        "systemd-run": lambda i: ["systemd-run", *user, "--scope", "-q", "true"],
+        "python": lambda i: [_interpreter(cli), "-c", "pass"],
+    }
+    names = list(sides)
+    for name in names:  # warm the page cache and the slice
+        _timed(sides[name](-1 - names.index(name)))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(_timed(sides[name](i)))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+async def bench_ls(cli: str, fleet_name: str, manager: str, agents: int) -> tuple[float, int]:
+    async with agentscope.AsyncFleet(fleet_name, manager) as fleet:
+        names = []
+        try:
+            for i in range(agents):
+                agent = await fleet.launch(
+                    f"l{i:03d}",
+                    ["sleep", "600"],
+                    stdout=agentscope.DEVNULL,
+                    stderr=agentscope.DEVNULL,
+                )
+                names.append(agent.name)
+            cmd = [cli, "--fleet", fleet_name, "ls", "--json"]
+            walls, listed = [], 0
+            for _ in range(5):
+                t0 = time.perf_counter()
+                out = await asyncio.to_thread(
+                    subprocess.run, cmd, check=True, capture_output=True, text=True
+                )
+                walls.append(time.perf_counter() - t0)
+                listed = len(json.loads(out.stdout))
+            return statistics.median(walls), listed
+        finally:
+            for name in names:
+                await fleet.kill(name, 9)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--agents", type=int, default=100)
+    args = parser.parse_args()
+    cli = shutil.which("agentscope")
+    if cli is None:
+        sys.exit("bench_cli: the agentscope command is not on PATH")
+    manager = "system" if os.geteuid() == 0 else "user"
+    fleet = f"bcli{uuid.uuid4().hex[:6]}"
+
+    med = bench_exec(cli, fleet, manager, args.rounds)
+    extra = med["exec"] - med["python"]
+    print(f"exec ({manager} manager, median of {args.rounds} interleaved rounds):")
+    print(f"  agentscope exec -- true      {med['exec'] * 1e3:8.1f} ms")
+    print(f"  systemd-run --scope true     {med['systemd-run'] * 1e3:8.1f} ms")
+    print(f"  bare python -c pass          {med['python'] * 1e3:8.1f} ms")
+    print(f"  exec less bare python        {extra * 1e3:8.1f} ms")
+    print(
+        f"  (exec - python) / systemd-run {extra / med['systemd-run']:7.2f}x  (target <= 1.5x); "
+        f"exec / systemd-run {med['exec'] / med['systemd-run']:.2f}x"
+    )
+    wall, listed = asyncio.run(bench_ls(cli, f"{fleet}l", manager, args.agents))
+    print(
+        f"ls --json with {args.agents} agents: {wall * 1e3:.0f} ms wall (median of 5), "
+        f"{listed} listed"
+    )
+    if listed < args.agents:
+        sys.exit(f"bench_cli: ls listed {listed} of {args.agents} agents")
+
+
+if __name__ == "__main__":
+    main()
