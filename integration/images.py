@@ -138,7 +138,8 @@ def _guest_requirements() -> list[str]:
     meta = tomllib.loads((_PROJECT / "pyproject.toml").read_text())["project"]
     extras = meta["optional-dependencies"]
     return sorted(
-        set(meta["dependencies"]) | {r for k in ("cli", "tmux", "test") for r in extras[k]}
+        set(meta["dependencies"])
+        | {r for k in ("cli", "monitor", "tmux", "test") for r in extras[k]}
     )
 
 
