@@ -474,6 +474,7 @@ class _ScopePlan:
     pass_current: int  # memory.current at the last per-process pass
     oom_kill: int  # the last counter read
     force: bool  # read every process's statm this time
+    pending: bool = False  # kills wait for their victims: tell the dying from the living
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,6 +583,9 @@ def _collect(
             or plan.oom_kill != counters.events.oom_kill
             or _moved(counters.current, plan.pass_current)
         )
+        # A kill is counted now or still waits for its victim: a victim that
+        # is still listed while it dies counts as gone, so it can be named.
+        killing = plan is not None and (plan.pending or plan.oom_kill != counters.events.oom_kill)
         procs: dict[int, SeenProcess] = {}
         for pid in counters.pids:
             last = seen.get(pid)
@@ -591,15 +595,16 @@ def _collect(
             rss = read_statm_rss(pid, proc_root)
             if not rss:  # None: gone; 0: a zombie, as good as gone
                 continue
-            if last is None:
+            if last is None or killing:
                 stat = read_stat(pid, proc_root)
-                if stat is None:
+                if stat is None or (killing and stat.dying):
                     continue
-                procs[pid] = SeenProcess(pid, stat.start_time, stat.comm, rss)
-            elif last.rss == rss:
-                procs[pid] = last
-            else:
-                procs[pid] = SeenProcess(pid, last.start_time, last.comm, rss)
+                if last is None:
+                    procs[pid] = SeenProcess(pid, stat.start_time, stat.comm, rss)
+                    continue
+            procs[pid] = (
+                last if last.rss == rss else SeenProcess(pid, last.start_time, last.comm, rss)
+            )
         scopes[unit] = _ScopeSample(counters.current, counters.events, procs, passed)
     ancestors = []
     for path in _ancestors(slice_path, cgroup_root):
@@ -1103,6 +1108,7 @@ class Monitor:
                 # A kill waiting for its victim: size every process, so one
                 # that is exiting (RSS 0) counts as gone as soon as it is.
                 s.pending > 0 or tick - s.pass_tick >= FULL_PASS_EVERY,
+                s.pending > 0,
             )
             for unit, s in self._scopes.items()
         }

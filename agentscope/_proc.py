@@ -58,6 +58,23 @@ class ProcStat:
     state: str
     ppid: int
     start_time: int
+    flags: int = 0  # field 9, the kernel's PF_* flags
+    signals: int = 0  # field 31, the thread's pending signals
+
+    @property
+    def dying(self) -> bool:
+        """Killed or exiting: a zombie, ``PF_EXITING`` set, or SIGKILL pending.
+
+        An OOM victim can stay listed in its cgroup with most of its RSS for
+        a while under load; this is how it is told from the living then (a
+        fatal signal is queued on every thread, so the main thread's field
+        31 shows it).
+        """
+        return (
+            self.state in ("Z", "X", "x")
+            or bool(self.flags & _PF_EXITING)
+            or bool(self.signals & _SIGKILL_BIT)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
@@ -67,7 +84,13 @@ class ProcStat:
             "state": self.state,
             "ppid": self.ppid,
             "start_time": self.start_time,
+            "flags": self.flags,
+            "signals": self.signals,
         }
+
+
+_PF_EXITING = 0x4
+_SIGKILL_BIT = 1 << 8  # signal 9 is bit 8 of the pending set
 
 
 def parse_stat(data: bytes) -> ProcStat:
@@ -92,6 +115,8 @@ def parse_stat(data: bytes) -> ProcStat:
         state=fields[0].decode("ascii", "replace"),
         ppid=int(fields[1]),
         start_time=int(fields[19]),
+        flags=int(fields[6]),
+        signals=int(fields[28]) if len(fields) > 28 else 0,
     )
 
 

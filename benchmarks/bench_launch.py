@@ -7,6 +7,13 @@ from the call until the started process has exited: agentscope's
 ``systemd-run --scope [--user] -q true``. Prints medians and their ratio,
 then 100 concurrent launches: wall time and the event loop's worst lag,
 measured by a 10 ms ticker task.
+
+It also measures the floor any race-free launch has: the bare
+``StartTransientUnit`` call for an already running process until its job's
+``JobRemoved`` arrives, on a plain dbus-fast connection with nothing else
+(no fork, no registry, no agentscope code), and prints it as a fraction of
+systemd-run's time: no launch that waits for the scope's start job can be
+faster than that.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ import subprocess
 import sys
 import time
 import uuid
+
+from dbus_fast import BusType, Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
 
 import agentscope
 
@@ -41,6 +51,68 @@ def _systemd_run(manager: str, n: int) -> list[float]:
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         times.append(time.perf_counter() - t0)
+    return times
+
+
+async def _job_floor(manager: str, slice_name: str, n: int) -> list[float]:
+    """The scope start job round trip alone, for a process that is already running."""
+    bus = await MessageBus(
+        bus_type=BusType.SYSTEM if manager == "system" else BusType.SESSION
+    ).connect()
+    loop = asyncio.get_running_loop()
+    results: dict[str, asyncio.Future[str]] = {}
+
+    def on_message(msg: Message) -> bool:
+        if msg.message_type == MessageType.SIGNAL and msg.member == "JobRemoved":
+            fut = results.get(msg.body[2])
+            if fut is not None and not fut.done():
+                fut.set_result(msg.body[3])
+        return False
+
+    def manager_call(member: str, signature: str = "", body: list[object] | None = None) -> Message:
+        return Message(
+            destination="org.freedesktop.systemd1",
+            path="/org/freedesktop/systemd1",
+            interface="org.freedesktop.systemd1.Manager",
+            member=member,
+            signature=signature,
+            body=body or [],
+        )
+
+    bus.add_message_handler(on_message)
+    await bus.call(
+        Message(
+            destination="org.freedesktop.DBus",
+            path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus",
+            member="AddMatch",
+            signature="s",
+            body=["type='signal',interface='org.freedesktop.systemd1.Manager',member='JobRemoved'"],
+        )
+    )
+    await bus.call(manager_call("Subscribe"))
+    tag = uuid.uuid4().hex[:6]
+    times = []
+    try:
+        for i in range(n):
+            proc = subprocess.Popen(["sleep", "60"])
+            unit = f"floor-{tag}-{i}.scope"
+            results[unit] = loop.create_future()
+            props = [["PIDs", Variant("au", [proc.pid])], ["Slice", Variant("s", slice_name)]]
+            t0 = time.perf_counter()
+            reply = await bus.call(
+                manager_call("StartTransientUnit", "ssa(sv)a(sa(sv))", [unit, "fail", props, []])
+            )
+            if reply is None or reply.message_type == MessageType.ERROR:
+                raise RuntimeError(f"StartTransientUnit failed: {reply and reply.body}")
+            result = await results.pop(unit)
+            times.append(time.perf_counter() - t0)
+            proc.kill()
+            proc.wait()
+            if result != "done":
+                raise RuntimeError(f"{unit}: job result {result}")
+    finally:
+        bus.disconnect()
     return times
 
 
@@ -74,11 +146,16 @@ async def main() -> None:
         _systemd_run(manager, 3)
         ours = statistics.median(await _agentscope(fleet, N))
         theirs = statistics.median(_systemd_run(manager, N))
+        floor = statistics.median(await _job_floor(manager, fleet.slice, N))
         version = fleet.systemd_version
         print(f"launch latency ({manager} manager, systemd {version}, median of {N}):")
         print(f"  agentscope launch+wait   {ours * 1000:8.1f} ms")
         print(f"  systemd-run --scope true {theirs * 1000:8.1f} ms")
         print(f"  ratio                    {ours / theirs:8.2f}x  (target <= 0.35x)")
+        print(
+            f"  floor: the scope start job alone {floor * 1000:.1f} ms = "
+            f"{floor / theirs:.2f}x of systemd-run (no race-free launch can be faster)"
+        )
     async with agentscope.AsyncFleet(f"bench{uuid.uuid4().hex[:6]}") as fleet:
         await _agentscope(fleet, 1)
         wall, lag = await _concurrent(fleet, 100)

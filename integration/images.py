@@ -12,7 +12,9 @@ is installed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import os
 import shutil
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["DISTROS", "Distro", "Image", "ensure_image"]
@@ -273,11 +276,25 @@ def _build(distro: Distro, out: Path) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _build_lock(name: str) -> Iterator[None]:
+    """One builder per distro at a time: runs started together wait for one build."""
+    with open(CACHE_DIR / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_image(name: str, *, rebuild: bool = False) -> Image:
     """Return the cached image of a distro, building it if its recipe changed."""
     distro = DISTROS[name]
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     out = CACHE_DIR / f"{distro.name}-{_recipe_key(distro)}"
+    with _build_lock(distro.name):
+        _ensure(distro, out, rebuild)
+    return Image(distro, out / "root.img", out / "vmlinuz", out / "initrd.img")
+
+
+def _ensure(distro: Distro, out: Path, rebuild: bool) -> None:
     if rebuild and out.exists():
         shutil.rmtree(out)
     if not out.exists():
@@ -289,4 +306,3 @@ def ensure_image(name: str, *, rebuild: bool = False) -> Image:
                 old.unlink(missing_ok=True)
         _log(f"building the {distro.name} image (systemd {distro.systemd}); log: {out}.log")
         _build(distro, out)
-    return Image(distro, out / "root.img", out / "vmlinuz", out / "initrd.img")

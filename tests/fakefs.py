@@ -155,13 +155,16 @@ def stat_line(
     state: str = "S",
     ppid: int = 1,
     start_time: int = 1000,
+    flags: int = 4194560,
+    signals: int = 0,
 ) -> bytes:
     """A ``/proc/PID/stat`` line with all 52 fields (6.12)."""
     # Fields 3.. as the kernel prints them; field 22 (index 19 here) is starttime.
-    rest = [state, str(ppid), str(pid), str(pid), "0", "-1", "4194560"]
+    rest = [state, str(ppid), str(pid), str(pid), "0", "-1", str(flags)]
     rest += ["100", "0", "0", "0", "3", "1", "0", "0", "20", "0", "1", "0"]
     rest += [str(start_time)]
     rest += ["10000000", "250", "18446744073709551615"] + ["0"] * 27
+    rest[28] = str(signals)  # field 31
     assert len(rest) == 50
     return f"{pid} ({comm}) {' '.join(rest)}\n".encode()
 
@@ -181,6 +184,8 @@ def make_proc(
     ppid: int = 1,
     oom_score_adj: int = 0,
     smaps_kb: Mapping[str, int] | None = None,
+    flags: int = 4194560,
+    signals: int = 0,
 ) -> Path:
     """Create ``/proc/PID`` with stat, statm, cmdline, wchan, cgroup, oom_score_adj.
 
@@ -189,7 +194,7 @@ def make_proc(
     """
     path = root / str(pid)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "stat").write_bytes(stat_line(pid, comm, state, ppid, start_time))
+    (path / "stat").write_bytes(stat_line(pid, comm, state, ppid, start_time, flags, signals))
     (path / "statm").write_text(f"{rss_pages * 3} {rss_pages} 10 5 0 {rss_pages} 0\n")
     (path / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmdline))
     (path / "comm").write_text(comm + "\n")

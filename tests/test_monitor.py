@@ -382,6 +382,34 @@ async def test_victim_still_exiting_is_awaited(
     assert [k.comm for k in kills(got)] == ["python3"]
 
 
+async def test_victim_dying_but_still_listed_is_named_at_once(
+    tree: Tree, kernel: Reads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under load an OOM victim stays in cgroup.procs, with its file pages, for
+    # longer than the grace; its SIGKILL tells it from the living at once.
+    monkeypatch.setattr(_monitor, "VICTIM_GRACE", 60.0)
+    scope = tree.scope("alice", {101: ("sh", 100), 102: ("python3", 9000)})
+    mon, got = monitor(tree)
+    async with mon:
+        await sampled(mon, kernel, 2)
+        with KERNEL:
+            make_proc(
+                tree.proc,
+                102,
+                comm="python3",
+                rss_pages=2000,
+                cgroup=f"/{SLICE}/{scope.name}",
+                start_time=1000 + 102,
+                signals=1 << 8,
+            )
+            tree.set_events(scope, events(oom_kill=1))
+            tree.set_events(tree.slice, events(oom_kill=1))
+        await wait_for(lambda: bool(kills(got)))
+    (kill,) = kills(got)
+    assert (kill.pid, kill.comm, kill.agent) == (102, "python3", "alice")
+    assert kill.rss_last_seen == 9000 * PAGE
+
+
 def grow(tree: Tree, scope: Path, pid: int, comm: str, pages: int, scope_pages: int) -> None:
     """Set a process's RSS and its scope's memory.current, in pages (one step)."""
     with KERNEL:

@@ -70,7 +70,24 @@ def agent_of(cgroup: str) -> str | None:
 
 def test_read_stat(tmp_path: Path) -> None:
     make_proc(tmp_path, 4242, comm="python3", state="D", ppid=17, start_time=987654)
-    assert read_stat(4242, tmp_path) == ProcStat(4242, "python3", "D", 17, 987654)
+    assert read_stat(4242, tmp_path) == ProcStat(4242, "python3", "D", 17, 987654, 4194560, 0)
+
+
+@pytest.mark.parametrize(
+    ("state", "flags", "signals", "dying"),
+    [
+        ("S", 0x400100, 0, False),
+        ("R", 0x400100, 1 << 8, True),  # SIGKILL queued, not yet acted on
+        ("D", 0x400104, 0, True),  # PF_EXITING: on its way out
+        ("Z", 0x400100, 0, True),
+        ("S", 0x400100, 1 << 14, False),  # SIGTERM pending is no sentence
+    ],
+)
+def test_dying(tmp_path: Path, state: str, flags: int, signals: int, dying: bool) -> None:
+    make_proc(tmp_path, 9, state=state, flags=flags, signals=signals)
+    stat = read_stat(9, tmp_path)
+    assert stat is not None
+    assert stat.dying is dying
 
 
 @pytest.mark.parametrize(

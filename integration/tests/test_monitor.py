@@ -100,12 +100,9 @@ async def test_capped_oom_kill_named_within_2s(fleet: AsyncFleet) -> None:
     assert kinds.count("oom_kill") == 1
     listed = {a.name: a for a in await fleet.agents()}
     assert listed["capped"].oom_kills == 1
-    if event.comm is None and not os.access("/dev/kmsg", os.R_OK):
-        pytest.xfail(
-            "known gap (issue #4 stays open): without the kernel log, the victim's comm "
-            "is sometimes not named from the samples"
-        )
-    assert event.comm == "python3"
+    # Without the kernel log too (the user manager): the victim was sampled
+    # while it grew, and while it dies its SIGKILL tells it from the living.
+    assert event.comm == "python3", event
     # The slice's hierarchical counter keeps the kill after the scope is gone.
     assert "oom_kill 0" not in slice_events.read_text()
 
