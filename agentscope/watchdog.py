@@ -30,6 +30,7 @@ import datetime
 import logging
 import logging.handlers
 import os
+import selectors
 import sys
 import sysconfig
 import threading
@@ -184,6 +185,19 @@ def _stretches(runs: Iterable[_Run], period: float) -> tuple[Stretch, ...]:
 _USER, _THIRD_PARTY, _STDLIB, _LOOP_MACHINERY = range(4)
 _MACHINERY_MODULES = ("asyncio", "selectors", __name__)
 _LOOP_ENTRIES = frozenset({"_run_once", "run_forever"})
+# What a loop thread waiting for I/O runs: BaseSelector.select and its subclasses'.
+_SELECT_CODES = frozenset(
+    cls.select.__code__
+    for cls in vars(selectors).values()
+    if isinstance(cls, type)
+    and issubclass(cls, selectors.BaseSelector)
+    and hasattr(cls.select, "__code__")
+)
+
+
+def _waiting_for_io(frame: types.FrameType | None) -> bool:
+    """True when the loop thread's innermost frame is its selector's wait."""
+    return frame is not None and frame.f_code in _SELECT_CODES
 
 
 def _stdlib_dirs() -> tuple[str, ...]:
@@ -431,6 +445,10 @@ class LoopWatchdog:
                     lag = max(0.0, ran_at - since)
                     self._last_lag = lag
                     if lag >= self.threshold:
+                        if runs:
+                            # Sampling starts up to two intervals into a stall;
+                            # the lead-in is credited to the first work sampled.
+                            runs[0].first = min(runs[0].first, ran_at - lag)
                         stalls.append(_Stall(ran_at, lag, runs))
                     runs = []
                     since = None
@@ -448,7 +466,14 @@ class LoopWatchdog:
                 # is the whole steady-state cost: one short wake-up of this
                 # thread per interval and one tiny callback on the loop.
                 seq += 1
-                since = now
+                # A stall may have begun since the last heartbeat ran: unless
+                # the loop is waiting for I/O right now, count from that run,
+                # so a lag is never under the stall (and over it by at most
+                # one interval).
+                frame = sys._current_frames().get(self._loop_thread_id or -1)
+                ran_at = self._stamped[1]
+                since = now if _waiting_for_io(frame) or not ran_at else max(ran_at, now - interval)
+                del frame
                 try:
                     loop.call_soon_threadsafe(self._stamp, seq)
                 except RuntimeError:
