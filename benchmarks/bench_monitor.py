@@ -152,9 +152,12 @@ class _KillTimes:
         self._thread.join()
 
 
-async def kill_latencies(fleet: AsyncFleet, slice_path: Path, kills: int) -> list[float]:
-    """Seconds from each OOM kill being counted to its OomKill event, ``kills`` times."""
+async def kill_latencies(
+    fleet: AsyncFleet, slice_path: Path, kills: int
+) -> tuple[list[float], list[str | None]]:
+    """Seconds from each OOM kill being counted to its OomKill event, and the comms named."""
     received: list[float] = []
+    comms: list[str | None] = []
     async with fleet.monitor(interval=2.0) as monitor:
         agent = await fleet.launch(
             "runaway", RUNAWAY, stdout=DEVNULL, stderr=DEVNULL, memory_max=64 << 20
@@ -165,6 +168,7 @@ async def kill_latencies(fleet: AsyncFleet, slice_path: Path, kills: int) -> lis
             async for event in monitor:
                 if isinstance(event, OomKill) and event.agent == "runaway":
                     received.append(time.monotonic())
+                    comms.append(event.comm)
                     if len(received) >= kills:
                         break
                 if time.monotonic() > deadline:
@@ -172,7 +176,7 @@ async def kill_latencies(fleet: AsyncFleet, slice_path: Path, kills: int) -> lis
         finally:
             clock.stop()
             await fleet.stop("runaway", timeout=5)
-    return [r - k for r, k in zip(received, clock.times, strict=False)]
+    return [r - k for r, k in zip(received, clock.times, strict=False)], comms
 
 
 async def main() -> None:
@@ -200,7 +204,9 @@ async def main() -> None:
         try:
             result = await run(slice_path, launch, agents=args.agents, ticks=args.ticks)
             # The latency is measured with the 500-process fleet still up, as in production.
-            latencies = await kill_latencies(fleet, slice_path, args.kills) if args.kills else []
+            latencies, comms = (
+                await kill_latencies(fleet, slice_path, args.kills) if args.kills else ([], [])
+            )
         finally:
             for name in names:
                 try:
@@ -229,6 +235,7 @@ async def main() -> None:
             f"max {max(latencies) * 1e3:.0f} ms over {len(latencies)} kills "
             f"({', '.join(f'{x * 1e3:.0f}' for x in latencies)} ms)"
         )
+        print(f"victims named: {sum(c is not None for c in comms)} of {len(comms)} ({comms})")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,38 @@ from typing import NoReturn
 from ._errors import report_error
 from ._fleet import Options
 
-__all__ = ["main", "split_globals"]
+__all__ = ["hoist_globals", "main", "split_globals"]
 
 _VALUED = ("--manager", "--fleet")
 _FLAGS = ("--json", "--debug")
+
+
+def hoist_globals(args: Sequence[str]) -> list[str]:
+    """Move global options given after the command to the front.
+
+    Harnesses write ``agentscope ls --json`` as often as ``agentscope --json
+    ls``; both mean the same. Only what comes before a ``--`` moves: what
+    follows it is the agent's own command line.
+    """
+    args = list(args)
+    end = args.index("--") if "--" in args else len(args)
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < end:
+        arg = args[i]
+        key, eq, _ = arg.partition("=")
+        if arg in _FLAGS:
+            front.append(arg)
+        elif key in _VALUED and i > 0 and (eq or i + 1 < end):
+            front.append(arg)
+            if not eq:
+                i += 1
+                front.append(args[i])
+        else:
+            rest.append(arg)
+        i += 1
+    return [*front, *rest, *args[end:]]
 
 
 def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] | None:
@@ -78,7 +106,7 @@ def _setup_logging(debug: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the agentscope command line and exit with its status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = hoist_globals(sys.argv[1:] if argv is None else argv)
     split = split_globals(args)
     opts = (
         split[0] if split is not None else Options(json="--json" in args, debug="--debug" in args)

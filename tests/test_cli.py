@@ -30,7 +30,7 @@ from cli import _docs, _doctor, _fleet, _render
 from cli._errors import BadInput
 from cli._notify import Notifier, format_state
 from cli._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
-from cli.main import main, split_globals
+from cli.main import hoist_globals, main, split_globals
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
@@ -364,6 +364,25 @@ def test_split_globals() -> None:
 
 
 # -- global options -------------------------------------------------------------
+
+
+def test_global_options_after_the_command_mean_the_same(fleet: FakeFleet) -> None:
+    before, after = run_json("ls"), run("ls", "--json", "--fleet", "ci")
+    assert after.code == before[0].code == 0
+    assert json.loads(after.stdout) == before[1]
+    assert fleet.opened[-1].fleet == "ci"  # type: ignore[attr-defined]
+    # The agent's own command line is left alone.
+    assert hoist_globals(["exec", "a", "--json", "--", "ls", "--json", "--fleet", "x"]) == [
+        "--json",
+        "exec",
+        "a",
+        "--",
+        "ls",
+        "--json",
+        "--fleet",
+        "x",
+    ]
+    assert hoist_globals(["--fleet", "f", "ls"]) == ["--fleet", "f", "ls"]
 
 
 def test_version() -> None:
