@@ -43,7 +43,7 @@ from ._errors import (
     LaunchError,
     RegistryError,
 )
-from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
+from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report, exec_comm
 from ._monitor import Event as MonitorEvent
 from ._monitor import Pressure as MonitorPressure
 from ._proc import read_cgroup, read_stat
@@ -381,7 +381,9 @@ class AsyncFleet:
 
     async def _record_exit(self, agent: Agent, status: int | None) -> None:
         for mon in list(self._monitors):
-            mon.note_exit(agent.unit, agent.pid, status)
+            mon.note_exit(
+                agent.unit, agent.pid, status, exec_comm(agent.argv[0]) if agent.argv else None
+            )
         if self._registry is None:
             return
         agent.state = "exited"

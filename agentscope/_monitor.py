@@ -689,6 +689,15 @@ def _arm_psi(paths: Iterable[Path]) -> tuple[select.epoll, list[int]] | None:
     return poller, fds
 
 
+def exec_comm(argv0: str) -> str:
+    """The comm the kernel gives a process that exec'd ``argv0``.
+
+    The basename of the file exec'd (a script's own name, not its
+    interpreter's), cut to 15 bytes (``TASK_COMM_LEN`` less the NUL).
+    """
+    return os.path.basename(argv0).encode()[:15].decode("utf-8", "ignore")
+
+
 def _parse_oom_task_line(line: str) -> tuple[int, str] | None:
     """(pid, task_memcg) from the kernel's ``oom-kill:constraint=...`` summary line.
 
@@ -831,7 +840,8 @@ class Monitor:
         self._kernel_kills: dict[int, tuple[float, KernelOomKill]] = {}
         # pid -> the cgroup the kernel's "oom-kill:...,task_memcg=" line named
         self._kernel_memcg: dict[int, str] = {}
-        self._reaped: dict[str, dict[int, float]] = {}
+        # unit -> pid -> (when reaped, comm known from the launch or None)
+        self._reaped: dict[str, dict[int, tuple[float, str | None]]] = {}
         self._created: set[str] = set()
         self._deleted: set[str] = set()
         self._limits_seen: set[tuple[str, int | None, int | None]] = set()
@@ -958,16 +968,20 @@ class Monitor:
             self.proc_root,
         )
 
-    def note_exit(self, unit: str, pid: int, returncode: int | None) -> None:
+    def note_exit(
+        self, unit: str, pid: int, returncode: int | None, comm: str | None = None
+    ) -> None:
         """Tell the monitor that the fleet reaped the launched child ``pid`` of ``unit``.
 
         Emits :class:`AgentExited`; a SIGKILL exit (``returncode == -9``)
-        names the victim of an OOM kill counted in that scope. Call it from
-        the event loop's thread.
+        names the victim of an OOM kill counted in that scope. ``comm`` is
+        the child's name as the launcher knows it (see :func:`exec_comm`),
+        used when no sample saw the child. Call it from the event loop's
+        thread.
         """
         now = time.time()
         if returncode == -signal.SIGKILL:
-            self._reaped.setdefault(unit, {})[pid] = now
+            self._reaped.setdefault(unit, {})[pid] = (now, comm)
         self._emit(AgentExited(now, self.unit_agent(unit), unit, pid, returncode))
 
     # -- event plumbing ---------------------------------------------------
@@ -1254,7 +1268,7 @@ class Monitor:
         if len(self._kernel_memcg) > 4 * len(self._kernel_kills) + 64:
             self._kernel_memcg.clear()  # task lines whose "Killed process" line never came
         for unit, notes in list(self._reaped.items()):
-            for pid, ts in list(notes.items()):
+            for pid, (ts, _) in list(notes.items()):
                 if now - ts > NOTE_TTL:
                     del notes[pid]
             if not notes:
@@ -1285,12 +1299,12 @@ class Monitor:
         for pid in list(reaped):
             if len(found) >= count:
                 break
-            del reaped[pid]
+            _, comm = reaped.pop(pid)
             last = seen.get(pid)
             found.append(
                 (
                     pid,
-                    None if last is None else last.comm,
+                    comm if last is None else last.comm,
                     None if last is None else last.rss,
                     "reaped",
                 )

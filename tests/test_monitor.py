@@ -40,6 +40,7 @@ from agentscope._monitor import (
     Pressure,
     Throttled,
     build_report,
+    exec_comm,
 )
 from tests.fakefs import (
     KERNEL,
@@ -360,6 +361,27 @@ async def test_reaped_sigkill_names_victim_and_exit_event(tree: Tree) -> None:
     ]
     (kill,) = kills(got)
     assert (kill.pid, kill.comm, kill.source) == (102, "claude", "reaped")
+
+
+async def test_reaped_child_never_sampled_is_named_from_its_launch(tree: Tree) -> None:
+    # Killed before any sample saw it (a 200 MB allocation under a 64 MB cap):
+    # the launcher knows what it exec'd.
+    scope = tree.scope("solo", {})
+    mon, got = monitor(tree, interval=60.0)
+    async with mon:
+        with KERNEL:
+            tree.set_events(scope, events(oom_kill=1))
+            tree.set_events(tree.slice, events(oom_kill=1))
+        mon.note_exit(scope.name, 555, -9, comm=exec_comm("/usr/bin/python3"))
+        await wait_for(lambda: bool(kills(got)))
+    (kill,) = kills(got)
+    assert (kill.agent, kill.pid, kill.comm, kill.source) == ("solo", 555, "python3", "reaped")
+
+
+def test_exec_comm_is_the_kernels() -> None:
+    assert exec_comm("python3") == "python3"
+    assert exec_comm("/opt/x/bin/a-very-long-agent-name") == "a-very-long-age"
+    assert len(exec_comm("/x/" + "é" * 20).encode()) <= 15
 
 
 async def test_victim_still_exiting_is_awaited(
