@@ -40,6 +40,9 @@ from ._monitor import build_report as build_report
 from ._names import DEFAULT_SLICE as DEFAULT_SLICE
 from ._registry import EventRecord as EventRecord
 from ._registry import default_registry_path as default_registry_path
+from ._tmux import TmuxError as TmuxError
+from ._tmux import TmuxUnavailable as TmuxUnavailable
+from ._tmux import WindowExists as WindowExists
 
 __version__ = "0.1.0.dev0"
 
@@ -72,7 +75,10 @@ __all__ = [
     "RegistryError",
     "SystemdUnavailable",
     "Throttled",
+    "TmuxError",
+    "TmuxUnavailable",
     "TopProcess",
+    "WindowExists",
     "__version__",
     "build_report",
     "default_registry_path",

@@ -130,6 +130,7 @@ class Fleet:
         registry: str | os.PathLike[str] | None = None,
         policy: str = "adopt",
         env: Mapping[str, str] | None = None,
+        tmux_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._portal = _LoopThread()
         try:
@@ -143,6 +144,7 @@ class Fleet:
                     registry=registry,
                     policy=policy,
                     env=env,
+                    tmux_dir=tmux_dir,
                 )
             )
         except BaseException:
@@ -185,6 +187,7 @@ class Fleet:
         stdout: Stdio = None,
         stderr: Stdio = None,
         memory_max: int | None = None,
+        terminal: str | None = None,
     ) -> BlockingAgent:
         """See :meth:`AsyncFleet.launch`."""
         agent = self._portal.call(
@@ -197,6 +200,7 @@ class Fleet:
                 stdout=stdout,
                 stderr=stderr,
                 memory_max=memory_max,
+                terminal=terminal,
                 _streams=False,
             )
         )
@@ -262,6 +266,22 @@ class Fleet:
     def slice_limits(self) -> dict[str, int | None]:
         """See :meth:`AsyncFleet.slice_limits`."""
         return self._portal.call(self._fleet.slice_limits())
+
+    def logs(self, name: str, lines: int = 100) -> list[str]:
+        """See :meth:`AsyncFleet.logs`."""
+        return self._portal.call(self._fleet.logs(name, lines))
+
+    def send(self, name: str, text: str, *, enter: bool = False) -> None:
+        """See :meth:`AsyncFleet.send`."""
+        self._portal.call(self._fleet.send(name, text, enter=enter))
+
+    def attach_command(self, name: str, *, read_only: bool = False) -> list[str]:
+        """See :meth:`AsyncFleet.attach_command`."""
+        return self._portal.call(self._fleet.attach_command(name, read_only=read_only))
+
+    def attach(self, name: str, *, read_only: bool = False) -> int:
+        """See :meth:`AsyncFleet.attach`."""
+        return self._portal.call(self._fleet.attach(name, read_only=read_only))
 
 
 class BlockingMonitor:

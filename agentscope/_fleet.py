@@ -18,6 +18,7 @@ import os
 import shutil
 import signal as _signal
 import subprocess
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import IO, Any, TypeVar
 
 import psutil
 
-from . import _names
+from . import _names, _tmux
 from ._bus import INFINITY, SystemdBus
 from ._cgroup import (
     CGROUP_ROOT,
@@ -56,7 +57,8 @@ from ._registry import (
     default_registry_path,
     reconcile,
 )
-from ._spawn import spawn_gated
+from ._spawn import GatedChild, spawn_gated
+from ._tmux import TmuxError
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
 
@@ -126,6 +128,8 @@ class Agent:
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
         self.returncode: int | None = None
+        #: "tmux" when the agent runs in a window of the fleet's tmux session
+        self.terminal: str | None = None
         self._exited: asyncio.Future[int | None] | None = None
 
     def __repr__(self) -> str:
@@ -141,6 +145,7 @@ class Agent:
         agent.memory_current = rec.memory_current
         agent.memory_peak = rec.memory_peak
         agent.argv = list(rec.argv)
+        agent.terminal = fleet._terminals.get(rec.unit)
         return agent
 
     def to_dict(self) -> dict[str, Any]:
@@ -157,6 +162,7 @@ class Agent:
             "oom_kills": self.oom_kills,
             "exit_status": self.returncode,
             "argv": self.argv,
+            "terminal": self.terminal,
         }
 
     @property
@@ -199,7 +205,8 @@ class Agent:
             if not fut.done():
                 status = self._reap()
                 fut.set_result(status)
-                if self.popen is not None:
+                # A pane's process is the tmux server's child: no status, but the exit is seen.
+                if self.popen is not None or self.terminal is not None:
                     self.fleet._note_exit(self, status)
 
         loop.add_reader(pidfd, on_exit)
@@ -272,7 +279,9 @@ class AsyncFleet:
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
     the fleet object and the process that holds it: closing the fleet closes
-    the D-Bus connection and nothing else.
+    the D-Bus connection and nothing else. ``tmux_dir`` is where the fleet's
+    tmux server keeps its socket (default: ``tmux-<fleet>`` under
+    ``/run/agentscope`` or ``$XDG_RUNTIME_DIR/agentscope``; docs/tmux.md).
 
     Raises:
         InvalidName: a bad fleet name.
@@ -290,6 +299,7 @@ class AsyncFleet:
         registry: str | os.PathLike[str] | None = None,
         policy: str = "adopt",
         env: Mapping[str, str] | None = None,
+        tmux_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if policy not in ("adopt", "stop"):
             raise AgentscopeError(f"policy must be 'adopt' or 'stop', not {policy!r}")
@@ -316,6 +326,15 @@ class AsyncFleet:
         # few at a time keep the GIL (and the event loop) free for the rest.
         self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
         self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
+        # tmux agents: their units, and the fleet's server on its private socket.
+        self._terminals: dict[str, str] = {}
+        self._tmux = _tmux.TmuxServer(
+            self.name,
+            Path(tmux_dir)
+            if tmux_dir is not None
+            else _tmux.socket_dir(_tmux.runtime_dir(self.manager, env), self.name),
+        )
+        self._tmux_lock = asyncio.Lock()
 
     async def __aenter__(self) -> AsyncFleet:
         await self.open()
@@ -340,6 +359,7 @@ class AsyncFleet:
             if self.manager_oom_score_adj is not None:
                 _raise_own_oom_score_adj(self.manager_oom_score_adj)
             self._registry = await asyncio.to_thread(Registry, self.registry_path)
+            await self._load_terminals()
             await self._reconcile()
         except BaseException:
             await self.aclose()  # a fleet that failed to open holds nothing open
@@ -442,6 +462,10 @@ class AsyncFleet:
         # before the child is in it (the start job is still running): leave
         # such rows to their launcher.
         rows = [r for r in rows if not _in_flight(r)]
+        # A tmux agent whose scope is gone ended in its window: exited, not lost.
+        for rec in [r for r in rows if r.unit in self._terminals and r.unit not in live]:
+            await self._close_gone(rec)
+        rows = [r for r in rows if r.unit not in self._terminals or r.unit in live]
         scopes = await asyncio.to_thread(_read_scopes, slice_dir, live)
         # Rows of live scopes that could not be read are left as they are.
         rows = [r for r in rows if r.unit not in live or r.unit in scopes]
@@ -489,6 +513,174 @@ class AsyncFleet:
                 log.warning("cannot record found agent %s (%s): %s", name, scope.unit, exc)
                 continue
             self._agents[name] = Agent._from_record(self, rec)
+
+    # -- tmux -----------------------------------------------------------------
+
+    async def _load_terminals(self) -> None:
+        """Which open agents run in tmux windows, from their launch events (after a restart)."""
+        assert self._registry is not None
+        if not await asyncio.to_thread(self._tmux.dir.exists):
+            return  # this fleet never had a tmux agent since boot
+        rows = await self._db(self._registry.agents, self.name)
+        if not rows:
+            return
+        units = {r.unit for r in rows}
+        since = min(r.created for r in rows) - 1
+        events = await self._db(self._registry.events, self.name, kind="launched", since=since)
+        for ev in events:
+            unit, terminal = ev.detail.get("unit"), ev.detail.get("terminal")
+            if unit in units and isinstance(terminal, str):
+                self._terminals[str(unit)] = terminal
+
+    async def _tmux_server(self) -> _tmux.TmuxServer:
+        """The fleet's tmux server; started in its own scope when it does not run.
+
+        Raises:
+            TmuxUnavailable, TmuxError (before anything started), BusError.
+        """
+        tmux = self._tmux
+        await asyncio.to_thread(tmux.prepare)
+        async with self._tmux_lock:
+            if await asyncio.to_thread(tmux.alive):
+                return tmux
+            unit = _tmux.tmux_unit(self.name)
+            try:
+                await self._start_tmux_server(tmux, unit)
+            except BusError as exc:
+                if exc.dbus_name != "org.freedesktop.systemd1.UnitExists":
+                    raise
+                # Another launcher started it meanwhile, or the scope of a
+                # server that died is not collected yet.
+                if await asyncio.to_thread(tmux.alive):
+                    return tmux
+                await self._stop_unit(unit, 10)
+                await self._start_tmux_server(tmux, unit)
+        return tmux
+
+    async def _start_tmux_server(self, tmux: _tmux.TmuxServer, unit: str) -> None:
+        # Gated like an agent: the tmux client is in the server's scope before
+        # it execs, so the server it forks is never in the manager's cgroup.
+        argv = await asyncio.to_thread(tmux.start_argv)
+        env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
+        err = await asyncio.to_thread(tempfile.TemporaryFile)
+        try:
+            child = await spawn_gated(
+                argv,
+                cwd="/",
+                env=env,
+                stdin=DEVNULL,
+                stdout=DEVNULL,
+                stderr=err,
+                oom_score_adj=self.manager_oom_score_adj,
+            )
+            try:
+                description = _tmux.tmux_description(self.name)
+                await self._start_scope(unit, "tmux", [child.pid], None, description)
+            except BaseException:
+                await child.abort()
+                raise
+            popen = await child.release()
+            status = await asyncio.to_thread(popen.wait)
+            if status != 0:
+                await asyncio.to_thread(err.seek, 0)
+                message = (await asyncio.to_thread(err.read)).decode(errors="replace").strip()
+                raise TmuxError(
+                    f"tmux could not start its server on {tmux.socket}: "
+                    f"{message or f'exit status {status}'}"
+                )
+        finally:
+            await asyncio.to_thread(err.close)
+        log.info("started the tmux server of fleet %s in %s (%s)", self.name, unit, tmux.socket)
+        await self._event(None, "tmux_started", unit=unit, socket=str(tmux.socket))
+
+    async def _open_pane(
+        self,
+        unit: str,
+        name: str,
+        argv: Sequence[str],
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+    ) -> _TmuxChild:
+        tmux = await self._tmux_server()
+        pane = await asyncio.to_thread(
+            tmux.open_pane,
+            name,
+            argv,
+            cwd or os.getcwd(),
+            dict(os.environ if env is None else env),
+            self.agent_oom_score_adj,
+            unit.removesuffix(".scope"),
+        )
+        return _TmuxChild(pane)
+
+    async def _close_windowless(self, recs: Sequence[AgentRecord]) -> dict[str, AgentRecord]:
+        """tmux agents whose window vanished: killed, and closed as exited."""
+        windows = await asyncio.to_thread(self._tmux.windows)
+        if windows is None:  # the server does not answer: no verdict
+            return {}
+        panes = {w.pane_pid for w in windows}
+        closed = {}
+        for rec in recs:
+            if rec.pid in panes:
+                continue
+            log.info("the tmux window of %s (%s) closed: stopping it", rec.name, rec.unit)
+            with contextlib.suppress(BusError):
+                await self._kill_unit(rec.unit, _signal.SIGKILL)
+            await self._event(rec.name, "window_closed", unit=rec.unit, pid=rec.pid)
+            closed[rec.unit] = await self._close_gone(rec)
+        return closed
+
+    async def _window(self, name: str) -> _tmux.Window:
+        """The tmux window of a running agent (its pane's process is the agent's)."""
+        self._check_open()
+        unit = await self._resolve(name)
+        assert self._registry is not None
+        rec = await self._db(self._registry.by_unit, unit)
+        known = self._agents.get(name)
+        pid = rec.pid if rec is not None else known.pid if known is not None else -1
+        window = await asyncio.to_thread(self._tmux.window_of, pid)
+        if window is None:
+            raise _tmux.not_a_tmux_agent(self.name, name)
+        return window
+
+    async def logs(self, name: str, lines: int = 100) -> list[str]:
+        """The last ``lines`` lines of a tmux agent's window (its history included).
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        window = await self._window(name)
+        return await asyncio.to_thread(self._tmux.capture, window.id, lines)
+
+    async def send(self, name: str, text: str, *, enter: bool = False) -> None:
+        """Type ``text`` into a tmux agent's window, then Enter if ``enter``.
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        window = await self._window(name)
+        await asyncio.to_thread(self._tmux.send, window.id, text, enter)
+
+    async def attach_command(self, name: str, *, read_only: bool = False) -> list[str]:
+        """The command line that attaches a terminal to a tmux agent's window.
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        window = await self._window(name)
+        return await asyncio.to_thread(self._tmux.attach_argv, window.id, read_only)
+
+    async def attach(self, name: str, *, read_only: bool = False) -> int:
+        """Attach this process's terminal to a tmux agent's window until it detaches.
+
+        Returns the tmux client's exit status (non-zero without a terminal).
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        argv = await self.attach_command(name, read_only=read_only)
+        proc = await asyncio.create_subprocess_exec(*argv)
+        return await proc.wait()
 
     # -- monitor --------------------------------------------------------------
 
@@ -616,6 +808,7 @@ class AsyncFleet:
         stdout: Stdio = None,
         stderr: Stdio = None,
         memory_max: int | None = None,
+        terminal: str | None = None,
         _streams: bool = True,
     ) -> Agent:
         """Start ``argv`` as agent ``name`` in a new scope; return once it exec'd.
@@ -623,31 +816,47 @@ class AsyncFleet:
         ``stdin``/``stdout``/``stderr`` take what ``subprocess`` takes (None,
         ``DEVNULL``, ``PIPE``, a file or an fd). ``memory_max`` (bytes) caps
         this agent's scope only (with no swap); the slice itself never gets a
-        limit.
+        limit. ``terminal="tmux"`` runs the agent in a window named ``name``
+        of the fleet's tmux session (see :meth:`attach`, :meth:`logs`,
+        :meth:`send`); its stdio is the pane, so the stdio arguments must
+        stay None.
 
         Raises:
-            InvalidName, LaunchError, AgentExists, BusError, SystemdUnavailable.
+            InvalidName, LaunchError, AgentExists, BusError, SystemdUnavailable,
+            TmuxError (tmux missing, its directory not writable, the window
+            name taken: nothing was started).
         """
         self._check_open()
         name = _names.validate_name("agent", name)
         cwd_s = os.fspath(cwd) if cwd is not None else None
         _check_argv(argv, env, cwd_s)
         _check_memory_max(memory_max)
+        if terminal not in (None, "tmux"):
+            raise LaunchError(f"terminal must be None or 'tmux', not {terminal!r}")
+        if terminal is not None and (stdin, stdout, stderr) != (None, None, None):
+            raise LaunchError(
+                "a tmux agent's stdin, stdout and stderr are its pane: leave them None "
+                "(read its output with logs(), type into it with send())"
+            )
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)
         async with self._spawn_slots:
-            popen = await self._spawn_in_scope(
-                unit, name, argv, cwd_s, env, stdin, stdout, stderr, memory_max
+            popen, pid = await self._spawn_in_scope(
+                unit, name, argv, cwd_s, env, stdin, stdout, stderr, memory_max, terminal
             )
-        agent = Agent(self, name, unit, popen.pid, popen)
+        agent = Agent(self, name, unit, pid, popen)
         agent.argv = list(argv)
+        agent.terminal = terminal
         self._agents[name] = agent
         self._unit_names[unit] = name
+        launched: dict[str, Any] = {"pid": agent.pid, "argv": list(argv)}
+        if terminal is not None:
+            self._terminals[unit] = terminal
+            launched["terminal"] = terminal
         agent._watch_exit()
-        launched = {"pid": agent.pid, "argv": list(argv)}
         await self._db(self._mark_running, unit, name, launched=launched)
-        if _streams:  # the blocking facade reads the plain pipes instead
+        if _streams and popen is not None:  # the blocking facade reads the plain pipes instead
             await agent._attach_streams()
         log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
         return agent
@@ -663,22 +872,30 @@ class AsyncFleet:
         stdout: Stdio,
         stderr: Stdio,
         memory_max: int | None,
-    ) -> subprocess.Popen[bytes]:
-        """Fork the gated child, record it, make its scope, let it exec."""
+        terminal: str | None = None,
+    ) -> tuple[subprocess.Popen[bytes] | None, int]:
+        """Fork the gated child (or open its tmux pane), record it, make its scope, let it exec.
+
+        Returns the Popen (None for a tmux pane, the tmux server's child) and the PID.
+        """
         # This launch's own reference: cleanup must work even if the fleet is
         # closed meanwhile (a gather of launches cancelled at shutdown).
         registry = self._registry
         assert registry is not None
+        child: GatedChild | _TmuxChild
         try:
-            child = await spawn_gated(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                oom_score_adj=self.agent_oom_score_adj,
-            )
+            if terminal is not None:
+                child = await self._open_pane(unit, name, argv, cwd, env)
+            else:
+                child = await spawn_gated(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=stdin,
+                    stdout=stdout,
+                    stderr=stderr,
+                    oom_score_adj=self.agent_oom_score_adj,
+                )
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
         recorded = False
@@ -707,12 +924,13 @@ class AsyncFleet:
                     log.debug("could not forget %s: %s", unit, exc)
             raise
         try:
-            return await child.release()
-        except OSError as exc:
+            popen = await child.release()
+        except (OSError, LaunchError) as exc:
             # The exec failed inside the scope: the scope ends with its only process.
             await self._db(registry.set_state, unit, "failed")
             await self._event(name, "failed", unit=unit, error=str(exc))
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
+        return popen, child.pid
 
     async def _refuse_running(self, name: str) -> None:
         # The registry is the fleet's memory across processes: its open row
@@ -750,10 +968,15 @@ class AsyncFleet:
         return list(units)
 
     async def _start_scope(
-        self, unit: str, name: str, pids: list[int], memory_max: int | None
+        self,
+        unit: str,
+        name: str,
+        pids: list[int],
+        memory_max: int | None,
+        description: str | None = None,
     ) -> None:
         props: dict[str, tuple[str, Any]] = {
-            "Description": ("s", _names.describe(self.name, name)),
+            "Description": ("s", description or _names.describe(self.name, name)),
             "Slice": ("s", self.slice),
             "CollectMode": ("s", "inactive-or-failed"),
             "MemoryAccounting": ("b", True),
@@ -934,10 +1157,10 @@ class AsyncFleet:
         unit = await self._resolve(name)
         await self._stop_unit(unit, timeout)
         agent = self._agents.get(name)
-        if agent is not None and agent.popen is not None:
-            await agent.wait()
+        if agent is not None and (agent.popen is not None or agent.terminal is not None):
+            await agent.wait()  # its exit watcher records the exit
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        else:
+        if agent is None or agent.popen is None:
             assert self._registry is not None
             rec = await self._db(self._registry.by_unit, unit)
             if rec is not None and not rec.closed:
@@ -1002,6 +1225,14 @@ class AsyncFleet:
             if agent.popen is not None and agent.state != "exited" and not agent.alive():
                 await self._record_exit(agent, agent.popen.returncode)
         rows = await self._db(self._registry.agents, self.name, include_closed=all)
+        windowed = [
+            r
+            for r in rows
+            if r.unit in self._terminals and r.unit in live and r.state not in _CLOSED
+        ]
+        if windowed:
+            closed = await self._close_windowless(windowed)
+            rows = [closed.get(r.unit, r) for r in rows]
         slice_dir = await self.slice_cgroup()
         out: list[Agent] = []
         for rec in rows:
@@ -1036,6 +1267,13 @@ class AsyncFleet:
     async def _close_gone(self, rec: AgentRecord) -> AgentRecord:
         """Close the row of an agent whose scope is gone: exited if seen, else lost."""
         assert self._registry is not None
+        if rec.unit in self._terminals:  # it ended in (or with) its tmux window
+            try:
+                closed = await self._db(self._registry.set_state, rec.unit, "exited")
+            except InvalidTransition:
+                return await self._db(self._registry.by_unit, rec.unit) or rec
+            await self._event(rec.name, "exited", unit=rec.unit, pid=rec.pid, status=None)
+            return closed
         agent = self._agents.get(rec.name)
         if agent is not None and agent.unit == rec.unit and agent.popen is not None:
             status = agent.popen.poll()
@@ -1126,6 +1364,20 @@ def _read_figures(slice_dir: Path, units: Sequence[str]) -> dict[str, _Figures]:
             "frozen 1" in (_read_text(d / "cgroup.events") or ""),
         )
     return out
+
+
+class _TmuxChild:
+    """A tmux pane whose shim waits at its gate, with the interface of a GatedChild."""
+
+    def __init__(self, pane: _tmux.PaneLaunch) -> None:
+        self.pane = pane
+        self.pid = pane.pid
+
+    async def release(self) -> None:
+        await asyncio.to_thread(self.pane.go)
+
+    async def abort(self) -> None:
+        await asyncio.to_thread(self.pane.abort)
 
 
 @dataclass(frozen=True)

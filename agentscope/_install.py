@@ -59,6 +59,9 @@ OOM_POLICY_FIXED_IN = 253
 CONFIG_PATH = PurePosixPath(generator.DEFAULT_CONFIG_PATH)
 USR_LOCAL = PurePosixPath("/usr/local")
 _OOM_DROPIN = "60-agentscope-oom-policy.conf"
+# Measured in the VM matrix: the user manager of systemd 252 applies a
+# DefaultOOMPolicy= from ~/.config/systemd/user.conf.d, that of 247 ignores it.
+_HOME_CONF_READ_FROM = 252
 _GENERATOR_NAME = "agentscope-generator"
 _MANIFEST_VERSION = 1
 
@@ -287,6 +290,13 @@ def plan_install(
             files.append(PlannedFile(base / "user" / rel, b"", 0o777, link=target))
         if need_dropin:
             files.append(PlannedFile(base / "user.conf.d" / _OOM_DROPIN, dropin))
+            if systemd_version is not None and systemd_version < _HOME_CONF_READ_FROM:
+                notes.append(
+                    f"systemd {systemd_version}'s user manager may not read "
+                    "~/.config/systemd/user.conf.d (247 does not), so the DefaultOOMPolicy "
+                    "drop-in may have no effect: root can pin it for every user with "
+                    "agentscope install --system (/etc/systemd/user.conf.d)"
+                )
         systemctl = ("systemctl", "--user")
     actions = [(*systemctl, "daemon-reload")]
     # `start`, not `enable --now`: the system units are generated (systemctl

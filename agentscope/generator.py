@@ -432,6 +432,7 @@ def render(
         "@WATCHDOG_SEC@": f"{config.watchdog_sec}s",
         "@MONITOR_SLICE@": monitor_slice(config.slice_name),
         "@WANTED_BY@": "default.target" if user_mode else "multi-user.target",
+        "@MANAGER@": "user" if user_mode else "system",
     }
 
     def fill(text: str) -> str:

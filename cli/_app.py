@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import faulthandler
 import json
 import os
 import queue
@@ -20,7 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -32,6 +33,11 @@ from ._exec import exec_command
 from ._fleet import FleetLike, Options
 from ._notify import Notifier
 from ._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
+
+if TYPE_CHECKING:
+    from agentscope.watchdog import FatalLog
+
+    from ._http import FaceState
 
 __all__ = ["app", "run_app"]
 
@@ -150,13 +156,35 @@ def run(
     log: Annotated[
         Path | None, typer.Option(help="Where the agent's stdout and stderr go.")
     ] = None,
+    tmux: Annotated[
+        bool,
+        typer.Option(
+            "--tmux", help="Run it in a window of the fleet's tmux session instead of a log file."
+        ),
+    ] = False,
 ) -> None:
-    """Launch CMD as agent NAME, detached, its output going to a log file."""
+    """Launch CMD as agent NAME, detached, its output going to a log file (or a tmux window)."""
     opts = _opts(ctx)
     size = parse_size(memory_max) if memory_max is not None else None
     extra = parse_env(env or [])
-    log_path = log if log is not None else _fleet.default_log_path(opts, name)
     agent_env = {**os.environ, **extra} if extra else None
+    if tmux:
+        if log is not None:
+            raise BadInput("--log and --tmux do not mix: a tmux agent's output is its window")
+        with _fleet_of(ctx) as fleet:
+            agent = fleet.launch(
+                name,
+                cmd,
+                cwd=str(cwd) if cwd is not None else None,
+                env=agent_env,
+                memory_max=size,
+                terminal="tmux",
+            )
+        _print_launched(
+            opts, {"name": agent.name, "unit": agent.unit, "pid": agent.pid, "tmux": agent.name}
+        )
+        return
+    log_path = log if log is not None else _fleet.default_log_path(opts, name)
     with _fleet_of(ctx) as fleet:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
@@ -171,6 +199,10 @@ def run(
                 memory_max=size,
             )
     result = {"name": agent.name, "unit": agent.unit, "pid": agent.pid, "log": str(log_path)}
+    _print_launched(opts, result)
+
+
+def _print_launched(opts: Options, result: dict[str, Any]) -> None:
     if opts.json:
         _emit_json(result)
     else:
@@ -301,6 +333,52 @@ def _said(ctx: typer.Context, data: dict[str, Any], text: str) -> None:
 
 
 @app.command()
+def attach(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The agent (launched with run --tmux).")],
+    read_only: Annotated[
+        bool, typer.Option("--read-only", "-r", help="Watch only: keys are not sent.")
+    ] = False,
+) -> None:
+    """Attach this terminal to a tmux agent's window (detach: C-b d)."""
+    with _fleet_of(ctx) as fleet:
+        argv = fleet.attach_command(name, read_only=read_only)
+    if _opts(ctx).json:
+        _emit_json({"name": name, "command": argv})
+        return
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)  # tmux takes over the terminal; nothing of ours is left
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The agent (launched with run --tmux).")],
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many lines.", min=0)] = 100,
+) -> None:
+    """Print the last lines of a tmux agent's window."""
+    with _fleet_of(ctx) as fleet:
+        text = fleet.logs(name, lines)
+    if _opts(ctx).json:
+        _emit_json({"name": name, "lines": text})
+    else:
+        sys.stdout.write("".join(line + "\n" for line in text))
+
+
+@app.command()
+def send(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The agent (launched with run --tmux).")],
+    text: Annotated[str, typer.Argument(help="What to type, literally.")],
+    enter: Annotated[bool, typer.Option("--enter", help="Press Enter after the text.")] = False,
+) -> None:
+    """Type TEXT into a tmux agent's window."""
+    with _fleet_of(ctx) as fleet:
+        fleet.send(name, text, enter=enter)
+    _said(ctx, {"name": name, "sent": text, "enter": enter}, f"sent to {name}")
+
+
+@app.command()
 def report(
     ctx: typer.Context,
     top: Annotated[int, typer.Option(help="How many top processes to show.", min=0)] = 10,
@@ -377,29 +455,101 @@ def monitor(
     ctx: typer.Context,
     interval: Annotated[float, typer.Option(help="Seconds between samples.", min=0.1)] = 2.0,
     top: Annotated[int, typer.Option(help="Top processes kept per sample.", min=0)] = 10,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve /health (JSON) and /metrics (Prometheus) on HOST:PORT (loopback).",
+            envvar="AGENTSCOPE_MONITOR_LISTEN",
+            show_default=False,
+        ),
+    ] = None,
+    listen_any: Annotated[
+        bool,
+        typer.Option(
+            "--listen-any",
+            help="Allow --listen on an address other than loopback.",
+            envvar="AGENTSCOPE_MONITOR_LISTEN_ANY",
+        ),
+    ] = False,
 ) -> None:
     """Run the monitor in the foreground, recording and printing its events.
 
     Exits cleanly on SIGTERM and SIGINT. Under systemd (Type=notify,
     $NOTIFY_SOCKET set) it sends READY=1, then WATCHDOG=1 and a STATUS= line
-    every tick.
+    every tick (at least twice per WatchdogSec=); started by systemd, it
+    writes the reason it stopped on an error to monitor-FLEET.fatal.log in
+    the state directory.
     """
+    from ._http import FaceState, HttpFace, parse_listen, start_face
+
     opts = _opts(ctx)
+    address = parse_listen(listen, any_address=listen_any) if listen is not None else None
     notifier = Notifier()
+    fatal = _monitor_fatal_log(opts)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         raise _Stopped
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    face: HttpFace | None = None
     try:
         with _fleet_of(ctx) as fleet, fleet.monitor(interval=interval, top=top) as stream:
-            _monitor_loop(fleet, stream, interval, notifier, opts.json)
+            state = None
+            if address is not None:
+                from agentscope import __version__
+
+                state = FaceState(fleet.name, fleet.manager, interval, __version__)
+                face = start_face(address, state)
+                sys.stderr.write(f"serving /health and /metrics on {face.url}\n")
+                sys.stderr.flush()
+            _monitor_loop(fleet, stream, interval, notifier, opts.json, state)
     except _Stopped:
         pass
+    except BaseException as exc:
+        if fatal is not None and not isinstance(exc, KeyboardInterrupt | SystemExit):
+            fatal.record(exc, where=f"agentscope monitor --fleet {opts.fleet}")
+        raise
     finally:
+        if face is not None:
+            face.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
         notifier.send(STOPPING=1)
+        if fatal is not None:
+            fatal.uninstall()
+
+
+def _monitor_fatal_log(opts: Options) -> FatalLog | None:
+    """The fatal-reason log of a monitor that systemd started, else None.
+
+    Only under systemd ($INVOCATION_ID): there nobody watches the terminal,
+    and "why did it stop" must have an answer on disk. A log that cannot be
+    opened costs the monitor nothing: it says so and runs without.
+    """
+    if not os.environ.get("INVOCATION_ID"):
+        return None
+    from agentscope import default_registry_path
+    from agentscope.watchdog import install_fatal_log
+
+    manager = opts.resolved_manager
+    state_dir = default_registry_path("system" if manager == "system" else "user").parent
+    path = state_dir / f"monitor-{opts.fleet}.fatal.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fatal = install_fatal_log(path)
+        # A watchdog kill (SIGABRT) or a crash in C code never reaches the
+        # hooks above: faulthandler writes every thread's Python stack, which
+        # shows where the loop was stuck.
+        faults = path.open("a", encoding="utf-8")
+    except OSError as exc:
+        sys.stderr.write(f"agentscope monitor: no fatal log at {path}: {exc}\n")
+        return None
+    faulthandler.enable(faults, all_threads=True)
+    _FAULT_FILES.append(faults)  # the fd must stay open for faulthandler
+    return fatal
+
+
+_FAULT_FILES: list[Any] = []
 
 
 _END = object()
@@ -411,6 +561,7 @@ def _monitor_loop(
     interval: float,
     notifier: Notifier,
     as_json: bool,
+    face: FaceState | None = None,
 ) -> None:
     # The events arrive on a thread of their own so that ticks (WATCHDOG=1,
     # STATUS=) go out on time even while no event comes. The queue is bounded
@@ -418,6 +569,8 @@ def _monitor_loop(
     # outlive the command or fill memory.
     inbox: queue.Queue[object] = queue.Queue(maxsize=1024)
     stop = threading.Event()
+    # sd_watchdog_enabled(3): ping at half the interval the manager asked for.
+    period = min(interval, notifier.watchdog / 2) if notifier.watchdog else interval
 
     def deliver(item: object) -> bool:
         while not stop.is_set():
@@ -439,10 +592,10 @@ def _monitor_loop(
 
     try:  # from here on, any way out (a signal included) stops the pump
         threading.Thread(target=pump, name="agentscope-monitor", daemon=True).start()
-        notifier.send(READY=1, STATUS=_status(fleet))
+        notifier.send(READY=1, STATUS=_sample(fleet, face))
         while True:
             try:
-                item = inbox.get(timeout=interval)
+                item = inbox.get(timeout=period)
             except queue.Empty:
                 item = None
             if item is _END:
@@ -451,16 +604,39 @@ def _monitor_loop(
                 raise item
             if item is not None:
                 data = item.to_dict()  # type: ignore[attr-defined]
+                if face is not None:
+                    face.event(data)
                 line = json.dumps(data, default=str) if as_json else _render.event_line(data)
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
-            notifier.send(WATCHDOG=1, STATUS=_status(fleet))
+            notifier.send(WATCHDOG=1, STATUS=_sample(fleet, face))
     finally:
         stop.set()
 
 
-def _status(fleet: FleetLike) -> str:
-    agents = [a.to_dict() for a in fleet.agents()]
+def _sample(fleet: FleetLike, face: FaceState | None) -> str:
+    """The STATUS= line; with an HTTP face, also a memory report (no /proc scan) for it.
+
+    A report that fails is counted as a scrape error, not fatal: the files
+    of a scope can vanish mid-read. The agents query stays fatal as before.
+    """
+    from agentscope import AgentscopeError
+
+    agents = fleet.agents()
+    status = _status(fleet, agents)
+    if face is not None:
+        data = [a.to_dict() for a in agents]
+        try:
+            report = fleet.report(top=0).to_dict()
+        except (OSError, ValueError, AgentscopeError) as exc:
+            face.failed(exc)
+        else:
+            face.sampled(data, report, status)
+    return status
+
+
+def _status(fleet: FleetLike, listed: Sequence[Any]) -> str:
+    agents = [a.to_dict() for a in listed]
     states: dict[str, int] = {}
     for a in agents:
         states[str(a.get("state"))] = states.get(str(a.get("state")), 0) + 1
@@ -594,3 +770,36 @@ def uninstall(
     if not dry_run:
         _run_actions(plan.actions, _opts(ctx).json)
     _said(ctx, {"scope": scope, "dry_run": dry_run, "done": lines}, "\n".join(lines))
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    agents: Annotated[
+        int, typer.Option(help="How many agents to launch (one of them runs away).", min=2)
+    ] = 8,
+    memory_max: Annotated[
+        str, typer.Option(help="The runaway's own cap (SIZE), so this machine is never squeezed.")
+    ] = "256M",
+    global_oom: Annotated[
+        bool,
+        typer.Option(
+            "--global-oom",
+            help="No cap: let the whole machine run out of memory. Only in a throwaway VM.",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the OOM kill.", min=1)
+    ] = 150.0,
+) -> None:
+    """Show what agentscope does: a fleet, a runaway agent, the OOM kill named.
+
+    Launches cheap agents (fleet "demo" unless --fleet), starts the monitor,
+    lets one agent's tool call grow until the kernel OOM-kills it, then shows
+    the survivors, the slice's limits and the memory report, and stops every
+    agent it started (also on Ctrl-C). Exits 0 only if every outcome happened.
+    """
+    from ._demo import DemoSettings, run_demo
+
+    cap = None if global_oom else parse_size(memory_max)
+    run_demo(_opts(ctx), DemoSettings(agents=agents, memory_max=cap, timeout=timeout))

@@ -1,7 +1,8 @@
 """sd_notify(3) over the unix datagram socket in ``$NOTIFY_SOCKET``, no dependency.
 
 Only what ``agentscope monitor`` needs: ``READY=1``, ``WATCHDOG=1``,
-``STATUS=...`` and ``STOPPING=1``. An address starting with ``@`` is in the
+``STATUS=...`` and ``STOPPING=1``, and the watchdog interval the manager
+asks for (``$WATCHDOG_USEC``). An address starting with ``@`` is in the
 abstract namespace (the ``@`` stands for a leading NUL byte).
 """
 
@@ -12,6 +13,22 @@ import socket
 from collections.abc import Mapping
 
 __all__ = ["Notifier", "format_state"]
+
+
+def _watchdog_seconds(env: Mapping[str, str]) -> float | None:
+    """``WatchdogSec=`` as the manager passed it (``$WATCHDOG_USEC``), None when off.
+
+    Like sd_watchdog_enabled(3): ``$WATCHDOG_PID``, when set, must be this
+    process, so that a child started with our environment does not ping for us.
+    """
+    pid = env.get("WATCHDOG_PID")
+    if pid and pid != str(os.getpid()):
+        return None
+    try:
+        usec = int(env.get("WATCHDOG_USEC", ""))
+    except ValueError:
+        return None
+    return usec / 1e6 if usec > 0 else None
 
 
 def format_state(**fields: object) -> str:
@@ -32,6 +49,8 @@ class Notifier:
         if address and address[0] not in "/@":
             raise ValueError(f"NOTIFY_SOCKET={address!r}: only unix socket addresses are supported")
         self.address = "\0" + address[1:] if address.startswith("@") else address
+        #: Seconds within which the manager wants ``WATCHDOG=1``, or None.
+        self.watchdog = _watchdog_seconds(env)
 
     @property
     def enabled(self) -> bool:

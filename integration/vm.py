@@ -11,6 +11,7 @@ Ctrl-C, SIGTERM and the timeout.
 
     python integration/vm.py                                  # the whole matrix
     python integration/vm.py -d bookworm -m user -k smoke     # one distro, one manager, one test
+    python integration/vm.py -d trixie -m user --run "agentscope demo"   # a command, not pytest
 
 Standard library only.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import shlex
@@ -28,8 +30,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,6 +44,8 @@ _PROJECT = _HERE.parent
 _STATUS = re.compile(r"@@AGENTSCOPE-STATUS(.*)@@")
 _SUMMARY = re.compile(r"^=+ (.*\b(?:passed|failed|error|errors|skipped|deselected)\b.*) in [\d.]+s")
 _MANAGERS = ("system", "user")
+# Set on Ctrl-C/SIGTERM when VMs run in worker threads (--jobs): each stops its VM.
+_STOPPING = threading.Event()
 
 
 def _log(msg: str) -> None:
@@ -74,6 +80,7 @@ def _payload(
     managers: list[str],
     pytest_args: list[str],
     bench: str | None = None,
+    run: str | None = None,
 ) -> Path:
     """Make the payload disk: the wheel, the in-VM tests and what to run."""
     tree = work / "payload"
@@ -95,6 +102,9 @@ def _payload(
         "MANAGERS": " ".join(managers),
         "PYTEST_ARGS": shlex.join(pytest_args),
         "BENCH": bench or "",
+        "RUN": run or "",
+        # What --run prints reaches a terminal: let rich size and colour it for that.
+        "RUN_ENV": " ".join(_terminal_env()) if run else "",
         "TEST_USER": images.TEST_USER,
         "TEST_UID": str(images.TEST_UID),
     }
@@ -107,6 +117,12 @@ def _payload(
         stdin=subprocess.DEVNULL,
     )
     return img
+
+
+def _terminal_env() -> list[str]:
+    if not sys.stdout.isatty():
+        return ["COLUMNS=100", "TERM=dumb"]
+    return [f"COLUMNS={shutil.get_terminal_size().columns}", "FORCE_COLOR=1", "TERM=xterm-256color"]
 
 
 def _remove_stale_runs() -> None:
@@ -162,6 +178,8 @@ def boot(
     memory: str,
     rebuild: bool = False,
     bench: str | None = None,
+    run: str | None = None,
+    prefix: str = "",
 ) -> dict[str, tuple[int, str]]:
     """Boot one distro, run the suites, return {manager: (exit status, summary)}."""
     image = images.ensure_image(distro_name, rebuild=rebuild)
@@ -173,7 +191,7 @@ def boot(
     results: dict[str, tuple[int, str]] = {}
     proc: subprocess.Popen[bytes] | None = None
     try:
-        payload = _payload(work, distro, managers, pytest_args, bench)
+        payload = _payload(work, distro, managers, pytest_args, bench, run)
         out, console = work / "out.log", work / "console.log"
         out.touch()
         cmd = [
@@ -233,7 +251,7 @@ def boot(
                     *lines, buf = buf.split(b"\n")
                     for raw in lines:
                         line = raw.decode(errors="replace")
-                        print(line, flush=True)
+                        print(prefix + line, flush=True)
                         if m := re.match(r"^==== \S+ \(systemd \S+\) (\w+) manager", line):
                             current = m.group(1)
                         elif (m := _SUMMARY.match(line)) and current:
@@ -247,15 +265,16 @@ def boot(
                 if time.monotonic() - t0 > timeout:
                     _log(f"{distro.name}: timeout after {timeout:.0f}s, stopping the VM")
                     break
+                if _STOPPING.is_set():
+                    break
         _stop(proc)
         elapsed = time.monotonic() - t0
         codes = dict(kv.split("=", 1) for kv in (status or "").split())
         for m in managers:
             rc = codes.get(m)
-            results[m] = (
-                int(rc) if rc and rc.isdigit() else 1,
-                summaries.get(m, "no result (see the console log above)"),
-            )
+            code = int(rc) if rc and rc.isdigit() else 1
+            summary = f"exit {rc}" if run and rc else "no result (see the console log above)"
+            results[m] = (code, summaries.get(m, summary))
         if status is None or any(rc != 0 for rc, _ in results.values()):
             tail = console.read_text(errors="replace").splitlines()[-40:]
             _log(f"{distro.name}: guest console (last 40 lines):\n" + "\n".join(tail))
@@ -265,6 +284,33 @@ def boot(
         if proc is not None:
             _stop(proc)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _boot_parallel(
+    distros: list[str],
+    managers: list[str],
+    jobs: int,
+    run_one: Callable[..., dict[str, tuple[int, str]]],
+) -> dict[tuple[str, str], tuple[int, str]]:
+    """Boot up to ``jobs`` distros at once; on Ctrl-C every VM is stopped and cleaned up."""
+    results: dict[tuple[str, str], tuple[int, str]] = {}
+    width = max(len(d) for d in distros)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_one, d, prefix=f"[{d:<{width}}] "): d for d in distros}
+        try:
+            pending = set(futures)
+            while pending:
+                # A short timeout keeps the main thread where signals land.
+                done, pending = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
+                for fut in done:
+                    results.update({(futures[fut], m): r for m, r in fut.result().items()})
+        except BaseException:
+            _STOPPING.set()  # the workers stop their VMs and remove their files
+            for fut in futures:
+                fut.cancel()
+            raise
+    # In the order asked for, not the order they finished.
+    return {(d, m): results[(d, m)] for d in distros for m in managers if (d, m) in results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,6 +329,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rebuild", action="store_true", help="rebuild the images")
     p.add_argument("--build-only", action="store_true", help="build the images, run nothing")
     p.add_argument("--bench", metavar="SCRIPT", help="run benchmarks/SCRIPT instead of the tests")
+    p.add_argument(
+        "--run",
+        metavar="CMD",
+        help="run the shell command CMD instead of the tests (as root, or the lingering user)",
+    )
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        help="distros to run at once (default 1; output lines then start with [distro])",
+    )
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = p.parse_args(argv)
     distros = args.distro or list(images.DISTROS)
@@ -300,20 +358,30 @@ def main(argv: list[str] | None = None) -> int:
                 for d in distros:
                     images.ensure_image(d, rebuild=args.rebuild)
                 return 0
-            for d in distros:
-                got = boot(
-                    d,
-                    managers,
-                    pytest_args,
-                    timeout=args.timeout,
-                    memory=args.memory,
-                    rebuild=args.rebuild,
-                    bench=args.bench,
-                )
-                results.update({(d, m): r for m, r in got.items()})
+            run_one = functools.partial(
+                boot,
+                managers=managers,
+                pytest_args=pytest_args,
+                timeout=args.timeout,
+                memory=args.memory,
+                bench=args.bench,
+                run=args.run,
+            )
+            if args.jobs <= 1 or len(distros) == 1:
+                for d in distros:
+                    got = run_one(d, rebuild=args.rebuild)
+                    results.update({(d, m): r for m, r in got.items()})
+            else:
+                for d in distros:  # built one after another, before any VM runs
+                    images.ensure_image(d, rebuild=args.rebuild)
+                results.update(_boot_parallel(distros, managers, args.jobs, run_one))
         except KeyboardInterrupt:
             _log("interrupted; the VM and its temporary files are gone")
             return 130
+    if args.run:
+        for (d, m), (_, summary) in results.items():
+            _log(f"{d} {m}: {summary}")
+        return 0 if results and all(rc == 0 for rc, _ in results.values()) else 1
     passed = failed = 0
     print(f"\nintegration matrix ({time.monotonic() - t0:.0f}s):")
     for (d, m), (rc, summary) in results.items():

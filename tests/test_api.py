@@ -12,7 +12,7 @@ from agentscope import AsyncFleet, Fleet
 
 def test_all_public_names_exported_and_nothing_else() -> None:
     public = {n for n in dir(agentscope) if not n.startswith("_")}
-    modules = {"lowlevel", "watchdog", "generator"}
+    modules = {"lowlevel", "watchdog", "generator", "install"}  # public submodules
     assert public - modules == set(agentscope.__all__) - {"__version__"}
     for name in agentscope.__all__:
         assert hasattr(agentscope, name), name
@@ -47,6 +47,10 @@ def test_blocking_facade_mirrors_async_core() -> None:
         "slice_limits",
         "events",
         "gc",
+        "logs",
+        "send",
+        "attach",
+        "attach_command",
     ]
     for op in ops:
         assert _public_params(getattr(Fleet, op)) == _public_params(getattr(AsyncFleet, op)), op

@@ -151,7 +151,7 @@ def test_default_output_is_what_the_design_asks_for(tmp_path: Path) -> None:
     for line in (
         "Type=notify",
         "NotifyAccess=main",
-        "ExecStart=/usr/local/bin/agentscope monitor --fleet %i",
+        "ExecStart=/usr/local/bin/agentscope --manager system --fleet %i monitor",
         "WatchdogSec=30s",
         "OOMPolicy=continue",
         "OOMScoreAdjust=200",

@@ -150,7 +150,7 @@ def test_system_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
     }
     subprocess.run([str(generated), str(out)], env=env, check=True, timeout=60)
     monitor = (out / "agentscope-monitor@.service").read_text()
-    assert f"\nExecStart={EXEC} monitor --fleet %i\n" in monitor
+    assert f"\nExecStart={EXEC} --manager system --fleet %i monitor\n" in monitor
     assert (out / "multi-user.target.wants/agentscope-monitor@default.service").is_symlink()
     for path in sorted(out.rglob("*"), reverse=True):  # not part of the install
         path.unlink() if not path.is_dir() or path.is_symlink() else path.rmdir()
@@ -172,7 +172,7 @@ def test_user_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
     link = units / "default.target.wants/agentscope-monitor@ci.service"
     assert os.readlink(link) == "../agentscope-monitor@.service"
     monitor = (units / "agentscope-monitor@.service").read_text()
-    assert f"\nExecStart={EXEC} monitor --fleet %i\n" in monitor
+    assert f"\nExecStart={EXEC} --manager user --fleet %i monitor\n" in monitor
     assert "\nWantedBy=default.target\n" in monitor
     assert "\nSlice=app-agentscope.slice\n" in monitor
     assert (units / "app-agentscope-agents.slice").is_file()
@@ -326,3 +326,10 @@ def test_systemd_version_from_library_names(
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"")
     assert _install.detect_systemd_version(tmp_path) == expected
+
+
+def test_user_install_on_247_says_the_home_drop_in_may_not_apply(tmp_path: Path) -> None:
+    old = user_plan(tmp_path, version=247)
+    assert any(f.path.name == "60-agentscope-oom-policy.conf" for f in old.files)
+    assert any("247 does not" in note and "--system" in note for note in old.notes)
+    assert not any("user.conf.d" in note for note in user_plan(tmp_path, version=252).notes)

@@ -1,0 +1,133 @@
+"""The end-to-end scenario: ``agentscope demo --json`` and every outcome it promises.
+
+The demo launches a fleet, lets one agent's tool call run the VM out of
+memory (a global OOM: no per-agent limit), and reports what happened as one
+JSON object; this test asserts each outcome from it, then that nothing of
+the demo is left behind. A second test interrupts a demo and checks that it
+stops every agent it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+from conftest import MANAGER, SYSTEMD, systemctl
+
+CLI = shutil.which("agentscope") or "agentscope"
+AGENTS = ["planner", "coder-1", "coder-2", "coder-3", "reviewer", "tester", "docs", "indexer"]
+
+
+def demo_scopes(fleet: str) -> list[str]:
+    out = systemctl("list-units", "--plain", "--no-legend", "--all", f"agentscope-{fleet}-*.scope")
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def test_demo_global_oom_every_outcome() -> None:
+    fleet = f"d{uuid.uuid4().hex[:6]}"
+    done = subprocess.run(
+        [CLI, "--json", "--fleet", fleet, "demo", "--global-oom", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    print(done.stderr)
+    assert "Traceback" not in done.stderr
+    summary = json.loads(done.stdout)
+    print({k: summary.get(k) for k in ("seconds_to_kill", "timings", "oom_kill", "checks")})
+    checks = summary["checks"]
+    if not checks["process_named"] and not os.access("/dev/kmsg", os.R_OK):
+        assert all(ok for k, ok in checks.items() if k != "process_named"), checks
+        pytest.xfail(
+            "known gap (issue #4): without the kernel log, a victim still exiting after the "
+            "monitor's grace (a starved TCG guest) is reported unnamed, and the demo says so"
+        )
+    assert done.returncode == 0, checks
+    assert all(summary["checks"].values())
+    assert summary["manager"] == MANAGER
+    assert summary["global_oom"] is True
+    assert summary["memory_max"] is None
+    assert summary["agents"] == AGENTS
+    runaway = summary["runaway"]
+    assert runaway == "coder-2"
+
+    # The OOM event names the agent and its killed process; nothing else was killed.
+    kill = summary["oom_kill"]
+    assert kill["agent"] == runaway
+    assert kill["unit"].startswith(f"agentscope-{fleet}-{runaway}-")
+    assert kill["comm"] == "python3"
+    assert isinstance(kill["pid"], int)
+    assert [k["agent"] for k in summary["oom_kills"]] == [runaway] * len(summary["oom_kills"])
+    assert summary["seconds_to_kill"] < 120
+
+    # Before: eight agents running; after: the same eight, the runaway's shell
+    # having survived its tool call, and only it with an OOM kill counted.
+    assert [a["name"] for a in summary["agents_before"]] == AGENTS
+    assert {a["state"] for a in summary["agents_before"]} == {"running"}
+    after = {a["name"]: a for a in summary["agents_after"]}
+    assert set(after) == set(AGENTS)
+    assert {a["state"] for a in after.values()} == {"running"}
+    assert sorted(summary["alive_after"]) == sorted(AGENTS)
+    assert after[runaway]["oom_kills"] >= 1
+    assert all(after[n]["oom_kills"] == 0 for n in AGENTS if n != runaway)
+    assert after[runaway]["memory_peak"] > 200 << 20
+
+    # The manager lived, less likely to be picked than any agent.
+    assert summary["manager_alive"] is True
+    assert summary["manager_oom_score_adj"] >= 200
+
+    # The slice has no limits.
+    assert summary["slice_limits"] == {"MemoryHigh": None, "MemoryMax": None, "MemorySwapMax": None}
+
+    # The report names each agent's largest process: its holding shell.
+    largest = summary["largest_per_agent"]
+    assert set(largest) == set(AGENTS)
+    assert {p["comm"] for p in largest.values()} == {"sh"}
+    assert {a["agent"] for a in summary["report"]["agents"]} == set(AGENTS)
+
+    # systemd 247 refuses OOMPolicy on scopes: the launch falls back and says so,
+    # and the story holds anyway (247 leaves a scope alone on an OOM kill).
+    assert summary["scope_oom_policy"] == (SYSTEMD >= 252)
+    if SYSTEMD < 252:
+        assert any("OOMPolicy" in w for w in summary["warnings"])
+
+    # Every agent the demo started is stopped.
+    assert sorted(summary["stopped"]) == sorted(AGENTS)
+    assert summary["stop_errors"] == []
+    assert demo_scopes(fleet) == []
+
+
+def test_demo_interrupted_stops_every_agent() -> None:
+    fleet = f"d{uuid.uuid4().hex[:6]}"
+    proc = subprocess.Popen(
+        [CLI, "--json", "--fleet", fleet, "demo", "--agents", "2", "--memory-max", "64M"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while len(demo_scopes(fleet)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(demo_scopes(fleet)) == 2
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err
+    assert proc.returncode == 1
+    assert json.loads(err.strip().splitlines()[-1])["kind"] == "interrupted"
+    summary = json.loads(out)
+    assert summary["interrupted"] is True
+    assert sorted(summary["stopped"]) == ["coder-1", "planner"]
+    assert demo_scopes(fleet) == []

@@ -1,0 +1,214 @@
+"""The monitor's HTTP face: address rules, /health states, /metrics as Prometheus parses it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cli._errors import BadInput
+from cli._http import FaceState, HttpFace, health, parse_listen, start_face
+from cli._notify import Notifier
+
+AGENTS = [
+    {
+        "name": "builder",
+        "unit": "agentscope-default-builder-a1b2c3.scope",
+        "state": "running",
+        "memory_current": 3 << 20,
+        "memory_peak": 5 << 20,
+        "oom_kills": 2,
+    },
+    {
+        "name": "idle",
+        "unit": "agentscope-default-idle-d4e5f6.scope",
+        "state": "frozen",
+        "memory_current": None,
+        "memory_peak": None,
+        "oom_kills": 0,
+    },
+]
+PSI = {"avg10": 12.5, "avg60": 3.0, "avg300": 0.5, "total": 2_500_000}
+REPORT = {
+    "host": {"mem_total": 8 << 30, "mem_available": 2 << 30, "swap_total": 0, "swap_free": 0},
+    "pressure": {"some": PSI, "full": {**PSI, "avg10": 1.0}},
+    "slice_pressure": {"some": PSI, "full": None},
+    "slice_memory_current": 3 << 20,
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+        ("localhost:0", ("127.0.0.1", 0)),
+        ("127.1.2.3:80", ("127.1.2.3", 80)),
+        ("[::1]:9464", ("::1", 9464)),
+    ],
+)
+def test_loopback_addresses_are_accepted(value: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(value) == expected
+
+
+@pytest.mark.parametrize("value", ["0.0.0.0:9464", "[::]:9464", "10.1.2.3:9464", "host:9464"])
+def test_other_addresses_need_listen_any(value: str) -> None:
+    with pytest.raises(BadInput, match="--listen-any"):
+        parse_listen(value)
+    host, port = parse_listen(value, any_address=True)
+    assert port == 9464
+    assert host in value
+
+
+@pytest.mark.parametrize("value", ["9464", ":9464", "127.0.0.1:", "127.0.0.1:x", "127.0.0.1:70000"])
+def test_malformed_listen_values(value: str) -> None:
+    with pytest.raises(BadInput, match="--listen"):
+        parse_listen(value)
+
+
+def test_health_states() -> None:
+    state = FaceState("default", "system", period=2.0, version="1.0")
+    code, body = health(state, now=1000.0)
+    assert (code, body["status"]) == (503, "starting")
+    state.sampled(AGENTS, REPORT, "fleet default: 2 agents", now=1000.0)
+    code, body = health(state, now=1001.0)
+    assert (code, body["status"]) == (200, "ok")
+    assert body["agents"] == 2
+    assert body["agents_by_state"] == {"frozen": 1, "running": 1}
+    assert body["last_report"] == {
+        "status": "fleet default: 2 agents",
+        "memory_current": 3 << 20,
+        "oom_kills": 2,
+        "slice_memory_current": 3 << 20,
+        "host_mem_available": 2 << 30,
+        "host_pressure_some_avg10": 12.5,
+    }
+    # Three periods, at least 10 s, without a sample: stale.
+    assert health(state, now=1009.0)[1]["status"] == "ok"
+    assert health(state, now=1011.0) == (503, health(state, now=1011.0)[1])
+    assert health(state, now=1011.0)[1]["status"] == "stale"
+    state.failed(OSError(5, "Input/output error"), now=1002.0)
+    code, body = health(state, now=1002.5)
+    assert (code, body["status"]) == (503, "error")
+    assert "Input/output error" in body["last_error"]
+    state.sampled(AGENTS, REPORT, "fleet default: 2 agents", now=1003.0)
+    code, body = health(state, now=1003.5)
+    assert (code, body["status"], body["sample_errors"], body["samples"]) == (200, "ok", 1, 2)
+    json.dumps(body)  # JSON-ready
+
+
+@pytest.fixture
+def face() -> Iterator[tuple[HttpFace, FaceState]]:
+    state = FaceState("default", "user", period=2.0, version="1.0")
+    server = start_face(("127.0.0.1", 0), state)
+    try:
+        yield server, state
+    finally:
+        server.close()
+
+
+def get(face: HttpFace, path: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(face.url + path, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def samples(family: Any) -> dict[tuple[tuple[str, str], ...], float]:
+    return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+
+
+def test_metrics_parse_and_carry_the_sample(face: tuple[HttpFace, FaceState]) -> None:
+    server, state = face
+    code, ctype, text = get(server, "/metrics")
+    assert code == 200
+    assert ctype.startswith("text/plain; version=")
+    assert "agentscope_monitor_info" in families(text)  # before the first sample too
+    state.sampled(AGENTS, REPORT, "fleet default: 2 agents")
+    state.event({"kind": "oom_kill", "ts": 1.0, "agent": "builder"})
+    state.failed("cannot read memory.events")
+    got = families(get(server, "/metrics")[2])
+    builder = (("agent", "builder"), ("fleet", "default"), ("unit", AGENTS[0]["unit"]))
+    idle = (("agent", "idle"), ("fleet", "default"), ("unit", AGENTS[1]["unit"]))
+    assert samples(got["agentscope_agent_memory_current_bytes"]) == {builder: 3 << 20}
+    assert samples(got["agentscope_agent_oom_kills"]) == {builder: 2, idle: 0}
+    assert got["agentscope_agent_oom_kills"].type == "counter"
+    states = samples(got["agentscope_agents"])
+    assert states[(("fleet", "default"), ("state", "running"))] == 1
+    assert states[(("fleet", "default"), ("state", "frozen"))] == 1
+    assert samples(got["agentscope_monitor_sample_errors"]) == {(("fleet", "default"),): 1}
+    events = samples(got["agentscope_monitor_events"])
+    assert events == {(("fleet", "default"), ("kind", "oom_kill")): 1}
+    pressure = samples(got["agentscope_memory_pressure_ratio"])
+    key = (("fleet", "default"), ("kind", "some"), ("source", "host"), ("window", "10"))
+    assert pressure[key] == pytest.approx(0.125)
+    assert len(pressure) == 3 * 3  # host some+full, slice some
+    stall = samples(got["agentscope_memory_pressure_stall_seconds"])
+    assert stall[(("fleet", "default"), ("kind", "some"), ("source", "slice"))] == 2.5
+    assert samples(got["agentscope_host_mem_available_bytes"]) == {(("fleet", "default"),): 2 << 30}
+    assert "process_resident_memory_bytes" in got  # the monitor's own memory
+
+
+def test_health_and_unknown_paths(face: tuple[HttpFace, FaceState]) -> None:
+    server, state = face
+    code, ctype, body = get(server, "/health")
+    assert (code, ctype, json.loads(body)["status"]) == (503, "application/json", "starting")
+    state.sampled(AGENTS, REPORT, "fleet default: 2 agents")
+    code, _, body = get(server, "/health?verbose=1")
+    assert (code, json.loads(body)["status"]) == (200, "ok")
+    assert get(server, "/nope")[0] == 404
+
+
+def test_a_silent_client_does_not_hold_up_others(face: tuple[HttpFace, FaceState]) -> None:
+    server, _ = face
+    with socket.create_connection(server.address) as silent:
+        silent.sendall(b"GET /metr")  # and never finishes the request
+        t0 = time.monotonic()
+        assert get(server, "/metrics")[0] == 200
+        assert time.monotonic() - t0 < 5
+
+
+def test_a_taken_port_is_a_clear_failure(face: tuple[HttpFace, FaceState]) -> None:
+    server, state = face
+    from cli._errors import Failed
+
+    with pytest.raises(Failed, match=r"cannot listen on 127\.0\.0\.1"):
+        start_face(server.address, state)
+
+
+def test_monitor_refuses_a_public_address_before_connecting() -> None:
+    argv = ["--json", "monitor", "--listen", "0.0.0.0:9464"]
+    done = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    error = json.loads(done.stderr)
+    assert error["kind"] == "bad_input"
+    assert "--listen-any" in error["error"]
+
+
+def test_watchdog_interval_from_the_manager() -> None:
+    import os
+
+    assert Notifier({"WATCHDOG_USEC": "4000000"}).watchdog == 4.0
+    assert Notifier({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": str(os.getpid())}).watchdog == 4
+    assert Notifier({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}).watchdog is None
+    assert Notifier({"WATCHDOG_USEC": "0"}).watchdog is None
+    assert Notifier({}).watchdog is None
