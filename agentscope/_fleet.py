@@ -72,6 +72,11 @@ _UNIT_IFACE = "org.freedesktop.systemd1.Unit"
 _SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
 _LIMITS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
 # systemd < 253 (and vanilla 252.0-252.4) refuse OOMPolicy on a scope with one of these.
+# KillUnit on a scope that stopped meanwhile: unloaded, or loaded with no process left.
+_STOPPED_MEANWHILE = (
+    "org.freedesktop.systemd1.NoSuchUnit",
+    "org.freedesktop.systemd1.NoSuchProcess",
+)
 _NO_OOMPOLICY = (
     "org.freedesktop.DBus.Error.PropertyReadOnly",
     "org.freedesktop.DBus.Error.UnknownProperty",
@@ -1174,8 +1179,23 @@ class AsyncFleet:
             log.info("%s did not stop within %ss: sending SIGKILL", unit, timeout)
             fut = self._bus.expect_job(unit)
             try:
-                await self._kill_unit(unit, _signal.SIGKILL)
-                await asyncio.wait_for(fut, 30)
+                try:
+                    await self._kill_unit(unit, _signal.SIGKILL)
+                except BusError as exc:
+                    if exc.dbus_name in _STOPPED_MEANWHILE:
+                        return  # the stop job finished between the timeout and the kill
+                    raise
+                # The stop job ends once the processes are gone; it may also have
+                # ended just before the future was registered, so look too.
+                for _ in range(30):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(fut), 1.0)
+                    if fut.done() or not await self._unit_active(unit):
+                        return
+                raise AgentscopeError(
+                    f"{unit} did not stop within {timeout + 30:.0f}s, even after SIGKILL; "
+                    f"see systemctl {'--user ' if self.manager == 'user' else ''}status {unit}"
+                )
             finally:
                 self._bus.forget_job(unit)
         except BusError as exc:

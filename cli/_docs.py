@@ -49,6 +49,10 @@ SIZE is bytes or a K/M/G/T suffix in powers of 1024 (`512M`, `1.5G`, `2GiB`;
 (`2024-05-01T12:00:00`, local time without a zone) or a time ago (`30s`,
 `10m`, `2h`, `1d`, `1w`). SIG is a name (`TERM`, `SIGKILL`) or a number.
 
+Global options may also follow the command (`agentscope ls --json` is
+`agentscope --json ls`), anywhere before a `--`; what follows `--` is the
+agent's own command line and is left alone.
+
 `exec` starts without importing typer or rich: `main()` hands it to an
 argparse parser when it is the command (after any global options).
 """
