@@ -41,6 +41,7 @@ SD_MANAGER = "org.freedesktop.systemd1.Manager"
 PROPS = "org.freedesktop.DBus.Properties"
 INFINITY = 2**64 - 1  # systemd's "infinity" for limits (uint64 max)
 SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
+CALL_TIMEOUT = 60.0  # seconds for a method reply; systemd answers in milliseconds
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class SystemdBus:
                 bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
                 try:
                     await asyncio.wait_for(bus.connect(), 10)
-                    await self._subscribe(bus, addr.direct)
+                    await asyncio.wait_for(self._subscribe(bus, addr.direct), 10)
                 except (OSError, AuthError, InvalidAddressError, TimeoutError, BusError) as exc:
                     bus.disconnect()
                     tried.append(f"{addr.address} ({exc.__class__.__name__}: {exc})")
@@ -257,9 +258,14 @@ class SystemdBus:
             unix_fds=list(unix_fds),
         )
         try:
-            reply = await bus.call(msg)
+            reply = await asyncio.wait_for(bus.call(msg), CALL_TIMEOUT)
         except (OSError, EOFError) as exc:
             raise SystemdUnavailable(self.manager, self.address, str(exc)) from exc
+        except TimeoutError as exc:
+            # A manager that never answers must not hang the caller for good.
+            raise SystemdUnavailable(
+                self.manager, self.address, f"no reply to {member} within {CALL_TIMEOUT:.0f}s"
+            ) from exc
         return _check(member, reply)
 
     async def get_property(self, path: str, interface: str, name: str) -> Any:

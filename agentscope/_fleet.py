@@ -44,10 +44,10 @@ from ._errors import (
     LaunchError,
     RegistryError,
 )
-from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report, exec_comm
+from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
 from ._monitor import Event as MonitorEvent
 from ._monitor import Pressure as MonitorPressure
-from ._proc import read_cgroup, read_stat
+from ._proc import exec_comm, read_cgroup, read_stat
 from ._registry import (
     AgentRecord,
     EventRecord,

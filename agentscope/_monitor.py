@@ -475,6 +475,8 @@ class _ScopePlan:
     oom_kill: int  # the last counter read
     force: bool  # read every process's statm this time
     pending: bool = False  # kills wait for their victims: tell the dying from the living
+    # First seen last time: named again once, in case that was between a fork and its exec.
+    recheck: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,17 +591,18 @@ def _collect(
         procs: dict[int, SeenProcess] = {}
         for pid in counters.pids:
             last = seen.get(pid)
-            if last is not None and not passed:
+            recheck = plan is not None and pid in plan.recheck
+            if last is not None and not passed and not recheck:
                 procs[pid] = last
                 continue
             rss = read_statm_rss(pid, proc_root)
             if not rss:  # None: gone; 0: a zombie, as good as gone
                 continue
-            if last is None or killing:
+            if last is None or killing or recheck:
                 stat = read_stat(pid, proc_root)
                 if stat is None or (killing and stat.dying):
                     continue
-                if last is None:
+                if last is None or last.comm != stat.comm:
                     procs[pid] = SeenProcess(pid, stat.start_time, stat.comm, rss)
                     continue
             procs[pid] = (
@@ -689,15 +692,6 @@ def _arm_psi(paths: Iterable[Path]) -> tuple[select.epoll, list[int]] | None:
     return poller, fds
 
 
-def exec_comm(argv0: str) -> str:
-    """The comm the kernel gives a process that exec'd ``argv0``.
-
-    The basename of the file exec'd (a script's own name, not its
-    interpreter's), cut to 15 bytes (``TASK_COMM_LEN`` less the NUL).
-    """
-    return os.path.basename(argv0).encode()[:15].decode("utf-8", "ignore")
-
-
 def _parse_oom_task_line(line: str) -> tuple[int, str] | None:
     """(pid, task_memcg) from the kernel's ``oom-kill:constraint=...`` summary line.
 
@@ -749,6 +743,7 @@ class _ScopeState:
     pending_seen: dict[int, SeenProcess] = field(default_factory=dict)
     pass_current: int = 0  # memory.current when its processes were last all sized
     pass_tick: int = 0  # ... at that sample (Monitor._tick)
+    new: frozenset[int] = frozenset()  # pids first seen in the last sample
 
 
 class Monitor:
@@ -1123,6 +1118,7 @@ class Monitor:
                 # that is exiting (RSS 0) counts as gone as soon as it is.
                 s.pending > 0 or tick - s.pass_tick >= FULL_PASS_EVERY,
                 s.pending > 0,
+                s.new,
             )
             for unit, s in self._scopes.items()
         }
@@ -1206,6 +1202,7 @@ class Monitor:
                     )
                 )
             state.oom_kill, state.high, state.events = events.oom_kill, events.high, events
+            state.new = frozenset(scope.procs.keys() - state.seen.keys())
             state.seen = scope.procs
             all_pids.extend(scope.procs)
             if state.pending:
@@ -1301,10 +1298,12 @@ class Monitor:
                 break
             _, comm = reaped.pop(pid)
             last = seen.get(pid)
+            # The launcher's word first: a sample may have seen the child in the
+            # launch gate, before its exec, still named like its parent.
             found.append(
                 (
                     pid,
-                    comm if last is None else last.comm,
+                    comm if comm is not None or last is None else last.comm,
                     None if last is None else last.rss,
                     "reaped",
                 )

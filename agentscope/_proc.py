@@ -25,6 +25,7 @@ __all__ = [
     "ProcStat",
     "ProcessInfo",
     "SmapsRollup",
+    "exec_comm",
     "host_pressure",
     "iter_pids",
     "parse_meminfo",
@@ -118,6 +119,15 @@ def parse_stat(data: bytes) -> ProcStat:
         flags=int(fields[6]),
         signals=int(fields[28]) if len(fields) > 28 else 0,
     )
+
+
+def exec_comm(argv0: str) -> str:
+    """The comm the kernel gives a process that exec'd ``argv0``.
+
+    The basename of the file exec'd (a script's own name, not its
+    interpreter's), cut to 15 bytes (``TASK_COMM_LEN`` less the NUL).
+    """
+    return os.path.basename(argv0).encode()[:15].decode("utf-8", "ignore")
 
 
 def _pid_file(proc_root: Path, pid: int, name: str) -> str:

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from ._proc import exec_comm
+
 __all__ = ["GatedChild", "spawn_gated"]
 
 _GO = b"g"
@@ -37,10 +39,22 @@ def _gate(
     go_w: int,
     parent_fd: int,
     oom_score_adj: int | None,
+    comm: bytes,
 ) -> None:  # pragma: no cover - runs in the forked child
     # Only os calls here: this runs after fork() in a copy of a possibly
     # multi-threaded process, where taking any Python-level lock can hang.
     os.close(go_w)
+    # Named as the agent it will become before anyone can see it: a monitor
+    # sampling the scope while the child waits here must not record the
+    # manager's name for it.
+    try:
+        fd = os.open("/proc/self/comm", os.O_WRONLY)
+        try:
+            os.write(fd, comm)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
     os.write(pid_w, str(os.getpid()).encode())
     os.close(pid_w)
     poller = select.poll()
@@ -115,6 +129,7 @@ async def spawn_gated(
     pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     parent_fd = os.pidfd_open(os.getpid())
+    comm = exec_comm(argv[0]).encode()
     popen_fut: asyncio.Future[subprocess.Popen[bytes]] = loop.create_future()
 
     def settle(result: subprocess.Popen[bytes] | None, exc: BaseException | None) -> None:
@@ -135,7 +150,7 @@ async def spawn_gated(
                 stdout=stdout,
                 stderr=stderr,
                 close_fds=True,
-                preexec_fn=lambda: _gate(pid_w, go_r, go_w, parent_fd, oom_score_adj),
+                preexec_fn=lambda: _gate(pid_w, go_r, go_w, parent_fd, oom_score_adj, comm),
             )
         except BaseException as exc:
             loop.call_soon_threadsafe(settle, None, exc)

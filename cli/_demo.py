@@ -80,7 +80,12 @@ _RUNAWAY = (
 #: MGLRU's min_ttl_ms, see integration/guest.sh) the kill came 9-11 s after
 #: the start with 128 or 256 MiB chunks, but after up to 130 s with 32 MiB
 #: ones, the kernel reclaiming page cache between the small steps.
-GROW = "chunks = []\nwhile True:\n    chunks.append(b'x' * (128 << 20))\n"
+#: It first idles 2 s, as a tool call starts up: the monitor (1 s samples)
+#: sees it once before it grows, so the kill can name it without the kernel
+#: log (the user manager) even though it then fills memory in a second.
+GROW = (
+    "import time\ntime.sleep(2)\nchunks = []\nwhile True:\n    chunks.append(b'x' * (128 << 20))\n"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,8 +40,8 @@ from agentscope._monitor import (
     Pressure,
     Throttled,
     build_report,
-    exec_comm,
 )
+from agentscope._proc import exec_comm
 from tests.fakefs import (
     KERNEL,
     PAGE,
@@ -376,6 +376,42 @@ async def test_reaped_child_never_sampled_is_named_from_its_launch(tree: Tree) -
         await wait_for(lambda: bool(kills(got)))
     (kill,) = kills(got)
     assert (kill.agent, kill.pid, kill.comm, kill.source) == ("solo", 555, "python3", "reaped")
+
+
+async def test_reaped_child_sampled_before_its_exec_gets_its_exec_name(tree: Tree) -> None:
+    # Sampled while it waited in the launch gate under its parent's name.
+    scope = tree.scope("solo", {555: ("python", 2000)})
+    mon, got = monitor(tree, interval=60.0)
+    async with mon:
+        await wait_for(lambda: mon.samples >= 1)
+        tree.kill(scope, 555, scope_kills=1, slice_kills=1)
+        mon.note_exit(scope.name, 555, -9, comm=exec_comm("python3"))
+        await wait_for(lambda: bool(kills(got)))
+    (kill,) = kills(got)
+    assert (kill.pid, kill.comm, kill.source) == (555, "python3", "reaped")
+
+
+async def test_process_seen_between_fork_and_exec_is_named_after_its_exec(tree: Tree) -> None:
+    # A shell forked a child and the first sample caught it before its exec.
+    scope = tree.scope("alice", {101: ("sh", 100), 102: ("sh", 100)})
+    mon, got = monitor(tree, interval=60.0)
+    async with mon:
+        await wait_for(lambda: mon.samples >= 1)
+        with KERNEL:
+            make_proc(
+                tree.proc,
+                102,
+                comm="python3",
+                rss_pages=100,
+                cgroup=f"/{SLICE}/{scope.name}",
+                start_time=1000 + 102,
+            )
+            tree.set_events(scope, events())  # any change wakes the monitor
+        await wait_for(lambda: mon.samples >= 2)
+        tree.kill(scope, 102, scope_kills=1, slice_kills=1)
+        await wait_for(lambda: bool(kills(got)))
+    (kill,) = kills(got)
+    assert (kill.pid, kill.comm) == (102, "python3")
 
 
 def test_exec_comm_is_the_kernels() -> None:

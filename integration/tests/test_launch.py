@@ -326,9 +326,12 @@ async def test_user_manager_through_its_private_socket_alone(tmp_path: Path) -> 
         (runtime / "systemd" / "private").symlink_to(f"/run/user/{os.getuid()}/systemd/private")
         env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
         env["XDG_RUNTIME_DIR"] = str(runtime)
-        async with AsyncFleet(
-            f"p{uuid.uuid4().hex[:6]}", env=env, registry=tmp_path / "registry.db"
-        ) as fleet:
+        async with (
+            asyncio.timeout(120),
+            AsyncFleet(
+                f"p{uuid.uuid4().hex[:6]}", env=env, registry=tmp_path / "registry.db"
+            ) as fleet,
+        ):
             agent = await fleet.launch(
                 "direct", ["sh", "-c", "(cat /proc/self/cgroup)"], stdout=subprocess.PIPE
             )
