@@ -4,7 +4,7 @@ DISTRO ?=
 MANAGER ?= both
 K ?=
 # Distros booted at once (each VM idles much of its time under TCG).
-JOBS ?= 1
+JOBS ?= 2
 VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS)
 
 .PHONY: help venv check lint typecheck unit integration images test demo bench clean-vm

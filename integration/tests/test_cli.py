@@ -104,7 +104,7 @@ def test_exec_keeps_the_pid(fleet: str) -> None:
         for _ in range(100):
             try:
                 comm = Path(f"/proc/{proc.pid}/comm").read_text().strip()
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):
                 comm = ""
             if comm == "sleep":
                 break

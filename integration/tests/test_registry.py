@@ -50,7 +50,7 @@ def _launcher(fleet: str, db: Path, n: int, prefix: str, mode: str) -> subproces
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or during, the read
         return False
 
 

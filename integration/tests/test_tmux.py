@@ -9,6 +9,7 @@ what is typed into them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -81,7 +82,7 @@ def oom_score_adj(pid: int) -> int:
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or during, the read
         return False
 
 
@@ -130,7 +131,8 @@ async def fleet(name: str, tmp_path: Path) -> AsyncIterator[AsyncFleet]:
             yield f
         finally:
             for agent in await f.agents():
-                await f.stop(agent.name, timeout=5)
+                with contextlib.suppress(AgentNotFound):  # ended meanwhile
+                    await f.stop(agent.name, timeout=5)
             tmux(name, "kill-server")
             subprocess.run(["systemctl", *USER, "stop", _tmux.tmux_unit(name)], capture_output=True)
 
