@@ -105,7 +105,8 @@ async def _job_floor(manager: str, slice_name: str, n: int) -> list[float]:
             )
             if reply is None or reply.message_type == MessageType.ERROR:
                 raise RuntimeError(f"StartTransientUnit failed: {reply and reply.body}")
-            result = await results.pop(unit)
+            result = await asyncio.wait_for(results[unit], 60)
+            del results[unit]
             times.append(time.perf_counter() - t0)
             proc.kill()
             proc.wait()
