@@ -5,46 +5,93 @@ asyncio core, :class:`AsyncFleet`, and a blocking facade over the same core,
 :class:`Fleet`); ``agentscope.lowlevel`` the cgroup and /proc readers and the
 bus connection it is built from; ``agentscope.watchdog`` the harness
 stability kit (event-loop stall watchdog, fatal-reason log).
+
+Names are imported on first use (PEP 562): ``agentscope exec`` starts with
+``import agentscope._wire`` and must not pay for the whole library.
 """
 
-from ._blocking import BlockingAgent as BlockingAgent
-from ._blocking import BlockingMonitor as BlockingMonitor
-from ._blocking import Fleet as Fleet
-from ._blocking import probe_sync as probe_sync
-from ._errors import AgentExists as AgentExists
-from ._errors import AgentNotFound as AgentNotFound
-from ._errors import AgentscopeError as AgentscopeError
-from ._errors import BusError as BusError
-from ._errors import InvalidName as InvalidName
-from ._errors import LaunchError as LaunchError
-from ._errors import RegistryCorrupt as RegistryCorrupt
-from ._errors import RegistryError as RegistryError
-from ._errors import SystemdUnavailable as SystemdUnavailable
-from ._fleet import DEVNULL as DEVNULL
-from ._fleet import PIPE as PIPE
-from ._fleet import Agent as Agent
-from ._fleet import AsyncFleet as AsyncFleet
-from ._fleet import Capabilities as Capabilities
-from ._fleet import probe as probe
-from ._install import InstallError as InstallError
-from ._monitor import AgentExited as AgentExited
-from ._monitor import AgentMemory as AgentMemory
-from ._monitor import LimitFound as LimitFound
-from ._monitor import MemoryReport as MemoryReport
-from ._monitor import Monitor as Monitor
-from ._monitor import OomKill as OomKill
-from ._monitor import Pressure as Pressure
-from ._monitor import Throttled as Throttled
-from ._monitor import TopProcess as TopProcess
-from ._monitor import build_report as build_report
-from ._names import DEFAULT_SLICE as DEFAULT_SLICE
-from ._registry import EventRecord as EventRecord
-from ._registry import default_registry_path as default_registry_path
-from ._tmux import TmuxError as TmuxError
-from ._tmux import TmuxUnavailable as TmuxUnavailable
-from ._tmux import WindowExists as WindowExists
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._blocking import BlockingAgent as BlockingAgent
+    from ._blocking import BlockingMonitor as BlockingMonitor
+    from ._blocking import Fleet as Fleet
+    from ._blocking import probe_sync as probe_sync
+    from ._errors import AgentExists as AgentExists
+    from ._errors import AgentNotFound as AgentNotFound
+    from ._errors import AgentscopeError as AgentscopeError
+    from ._errors import BusError as BusError
+    from ._errors import InvalidName as InvalidName
+    from ._errors import LaunchError as LaunchError
+    from ._errors import RegistryCorrupt as RegistryCorrupt
+    from ._errors import RegistryError as RegistryError
+    from ._errors import SystemdUnavailable as SystemdUnavailable
+    from ._fleet import DEVNULL as DEVNULL
+    from ._fleet import PIPE as PIPE
+    from ._fleet import Agent as Agent
+    from ._fleet import AsyncFleet as AsyncFleet
+    from ._fleet import Capabilities as Capabilities
+    from ._fleet import probe as probe
+    from ._install import InstallError as InstallError
+    from ._monitor import AgentExited as AgentExited
+    from ._monitor import AgentMemory as AgentMemory
+    from ._monitor import LimitFound as LimitFound
+    from ._monitor import MemoryReport as MemoryReport
+    from ._monitor import Monitor as Monitor
+    from ._monitor import OomKill as OomKill
+    from ._monitor import Pressure as Pressure
+    from ._monitor import Throttled as Throttled
+    from ._monitor import TopProcess as TopProcess
+    from ._monitor import build_report as build_report
+    from ._names import DEFAULT_SLICE as DEFAULT_SLICE
+    from ._registry import EventRecord as EventRecord
+    from ._registry import default_registry_path as default_registry_path
+    from ._tmux import TmuxError as TmuxError
+    from ._tmux import TmuxUnavailable as TmuxUnavailable
+    from ._tmux import WindowExists as WindowExists
+
+del TYPE_CHECKING
 
 __version__ = "0.1.0.dev0"
+
+# Where each public name lives.
+_LAZY = {
+    "BlockingAgent": "._blocking",
+    "BlockingMonitor": "._blocking",
+    "Fleet": "._blocking",
+    "probe_sync": "._blocking",
+    "AgentExists": "._errors",
+    "AgentNotFound": "._errors",
+    "AgentscopeError": "._errors",
+    "BusError": "._errors",
+    "InvalidName": "._errors",
+    "LaunchError": "._errors",
+    "RegistryCorrupt": "._errors",
+    "RegistryError": "._errors",
+    "SystemdUnavailable": "._errors",
+    "DEVNULL": "._fleet",
+    "PIPE": "._fleet",
+    "Agent": "._fleet",
+    "AsyncFleet": "._fleet",
+    "Capabilities": "._fleet",
+    "probe": "._fleet",
+    "InstallError": "._install",
+    "AgentExited": "._monitor",
+    "AgentMemory": "._monitor",
+    "LimitFound": "._monitor",
+    "MemoryReport": "._monitor",
+    "Monitor": "._monitor",
+    "OomKill": "._monitor",
+    "Pressure": "._monitor",
+    "Throttled": "._monitor",
+    "TopProcess": "._monitor",
+    "build_report": "._monitor",
+    "DEFAULT_SLICE": "._names",
+    "EventRecord": "._registry",
+    "default_registry_path": "._registry",
+    "TmuxError": "._tmux",
+    "TmuxUnavailable": "._tmux",
+    "WindowExists": "._tmux",
+}
 
 __all__ = [
     "DEFAULT_SLICE",
@@ -85,3 +132,18 @@ __all__ = [
     "probe",
     "probe_sync",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentscope' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

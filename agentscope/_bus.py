@@ -21,6 +21,7 @@ from dbus_fast.aio.message_bus import _MessageWriter
 from dbus_fast.aio.message_reader import build_message_reader
 from dbus_fast.errors import AuthError, InvalidAddressError
 
+from . import _wire
 from ._errors import BusError, SystemdUnavailable
 
 __all__ = [
@@ -40,7 +41,7 @@ SD_PATH = "/org/freedesktop/systemd1"
 SD_MANAGER = "org.freedesktop.systemd1.Manager"
 PROPS = "org.freedesktop.DBus.Properties"
 INFINITY = 2**64 - 1  # systemd's "infinity" for limits (uint64 max)
-SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
+SYSTEM_BUS = _wire.SYSTEM_BUS
 CALL_TIMEOUT = 60.0  # seconds for a method reply; systemd answers in milliseconds
 
 
@@ -68,17 +69,7 @@ def bus_addresses(manager: Manager, env: Mapping[str, str] = os.environ) -> list
     else the manager's private socket ``$XDG_RUNTIME_DIR/systemd/private``
     (systemd 257's own ``systemd-run --user`` uses only that one).
     """
-    if manager == "system":
-        return [BusAddress(env.get("DBUS_SYSTEM_BUS_ADDRESS", SYSTEM_BUS))]
-    out: list[BusAddress] = []
-    if session := env.get("DBUS_SESSION_BUS_ADDRESS"):
-        out.append(BusAddress(session))
-    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
-    bus = f"unix:path={runtime}/bus"
-    if not out and os.path.exists(f"{runtime}/bus"):
-        out.append(BusAddress(bus))
-    out.append(BusAddress(f"unix:path={runtime}/systemd/private", direct=True))
-    return out
+    return [BusAddress(address, direct) for address, direct in _wire.addresses(manager, env)]
 
 
 class _DirectBus(MessageBus):

@@ -20,6 +20,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from . import _scope
+
 __all__ = [
     "CgroupMemory",
     "LimitHolder",
@@ -464,22 +466,6 @@ def scan_slice_counters(slice_path: Path) -> dict[str, ScopeCounters]:
     return result
 
 
-def _slice_parts(slice_name: str) -> list[str]:
-    """``a-b-c.slice`` -> ``["a.slice", "a-b.slice", "a-b-c.slice"]`` (systemd.slice(5))."""
-    if slice_name == "-.slice":
-        return []
-    stem, dot, suffix = slice_name.rpartition(".")
-    if not dot or suffix != "slice" or not stem:
-        raise ValueError(f"{slice_name!r} is not a slice name (expected NAME.slice)")
-    pieces = stem.split("-")
-    if not all(pieces) or "/" in stem:
-        raise ValueError(
-            f"{slice_name!r} is not a valid slice name: dashes separate the levels of the "
-            "hierarchy, so it may not start or end with one or hold two in a row"
-        )
-    return ["-".join(pieces[: i + 1]) + ".slice" for i in range(len(pieces))]
-
-
 def cgroup_path_for_unit(manager_root: Path, slice_name: str, unit: str | None = None) -> Path:
     """The cgroup directory of ``unit`` in ``slice_name`` (or of the slice itself).
 
@@ -493,7 +479,7 @@ def cgroup_path_for_unit(manager_root: Path, slice_name: str, unit: str | None =
     Raises:
         ValueError: ``slice_name`` is not a valid slice name, or ``unit`` holds a '/'.
     """
-    path = manager_root.joinpath(*_slice_parts(slice_name))
+    path = manager_root.joinpath(*_scope.slice_parts(slice_name))
     if unit is None:
         return path
     if not unit or "/" in unit or unit in (".", ".."):
@@ -503,7 +489,7 @@ def cgroup_path_for_unit(manager_root: Path, slice_name: str, unit: str | None =
 
 def user_manager_cgroup(uid: int, cgroup_root: Path = CGROUP_ROOT) -> Path:
     """The cgroup of ``user@UID.service``, root of that user manager's units."""
-    return cgroup_root / "user.slice" / f"user-{uid}.slice" / f"user@{uid}.service"
+    return Path(_scope.manager_cgroup("user", uid, str(cgroup_root)))
 
 
 def _resolve(cgroup_root: Path, path: Path | str) -> Path:

@@ -17,8 +17,10 @@ caller can act differently on them::
 from __future__ import annotations
 
 import os
-import shlex
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "AgentExists",
@@ -125,7 +127,9 @@ class RegistryError(AgentscopeError):
     """
 
     def __init__(self, path: os.PathLike[str] | str, message: str) -> None:
-        self.path = Path(path)
+        from pathlib import Path  # here: the exec fast path imports this module
+
+        self.path: Path = Path(path)
         self.message = message
         super().__init__(message)
 
@@ -138,6 +142,8 @@ class RegistryCorrupt(RegistryError):
     """
 
     def __init__(self, path: os.PathLike[str] | str, reason: str) -> None:
+        import shlex
+
         self.reason = reason
         quoted = shlex.quote(str(path))
         super().__init__(

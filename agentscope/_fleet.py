@@ -28,7 +28,7 @@ from typing import IO, Any, TypeVar
 
 import psutil
 
-from . import _names, _tmux
+from . import _names, _scope, _tmux
 from ._bus import INFINITY, SystemdBus
 from ._cgroup import (
     CGROUP_ROOT,
@@ -76,10 +76,6 @@ _LIMITS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
 _STOPPED_MEANWHILE = (
     "org.freedesktop.systemd1.NoSuchUnit",
     "org.freedesktop.systemd1.NoSuchProcess",
-)
-_NO_OOMPOLICY = (
-    "org.freedesktop.DBus.Error.PropertyReadOnly",
-    "org.freedesktop.DBus.Error.UnknownProperty",
 )
 Stdio = int | IO[Any] | None
 
@@ -440,11 +436,7 @@ class AsyncFleet:
 
     def _expected_slice_cgroup(self) -> Path:
         """Where the manager puts the agents slice: dashes in its name are the hierarchy."""
-        root = CGROUP_ROOT
-        if self.manager == "user":
-            uid = os.getuid()
-            root = CGROUP_ROOT / f"user.slice/user-{uid}.slice/user@{uid}.service"
-        return root / _slice_relpath(self.slice)
+        return Path(_scope.slice_cgroup(self.manager, self.slice))
 
     async def _live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
@@ -980,15 +972,7 @@ class AsyncFleet:
         memory_max: int | None,
         description: str | None = None,
     ) -> None:
-        props: dict[str, tuple[str, Any]] = {
-            "Description": ("s", description or _names.describe(self.name, name)),
-            "Slice": ("s", self.slice),
-            "CollectMode": ("s", "inactive-or-failed"),
-            "MemoryAccounting": ("b", True),
-        }
-        if memory_max is not None:
-            props["MemoryMax"] = ("t", memory_max)
-            props["MemorySwapMax"] = ("t", 0)
+        props = _scope.scope_properties(self.name, name, self.slice, memory_max, description)
         fds: list[int] = []
         await self._bus.connect()  # the version decides PIDs or PIDFDs
         try:
@@ -1012,17 +996,10 @@ class AsyncFleet:
                 self._oom_policy = True
                 return
             except BusError as exc:
-                if exc.dbus_name not in _NO_OOMPOLICY or "OOMPolicy" not in exc.message:
+                if not _scope.refuses_oom_policy(exc.dbus_name, exc.message):
                     raise
                 self._oom_policy = False
-                log.warning(
-                    "systemd %s refuses OOMPolicy on scopes, so agents are launched without "
-                    "it: an OOM kill may then stop an agent's whole scope (systemd before the "
-                    "OOMPolicy support of 253 does so from its scope OOM handling on; 247 was "
-                    "measured to leave the scope running). Pin the policy with a "
-                    "DefaultOOMPolicy=continue drop-in for the manager, or use systemd 253+.",
-                    self._bus.version,
-                )
+                log.warning(_scope.OOMPOLICY_WARNING, self._bus.version)
         await self._run_start(unit, props, fds)
 
     async def _run_start(
@@ -1037,10 +1014,7 @@ class AsyncFleet:
             timeout=60,
         )
         if result != "done":
-            raise LaunchError(
-                f"systemd could not start scope {unit}: job result {result!r}; "
-                f"see journalctl {'--user ' if self.manager == 'user' else ''}-u {unit}"
-            )
+            raise LaunchError(_scope.job_failed_message(unit, result, self.manager))
 
     async def _clear_slice_limits(self) -> None:
         if self._slice_checked:
@@ -1330,11 +1304,6 @@ def _check_memory_max(memory_max: object) -> int | None:
     return memory_max
 
 
-def _slice_relpath(slice: str) -> str:
-    parts = slice.removesuffix(".slice").split("-")
-    return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
-
-
 _LAUNCH_GRACE = 120.0  # seconds a "starting" row may take before it is judged
 
 
@@ -1437,10 +1406,7 @@ async def probe(manager: str = "auto", *, slice: str = _names.DEFAULT_SLICE) -> 
     bus = SystemdBus(manager)
     try:
         await bus.connect()
-        root = CGROUP_ROOT
-        if bus.manager == "user":
-            uid = os.getuid()
-            root = CGROUP_ROOT / f"user.slice/user-{uid}.slice/user@{uid}.service"
+        root = Path(_scope.manager_cgroup(bus.manager))
         init_path = await bus.unit_path("init.scope")
         xml = await bus.call(
             "Introspect", path=init_path, interface="org.freedesktop.DBus.Introspectable"

@@ -33,9 +33,10 @@ Lifecycle of a row (``set_state``)::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
-import pwd
 import random
 import sqlite3
 import stat
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar, cast, get_args
 
+from . import _spool
 from ._errors import AgentExists, RegistryCorrupt, RegistryError
 
 __all__ = [
@@ -410,17 +412,7 @@ def default_registry_path(
     Raises:
         ValueError: ``manager`` is neither ``"system"`` nor ``"user"``.
     """
-    if manager == "system":
-        return Path("/var/lib") / _OWN_DIR_NAME / "agentscope.db"
-    if manager != "user":
-        raise ValueError(f"manager must be 'system' or 'user', not {manager!r}")
-    state_home = env.get("XDG_STATE_HOME", "")
-    if state_home and os.path.isabs(state_home):
-        base = Path(state_home)
-    else:
-        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-        base = Path(home) / ".local" / "state"
-    return base / _OWN_DIR_NAME / "agentscope.db"
+    return Path(_spool.state_dir(manager, env)) / "agentscope.db"
 
 
 def _prepare_files(path: Path) -> None:
@@ -552,6 +544,8 @@ class Registry:
         self.path = Path(path)
         self.timeout = timeout
         self._lock = threading.Lock()
+        self._spool = _spool.spool_dir(self.path)
+        self._spool_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         try:
             _prepare_files(self.path)
@@ -652,6 +646,7 @@ class Registry:
             raise
 
     def _transaction(self, body: Callable[[sqlite3.Connection], _T], *, write: bool) -> _T:
+        self._take_spool()
         with self._lock:
             conn = self._conn
             if conn is None:
@@ -672,6 +667,51 @@ class Registry:
                 return _retry_busy(attempt, time.monotonic() + self.timeout)
             except sqlite3.Error as exc:
                 raise _map_error(self.path, exc, self.timeout) from exc
+
+    def _take_spool(self) -> None:
+        """Record the launches ``agentscope exec`` left in the spool (see :mod:`._spool`)."""
+        paths = _spool.pending(self._spool)
+        # Taking an entry runs transactions, which land here again: skip then.
+        if not paths or not self._spool_lock.acquire(blocking=False):
+            return
+        try:
+            for path in paths:
+                self._take_entry(path)
+        finally:
+            self._spool_lock.release()
+
+    def _take_entry(self, path: str) -> None:
+        entry = _spool.read(path)
+        state = entry.state() if entry is not None else "bad"
+        if entry is None or state == "starting":  # "starting": its exec still waits
+            if entry is None and os.path.exists(path):
+                _unlink(path)
+            return
+        launch = (entry.fleet, entry.name, entry.unit, entry.pid, entry.start_time)
+        try:
+            try:
+                self.record_launch(*launch, entry.argv, entry.cwd, "running", created=entry.created)
+            except AgentExists as exc:
+                if os.path.isdir(os.path.join(entry.slice_dir, exc.unit)):
+                    raise  # two live agents of one name: keep the registry's
+                # The name's row is stale (its scope is gone): close it first.
+                self._close_stale(entry.fleet, entry.name, exc.unit)
+                self.record_launch(*launch, entry.argv, entry.cwd, "running", created=entry.created)
+        except (AgentExists, RegistryError) as exc:
+            # Recorded already (a reconcile found its scope first), or the name
+            # is taken: the entry has nothing more to give.
+            logging.getLogger("agentscope").info("spool entry %s not recorded: %s", path, exc)
+            _unlink(path)
+            return
+        detail = {"unit": entry.unit, "pid": entry.pid, "pids": [entry.pid], "via": "exec"}
+        self.record_event(entry.fleet, entry.name, "adopted", detail, ts=entry.created)
+        if state == "lost":  # it ended before anyone looked: as for any adopted agent
+            self._close_stale(entry.fleet, entry.name, entry.unit)
+        _unlink(path)
+
+    def _close_stale(self, fleet: str, name: str, unit: str) -> None:
+        row = self.set_state(unit, "lost")
+        self.record_event(fleet, name, "lost", {"unit": unit, "pid": row.pid})
 
     def _row_by_unit(self, conn: sqlite3.Connection, unit: str) -> AgentRecord:
         row = conn.execute(
@@ -1010,3 +1050,8 @@ class Registry:
             args.append(limit)
         rows = self._transaction(lambda c: c.execute(sql, args).fetchall(), write=False)
         return [_event_from_row(r) for r in rows]
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -65,6 +65,18 @@ def bench_exec(cli: str, fleet: str, manager: str, rounds: int) -> dict[str, flo
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def exec_path(cli: str, fleet: str) -> str:
+    """Which path ``exec`` took: ``fast`` unless it imported dbus-fast (the library's)."""
+    done = subprocess.run(
+        [cli, "--fleet", fleet, "exec", "probe", "-q", "--", "true"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+    )
+    return "slow (the library's Fleet.adopt)" if "dbus_fast" in done.stderr else "fast"
+
+
 async def bench_ls(cli: str, fleet_name: str, manager: str, agents: int) -> tuple[float, int]:
     async with agentscope.AsyncFleet(fleet_name, manager) as fleet:
         names = []
@@ -114,6 +126,7 @@ def main() -> None:
         f"  (exec - python) / systemd-run {extra / med['systemd-run']:7.2f}x  (target <= 1.5x); "
         f"exec / systemd-run {med['exec'] / med['systemd-run']:.2f}x"
     )
+    print(f"  path taken: {exec_path(cli, fleet)}", flush=True)
     wall, listed = asyncio.run(bench_ls(cli, f"{fleet}l", manager, args.agents))
     print(
         f"ls --json with {args.agents} agents: {wall * 1e3:.0f} ms wall (median of 5), "

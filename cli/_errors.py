@@ -9,15 +9,17 @@ This is the one place that maps exceptions to exit codes::
     4  systemd unreachable         SystemdUnavailable
 
 With ``--json`` the message goes to stderr as ``{"error": ..., "kind": ...}``.
-Kept free of typer and rich: the ``exec`` fast path reports through it too.
+Kept free of typer and rich, and of any import its ``exec`` fast path
+(which raises :class:`BadInput`) does not need before it execs.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
-from typing import TextIO
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TextIO
 
 __all__ = [
     "EXIT_FAILED",
@@ -101,8 +103,12 @@ def report_error(
     code, kind = classify(exc)
     message = _message(exc, kind)
     if debug:
+        import traceback
+
         traceback.print_exception(exc, file=out)
     if json_mode:
+        import json
+
         out.write(json.dumps({"error": message, "kind": kind}) + "\n")
     else:
         out.write(f"agentscope: error: {message}\n")

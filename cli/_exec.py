@@ -1,59 +1,83 @@
 """``agentscope exec``: move this very process into a new agent scope, then exec.
 
 Like ``systemd-run --scope``: the command keeps this process's PID, stdio
-and signals. Started from :func:`cli.main.main` before typer or rich are
-imported, so it parses its arguments with argparse and prints plainly.
+and signals. Started from :func:`cli.main.main` before anything else is
+imported, and meant to cost about what systemd-run costs: its arguments
+are parsed by hand (argparse costs ~0.1 s under TCG), the command is found
+on ``$PATH`` by hand (shutil likewise), and the scope is made by
+:func:`agentscope._exec.adopt_self`, which needs neither asyncio, dbus-fast
+nor SQLite. When that fast path cannot tell that all is ordinary, the
+library's :meth:`Fleet.adopt` does the work.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
-from collections.abc import Callable, Sequence
-from typing import NoReturn
 
-from . import _fleet
 from ._errors import BadInput, Failed
-from ._parse import parse_size
+from ._options import Options
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+    from collections.abc import Callable, Sequence
 
 __all__ = ["exec_command", "parse_exec_args", "resolve_command", "run_exec"]
 
 USAGE = "agentscope exec NAME [--memory-max SIZE] [--quiet] -- CMD [ARGS...]"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise BadInput(f"{message}; usage: {USAGE}")
+class ExecArgs:
+    """What ``exec`` was given."""
+
+    __slots__ = ("cmd", "memory_max", "name", "quiet")
+
+    def __init__(self, name: str, cmd: list[str], memory_max: str | None, quiet: bool) -> None:
+        self.name, self.cmd, self.memory_max, self.quiet = name, cmd, memory_max, quiet
 
 
-def parse_exec_args(args: Sequence[str]) -> argparse.Namespace:
+def _usage(message: str) -> BadInput:
+    return BadInput(f"{message}; usage: {USAGE}")
+
+
+def parse_exec_args(args: Sequence[str]) -> ExecArgs:
     """NAME, --memory-max, --quiet and the command of ``exec``.
 
+    The command follows ``--``, or the first word that is not an option.
+
     Raises:
-        BadInput: bad usage, or no command.
+        BadInput: bad usage.
     """
     args = list(args)
-    own, cmd = (
-        (args[: args.index("--")], args[args.index("--") + 1 :])
-        if "--" in args
-        else (
-            args,
-            None,
-        )
-    )
-    parser = _Parser(prog="agentscope exec", usage=USAGE, add_help=False)
-    parser.add_argument("name")
-    parser.add_argument("--memory-max", dest="memory_max")
-    parser.add_argument("-q", "--quiet", action="store_true")
-    if cmd is None:
-        parser.add_argument("cmd", nargs=argparse.REMAINDER)
-        ns = parser.parse_args(own)
-    else:
-        ns = parser.parse_args(own)
-        ns.cmd = cmd
-    return ns
+    name: str | None = None
+    memory_max: str | None = None
+    quiet = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in ("-q", "--quiet"):
+            quiet = True
+        elif arg == "--memory-max" or arg.startswith("--memory-max="):
+            if "=" in arg:
+                memory_max = arg.partition("=")[2]
+            elif i + 1 < len(args):
+                i += 1
+                memory_max = args[i]
+            else:
+                raise _usage("--memory-max needs a size")
+        elif arg.startswith("-") and arg != "-":
+            raise _usage(f"unknown option {arg}")
+        elif name is None:
+            name = arg
+        else:
+            break  # the command, given without "--"
+        i += 1
+    if name is None:
+        raise _usage("the agent NAME is missing")
+    return ExecArgs(name, args[i:], memory_max, quiet)
 
 
 def resolve_command(prog: str, env: dict[str, str] | None = None) -> str:
@@ -69,14 +93,15 @@ def resolve_command(prog: str, env: dict[str, str] | None = None) -> str:
             raise BadInput(f"{prog!r} is not executable (chmod +x it)")
         return prog
     path = (env if env is not None else os.environ).get("PATH", os.defpath)
-    found = shutil.which(prog, path=path)
-    if found is None:
-        raise BadInput(f"{prog!r} not found on PATH ({path})")
-    return found
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", prog)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise BadInput(f"{prog!r} not found on PATH ({path})")
 
 
 def run_exec(
-    opts: _fleet.Options,
+    opts: Options,
     args: Sequence[str],
     *,
     execv: Callable[[str, list[str]], object] | None = None,
@@ -87,7 +112,7 @@ def run_exec(
 
 
 def exec_command(
-    opts: _fleet.Options,
+    opts: Options,
     name: str,
     cmd: Sequence[str],
     *,
@@ -106,18 +131,46 @@ def exec_command(
     """
     if not cmd:
         raise BadInput(f"no command to run; usage: {USAGE}")
-    size = parse_size(memory_max) if memory_max is not None else None
+    size = None
+    if memory_max is not None:
+        from ._parse import parse_size
+
+        size = parse_size(memory_max)
     path = resolve_command(cmd[0])
-    fleet = _fleet.open_fleet(opts)
-    try:
-        agent = fleet.adopt(os.getpid(), name, memory_max=size)
-    finally:
-        fleet.close()
+    unit = _adopt(opts, name, list(cmd), size)
     if not (quiet or opts.json):
-        sys.stderr.write(f"Running as unit: {agent.unit}\n")
+        sys.stderr.write(f"Running as unit: {unit}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         (execv or os.execv)(path, list(cmd))
     except OSError as exc:
-        raise Failed(f"cannot exec {cmd[0]!r} in {agent.unit}: {exc}", "exec_failed") from exc
+        raise Failed(f"cannot exec {cmd[0]!r} in {unit}: {exc}", "exec_failed") from exc
+
+
+def _adopt(opts: Options, name: str, cmd: list[str], size: int | None) -> str:
+    """This process in a new scope of agent ``name``: the fast path, else the library's."""
+    from agentscope import _exec
+
+    try:
+        return _exec.adopt_self(
+            opts.fleet, name, cmd, manager=opts.manager, memory_max=size, warn=_warn
+        )
+    except _exec.SlowPath as exc:
+        slow = str(exc)
+    from . import _fleet
+    from .main import setup_logging
+
+    setup_logging(opts.debug)
+    if opts.debug:
+        sys.stderr.write(f"agentscope: DEBUG: exec takes the slow path: {slow}\n")
+    fleet = _fleet.open_fleet(opts)
+    try:
+        return fleet.adopt(os.getpid(), name, memory_max=size).unit
+    finally:
+        fleet.close()
+
+
+def _warn(message: str) -> None:
+    # The format of the "agentscope" logger's handler (cli.main.setup_logging).
+    sys.stderr.write(f"agentscope: WARNING: {message}\n")

@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, cast
+
+from agentscope import _spool
+
+from ._options import Options
 
 __all__ = [
     "AgentLike",
@@ -23,22 +26,6 @@ __all__ = [
     "default_log_path",
     "open_fleet",
 ]
-
-
-@dataclass(frozen=True)
-class Options:
-    """The global options: which manager and fleet, and how to print."""
-
-    manager: str = "auto"  # "auto": system when root, else user
-    fleet: str = "default"
-    json: bool = False
-    debug: bool = False
-
-    @property
-    def resolved_manager(self) -> str:
-        if self.manager != "auto":
-            return self.manager
-        return "system" if os.geteuid() == 0 else "user"
 
 
 class Record(Protocol):
@@ -142,5 +129,4 @@ def default_log_path(opts: Options, name: str, env: Mapping[str, str] = os.envir
     """
     if opts.resolved_manager == "system":
         return Path("/var/log/agentscope") / opts.fleet / f"{name}.log"
-    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "agentscope" / "logs" / opts.fleet / f"{name}.log"
+    return Path(_spool.state_dir("user", env)) / "logs" / opts.fleet / f"{name}.log"

@@ -1,21 +1,23 @@
 """Entry point of the ``agentscope`` command.
 
-``exec`` takes a fast path that imports neither typer nor rich: it moves
-this process into a scope and execs, so its start-up is the command's.
-Every other command goes through the typer app in :mod:`._app`.
+``exec`` takes a fast path that imports neither typer nor rich (nor
+logging, nor anything it can do without): it moves this process into a
+scope and execs, so its start-up is the command's. Every other command goes
+through the typer app in :mod:`._app`.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
 
-from ._errors import report_error
-from ._fleet import Options
+from ._options import Options
 
-__all__ = ["hoist_globals", "main", "split_globals"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+    from collections.abc import Sequence
+    from typing import NoReturn
+
+__all__ = ["hoist_globals", "main", "setup_logging", "split_globals"]
 
 _VALUED = ("--manager", "--fleet")
 _FLAGS = ("--json", "--debug")
@@ -87,18 +89,19 @@ def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] 
     return opts, command, list(args[i + 1 :])
 
 
-class _StderrHandler(logging.Handler):
-    """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
+def setup_logging(debug: bool) -> None:
+    """Send the library's log (stale slice limits, no OOMPolicy...) to stderr."""
+    import logging
 
-    def emit(self, record: logging.LogRecord) -> None:
-        sys.stderr.write(self.format(record) + "\n")
+    class StderrHandler(logging.Handler):
+        """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
 
+        def emit(self, record: logging.LogRecord) -> None:
+            sys.stderr.write(self.format(record) + "\n")
 
-def _setup_logging(debug: bool) -> None:
-    # The library logs its warnings (stale slice limits, no OOMPolicy) to "agentscope".
     logger = logging.getLogger("agentscope")
-    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-        handler = _StderrHandler()
+    if not any(type(h).__name__ == "StderrHandler" for h in logger.handlers):
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter("agentscope: %(levelname)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug else logging.WARNING)
@@ -111,15 +114,17 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     opts = (
         split[0] if split is not None else Options(json="--json" in args, debug="--debug" in args)
     )
-    _setup_logging(opts.debug)
     if split is not None and split[1] == "exec":
         from ._exec import run_exec
 
         try:
             run_exec(opts, split[2])
         except (Exception, KeyboardInterrupt) as exc:
+            from ._errors import report_error
+
             sys.exit(report_error(exc, json_mode=opts.json, debug=opts.debug))
         sys.exit(0)  # reached only with a stand-in exec
+    setup_logging(opts.debug)
     from ._app import run_app
 
     sys.exit(run_app(args, opts))

@@ -26,8 +26,10 @@ import pytest
 from typer.testing import CliRunner
 
 import agentscope
+from agentscope import _exec as agentscope_exec
 from cli import _docs, _doctor, _fleet, _render
 from cli._errors import BadInput
+from cli._exec import parse_exec_args, resolve_command
 from cli._notify import Notifier, format_state
 from cli._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
 from cli.main import hoist_globals, main, split_globals
@@ -210,6 +212,12 @@ def fleet(monkeypatch: pytest.MonkeyPatch) -> FakeFleet:
 
     monkeypatch.setattr(_fleet, "open_fleet", open_fleet)
     fake.opened = opened  # type: ignore[attr-defined]
+
+    def no_fast_path(*args: object, **kwargs: object) -> str:
+        # On a systemd host the fast path would make a real scope: take the fake.
+        raise agentscope_exec.SlowPath("test")
+
+    monkeypatch.setattr(agentscope_exec, "adopt_self", no_fast_path)
     return fake
 
 
@@ -770,30 +778,48 @@ def test_exec_error_codes(fleet: FakeFleet) -> None:
     assert json.loads(result.stderr)["kind"] == "agent_exists"
 
 
-def test_exec_fast_path_imports_no_typer_or_rich() -> None:
+# What `agentscope exec` may import before it execs: every module costs
+# milliseconds natively and ~30x that under TCG (bench_cli.py).
+EXEC_IMPORTS = {
+    "__future__",
+    "_socket",
+    "_struct",
+    "struct",
+    "agentscope",
+    "agentscope._errors",
+    "agentscope._exec",
+    "agentscope._names",
+    "agentscope._scope",
+    "agentscope._spool",
+    "agentscope._wire",
+    "cli",
+    "cli._errors",
+    "cli._exec",
+    "cli._options",
+    "cli.main",
+}
+
+
+def test_exec_fast_path_imports_only_what_it_needs() -> None:
     code = textwrap.dedent(
         """
-        import json, os, sys
-        from cli import _fleet
-        from cli.main import main
+        import os, sys
+        before = set(sys.modules)
+        from agentscope import _exec
 
-        class Agent:
-            unit = "agentscope-default-me-000000.scope"
+        def adopt_self(fleet, name, argv, **options):
+            return "agentscope-default-me-000000.scope"
 
-        class Fleet:
-            def adopt(self, pid, name, memory_max=None):
-                return Agent()
-            def close(self):
-                pass
-
-        _fleet.open_fleet = lambda opts: Fleet()
+        _exec.adopt_self = adopt_self
 
         def execv(path, argv):
-            heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("typer", "rich", "click"))
-            print(json.dumps({"path": path, "argv": argv, "heavy": heavy}))
+            new = sorted(set(sys.modules) - before)
+            import json
+            print(json.dumps({"path": path, "argv": argv, "new": new}))
             os._exit(0)
 
         os.execv = execv
+        from cli.main import main
         main(["--json", "exec", "me", "--", "true", "x"])
         """
     )
@@ -801,9 +827,72 @@ def test_exec_fast_path_imports_no_typer_or_rich() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )
     data = json.loads(proc.stdout)
-    assert data["heavy"] == []
+    assert set(data["new"]) <= EXEC_IMPORTS, set(data["new"]) - EXEC_IMPORTS
     assert data["argv"] == ["true", "x"]
     assert os.path.basename(data["path"]) == "true"
+
+
+def test_exec_takes_the_library_path_when_the_fast_path_cannot(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "execv", lambda path, argv: None)
+    result = run("--debug", "exec", "me", "--", "true")
+    assert result.code == 0, result.stderr
+    assert fleet.calls == [("adopt", os.getpid(), "me", None)]
+    assert "exec takes the slow path: test" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "name", "cmd", "memory_max", "quiet"),
+    [
+        (["a", "--", "sh", "-c", "x"], "a", ["sh", "-c", "x"], None, False),
+        (["a", "sh", "-c", "x"], "a", ["sh", "-c", "x"], None, False),
+        (["-q", "a", "--memory-max", "1G", "--", "ls", "-q"], "a", ["ls", "-q"], "1G", True),
+        (["a", "--memory-max=2G", "--quiet", "true"], "a", ["true"], "2G", True),
+        (["a", "--", "--weird"], "a", ["--weird"], None, False),
+    ],
+)
+def test_exec_arguments(
+    args: list[str], name: str, cmd: list[str], memory_max: str | None, quiet: bool
+) -> None:
+    parsed = parse_exec_args(args)
+    assert (parsed.name, parsed.cmd, parsed.memory_max, parsed.quiet) == (
+        name,
+        cmd,
+        memory_max,
+        quiet,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "the agent NAME is missing"),
+        (["--", "true"], "the agent NAME is missing"),
+        (["a", "--memory-max"], "--memory-max needs a size"),
+        (["a", "--bogus", "--", "true"], "unknown option --bogus"),
+    ],
+)
+def test_exec_bad_arguments(args: list[str], message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        parse_exec_args(args)
+
+
+def test_exec_finds_commands_like_the_shell(tmp_path: Path) -> None:
+    tool = tmp_path / "bin" / "tool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "tool").write_text("not executable")
+    path = f"{tmp_path / 'other'}:{tmp_path / 'bin'}"
+    with pytest.raises(BadInput, match="not found on PATH"):  # none is executable yet
+        resolve_command("tool", {"PATH": path})
+    tool.chmod(0o755)
+    assert resolve_command("tool", {"PATH": path}) == str(tool)
+    with pytest.raises(BadInput, match="not found on PATH"):
+        resolve_command("no-such-tool", {"PATH": path})
+    with pytest.raises(BadInput, match="not executable"):
+        resolve_command(str(tmp_path / "other" / "tool"))
 
 
 # -- sd_notify ----------------------------------------------------------------------

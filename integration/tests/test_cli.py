@@ -11,8 +11,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import SYSTEMD, systemctl
 
 CLI = shutil.which("agentscope") or "agentscope"
+SLICE = "app-agentscope-agents.slice"
+# What the exec fast path must not import: it would not meet systemd-run's time.
+HEAVY = {"asyncio", "dbus_fast", "sqlite3", "typer", "rich", "click", "psutil"}
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -114,6 +118,74 @@ def test_exec_keeps_the_pid(fleet: str) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def _wait_comm(pid: int, comm: str) -> None:
+    seen = ""
+    for _ in range(200):
+        try:
+            seen = Path(f"/proc/{pid}/comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            seen = ""
+        if seen == comm:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"pid {pid} is {seen!r}, not {comm!r}")
+
+
+def _imported(stderr: str) -> set[str]:
+    """The modules a PYTHONPROFILEIMPORTTIME=1 run imported."""
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+def test_exec_fast_path_records_the_agent(fleet: str, tmp_path: Path) -> None:
+    # A first agent makes the slice and the registry exist: the ordinary case.
+    ok_json("--fleet", fleet, "run", "first", "--", "sleep", "300")
+    err = tmp_path / "exec.err"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [CLI, "--fleet", fleet, "exec", "me", "--", "sleep", "300"],
+            stderr=stderr,
+            env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+        )
+    try:
+        _wait_comm(proc.pid, "sleep")
+        text = err.read_text()
+        heavy = {m for m in _imported(text) if m.split(".")[0] in HEAVY}
+        assert not heavy, f"exec took the slow path: {sorted(heavy)}\n{text[-2000:]}"
+        assert ("refuses OOMPolicy" in text) == (SYSTEMD < 253), text[-2000:]
+        listed = ok_json("--fleet", fleet, "ls")
+        assert isinstance(listed, list)
+        rows = {row["name"]: row for row in listed}
+        assert rows["me"]["pid"] == proc.pid
+        assert rows["me"]["state"] == "running"
+        assert rows["me"]["unit"] in Path(f"/proc/{proc.pid}/cgroup").read_text()
+        done = cli("--json", "--fleet", fleet, "events", "--kind", "adopted")
+        (event,) = [json.loads(line) for line in done.stdout.splitlines()]
+        assert (event["agent"], event["detail"]["via"]) == ("me", "exec")
+        # While it runs, its name is taken, through the fast path or not.
+        again = cli("--json", "--fleet", fleet, "exec", "me", "--", "true")
+        assert again.returncode == 1, again.stderr
+        assert json.loads(again.stderr)["kind"] == "agent_exists"
+        ok_json("--fleet", fleet, "stop", "me", "--timeout", "5")
+        assert proc.wait(30) is not None
+    finally:
+        proc.kill()
+        proc.wait()
+        cli("--fleet", fleet, "stop", "first")
+
+
+def test_exec_clears_stale_slice_limits(fleet: str) -> None:
+    ok_json("--fleet", fleet, "ls")  # the registry exists: only the limits stand in the way
+    systemctl("set-property", "--runtime", SLICE, "MemoryHigh=100M")
+    done = cli("--fleet", fleet, "exec", "me", "--", "true")
+    assert done.returncode == 0, done.stderr
+    assert "cleared stale limits" in done.stderr
+    assert "MemoryHigh=infinity" in systemctl("show", SLICE, "-p", "MemoryHigh")
 
 
 @pytest.mark.parametrize(

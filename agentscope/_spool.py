@@ -1,0 +1,177 @@
+"""Launches made by ``agentscope exec`` that the registry has not taken in yet.
+
+The exec fast path cannot afford to import :mod:`sqlite3` (about 80 ms under
+TCG, half of what it may spend), so it records its launch as one small file
+in ``spool/`` next to the registry, before its scope starts. The registry
+takes these files in at its next transaction (``Registry._take_spool``).
+
+An entry is first written under the agent's name, ``FLEET+NAME``, with
+``O_EXCL``: two execs of one name cannot both pass. An entry whose process
+has ended is renamed to its unit's name to free the agent's name, and waits
+there for the registry like the others.
+
+Only :mod:`os` is used here: the exec fast path imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+    from collections.abc import Mapping, Sequence
+
+__all__ = ["Entry", "claim", "pending", "read", "spool_dir", "start_time", "state_dir"]
+
+_MAGIC = "agentscope-spool-1"
+_OWN_DIR_NAME = "agentscope"
+
+
+def state_dir(manager: str, env: Mapping[str, str] = os.environ) -> str:
+    """Where a manager's registry lives (see ``default_registry_path``).
+
+    Raises:
+        ValueError: ``manager`` is neither ``"system"`` nor ``"user"``.
+    """
+    if manager == "system":
+        return f"/var/lib/{_OWN_DIR_NAME}"
+    if manager != "user":
+        raise ValueError(f"manager must be 'system' or 'user', not {manager!r}")
+    state_home = env.get("XDG_STATE_HOME", "")
+    if not (state_home and os.path.isabs(state_home)):  # the XDG spec ignores a relative one
+        import pwd
+
+        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+        state_home = f"{home}/.local/state"
+    return f"{state_home}/{_OWN_DIR_NAME}"
+
+
+def spool_dir(registry: str | os.PathLike[str]) -> str:
+    """The spool of the registry file ``registry``."""
+    return os.path.join(os.path.dirname(os.fspath(registry)), "spool")
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat`` (when it started, in clock ticks); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:  # ENOENT or ESRCH: it ended
+        return None
+    # comm (field 2) may hold spaces and parentheses: count from the last ')'.
+    return int(data[data.rindex(b")") + 2 :].split()[19])
+
+
+class Entry:
+    """One launch of ``agentscope exec``, as the registry will record it."""
+
+    __slots__ = (
+        "argv",
+        "created",
+        "cwd",
+        "fleet",
+        "name",
+        "pid",
+        "slice_dir",
+        "start_time",
+        "unit",
+    )
+
+    def __init__(
+        self,
+        fleet: str,
+        name: str,
+        unit: str,
+        pid: int,
+        start_time: int,
+        created: float,
+        slice_dir: str,
+        cwd: str,
+        argv: Sequence[str],
+    ) -> None:
+        self.fleet, self.name, self.unit = fleet, name, unit
+        self.pid, self.start_time, self.created = pid, start_time, created
+        self.slice_dir, self.cwd, self.argv = slice_dir, cwd, list(argv)
+
+    def encode(self) -> bytes:
+        # NUL-separated: no field can hold a NUL (names, paths and argv are C strings).
+        fields = [_MAGIC, self.fleet, self.name, self.unit, str(self.pid), str(self.start_time)]
+        fields += [repr(self.created), self.slice_dir, self.cwd, *self.argv]
+        return b"\0".join(os.fsencode(f) for f in fields)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Entry | None:
+        """The entry, or None for a file that is not one (a torn or foreign write)."""
+        fields = [os.fsdecode(f) for f in data.split(b"\0")]
+        if len(fields) < 9 or fields[0] != _MAGIC:
+            return None
+        try:
+            pid, start, created = int(fields[4]), int(fields[5]), float(fields[6])
+        except ValueError:
+            return None
+        fleet, name, unit, slice_dir, cwd = fields[1], fields[2], fields[3], fields[7], fields[8]
+        return cls(fleet, name, unit, pid, start, created, slice_dir, cwd, fields[9:])
+
+    def alive(self) -> bool:
+        """Whether the launching process still runs (the same one: its start time matches)."""
+        return start_time(self.pid) == self.start_time
+
+    def state(self) -> str:
+        """``running`` (its scope exists), ``starting`` (not yet), or ``lost`` (ended)."""
+        if os.path.isdir(os.path.join(self.slice_dir, self.unit)):
+            return "running"
+        return "starting" if self.alive() else "lost"
+
+
+def claim(spool: str, entry: Entry) -> str | None:
+    """Write ``entry`` under its agent's name; its path, or None if the name is held.
+
+    A held name whose process has ended is freed first (its entry renamed
+    to its unit's name, for the registry to take in). None means a live
+    process holds the name: the caller takes the slow path, which knows more.
+    """
+    os.makedirs(spool, mode=0o700, exist_ok=True)
+    # Written whole first, then linked under the name: a reader never sees
+    # half an entry, and link() fails if the name is taken.
+    draft = os.path.join(spool, f".{entry.unit}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, entry.encode())
+    finally:
+        os.close(fd)
+    path = os.path.join(spool, f"{entry.fleet}+{entry.name}")
+    try:
+        for _ in range(3):
+            try:
+                os.link(draft, path)
+                return path
+            except FileExistsError:
+                holder = read(path)
+                if holder is not None and holder.alive():
+                    return None
+                freed = holder.unit if holder is not None else f"{entry.fleet}+{entry.name}.bad"
+                try:  # noqa: SIM105 (contextlib is one import too many on this path)
+                    os.rename(path, os.path.join(spool, freed))
+                except FileNotFoundError:
+                    pass  # another exec freed it first
+        return None
+    finally:
+        os.unlink(draft)
+
+
+def read(path: str) -> Entry | None:
+    """The entry at ``path``; None when it is gone or not an entry."""
+    try:
+        with open(path, "rb") as f:
+            return Entry.decode(f.read())
+    except OSError:
+        return None
+
+
+def pending(spool: str) -> list[str]:
+    """The paths of the entries waiting in ``spool``, oldest name first."""
+    try:
+        names = os.listdir(spool)
+    except OSError:  # no spool yet: nothing was ever exec'd
+        return []
+    return [os.path.join(spool, n) for n in sorted(names) if not n.startswith(".")]

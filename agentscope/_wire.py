@@ -1,0 +1,354 @@
+"""A small blocking D-Bus client: what ``agentscope exec`` needs, and no more.
+
+``agentscope exec`` must start about as fast as ``systemd-run --scope``.
+Importing dbus-fast costs about 2 s under TCG (its package ``__init__``
+loads the whole library, asyncio with it), many times systemd-run's whole
+run, so the exec path speaks the wire protocol itself: a unix socket,
+EXTERNAL authentication, method calls and signals read synchronously.
+Everything else in agentscope goes through dbus-fast (:mod:`._bus`).
+
+Only C modules are imported: :mod:`_socket` rather than :mod:`socket`,
+which pulls in :mod:`enum` and :mod:`selectors` (about 70 ms under TCG).
+"""
+
+from __future__ import annotations
+
+import _socket
+import os
+import struct
+
+from ._errors import BusError, SystemdUnavailable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+__all__ = ["Connection", "Unsupported", "addresses", "marshal", "unmarshal"]
+
+SD = "org.freedesktop.systemd1"
+SD_PATH = "/org/freedesktop/systemd1"
+SD_MANAGER = "org.freedesktop.systemd1.Manager"
+SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
+
+_CALL, _RETURN, _ERROR, _SIGNAL = 1, 2, 3, 4
+_NO_REPLY_EXPECTED = 0x1
+
+# Alignment of each type code, and the struct format of the fixed-size ones.
+_ALIGN = {
+    "y": 1, "b": 4, "n": 2, "q": 2, "i": 4, "u": 4, "x": 8, "t": 8, "d": 8, "h": 4,
+    "s": 4, "o": 4, "g": 1, "a": 4, "(": 8, "{": 8, "v": 1,
+}  # fmt: skip
+_FIXED = {"y": "B", "b": "I", "n": "h", "q": "H", "i": "i", "u": "I", "x": "q", "t": "Q"}
+_FIXED.update({"d": "d", "h": "I"})
+
+
+class Unsupported(Exception):
+    """An address this client does not speak (not a plain unix socket): use dbus-fast."""
+
+
+def addresses(manager: str, env: Mapping[str, str] = os.environ) -> list[tuple[str, bool]]:
+    """The bus addresses to try for a manager, in order, as ``(address, direct)``.
+
+    The user manager: ``$DBUS_SESSION_BUS_ADDRESS``, else ``$XDG_RUNTIME_DIR/bus``,
+    else the manager's private socket ``$XDG_RUNTIME_DIR/systemd/private``
+    (systemd 257's own ``systemd-run --user`` uses only that one); ``direct``
+    means no bus daemon, so no ``Hello``.
+    """
+    if manager == "system":
+        return [(env.get("DBUS_SYSTEM_BUS_ADDRESS", SYSTEM_BUS), False)]
+    out: list[tuple[str, bool]] = []
+    if session := env.get("DBUS_SESSION_BUS_ADDRESS"):
+        out.append((session, False))
+    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
+    if not out and os.path.exists(f"{runtime}/bus"):
+        out.append((f"unix:path={runtime}/bus", False))
+    out.append((f"unix:path={runtime}/systemd/private", True))
+    return out
+
+
+def _socket_path(address: str) -> str:
+    """The socket path of a ``unix:path=`` or ``unix:abstract=`` address."""
+    transport, _, params = address.partition(":")
+    keys = dict(p.partition("=")[::2] for p in params.split(","))
+    if transport != "unix" or ";" in address or "%" in address:
+        raise Unsupported(address)
+    if "path" in keys:
+        return keys["path"]
+    if "abstract" in keys:
+        return "\0" + keys["abstract"]
+    raise Unsupported(address)
+
+
+# -- marshalling ------------------------------------------------------------------
+
+
+def _split(signature: str) -> list[str]:
+    """The complete types of a signature: ``"sa(sv)u"`` -> ``["s", "a(sv)", "u"]``."""
+    out = []
+    i = 0
+    while i < len(signature):
+        end = _type_end(signature, i)
+        out.append(signature[i:end])
+        i = end
+    return out
+
+
+def _type_end(signature: str, i: int) -> int:
+    c = signature[i]
+    if c == "a":
+        return _type_end(signature, i + 1)
+    if c in "({":
+        i += 1
+        while signature[i] not in ")}":
+            i = _type_end(signature, i)
+    return i + 1
+
+
+def _pad(buf: bytearray, n: int) -> None:
+    buf.extend(bytes(-len(buf) % n))
+
+
+def _write(buf: bytearray, t: str, value: Any) -> None:
+    c = t[0]
+    _pad(buf, _ALIGN[c])
+    if c in _FIXED:
+        buf += struct.pack("<" + _FIXED[c], value)
+    elif c in "so":
+        data = value.encode()
+        buf += struct.pack("<I", len(data)) + data + b"\0"
+    elif c == "g":
+        data = value.encode()
+        buf += bytes((len(data),)) + data + b"\0"
+    elif c == "v":
+        inner, item = value
+        _write(buf, "g", inner)
+        _write(buf, inner, item)
+    elif c == "a":
+        at = len(buf)
+        buf += bytes(4)
+        _pad(buf, _ALIGN[t[1]])
+        start = len(buf)
+        for item in value.items() if t[1] == "{" else value:
+            _write(buf, t[1:], item)
+        struct.pack_into("<I", buf, at, len(buf) - start)
+    else:  # a struct or dict entry
+        for sub, item in zip(_split(t[1:-1]), value, strict=True):
+            _write(buf, sub, item)
+
+
+def marshal(signature: str, body: Sequence[Any]) -> bytes:
+    """A message body in little-endian wire format; a variant is ``(signature, value)``."""
+    buf = bytearray()
+    for t, value in zip(_split(signature), body, strict=True):
+        _write(buf, t, value)
+    return bytes(buf)
+
+
+class _Reader:
+    def __init__(self, data: bytes, endian: str, pos: int) -> None:
+        self.data, self.endian, self.pos = data, endian, pos
+
+    def read(self, t: str) -> Any:
+        c = t[0]
+        self.pos += -self.pos % _ALIGN[c]
+        if c in _FIXED:
+            fmt = self.endian + _FIXED[c]
+            (value,) = struct.unpack_from(fmt, self.data, self.pos)
+            self.pos += struct.calcsize(fmt)
+            return bool(value) if c == "b" else value
+        if c in "sog":
+            if c == "g":
+                n = self.data[self.pos]
+                self.pos += 1
+            else:
+                n = self.read("u")
+            text = self.data[self.pos : self.pos + n].decode()
+            self.pos += n + 1
+            return text
+        if c == "v":
+            return self.read(self.read("g"))
+        if c == "a":
+            end = self.read("u")
+            self.pos += -self.pos % _ALIGN[t[1]]
+            end += self.pos
+            items = []
+            while self.pos < end:
+                items.append(self.read(t[1:]))
+            return dict(items) if t[1] == "{" else items
+        return [self.read(sub) for sub in _split(t[1:-1])]
+
+
+def unmarshal(signature: str, data: bytes, endian: str = "<", pos: int = 0) -> list[Any]:
+    """The values of a body: a variant becomes its value, a struct a list."""
+    reader = _Reader(data, endian, pos)
+    return [reader.read(t) for t in _split(signature)]
+
+
+class _Message:
+    __slots__ = ("body", "error", "kind", "member", "path", "reply_to")
+
+    def __init__(self, data: bytes) -> None:
+        endian = "<" if data[:1] == b"l" else ">"
+        self.kind = data[1]
+        fields = dict(unmarshal("a(yv)", data, endian, 12)[0])
+        self.path = fields.get(1, "")
+        self.member = fields.get(3, "")
+        self.error = fields.get(4, "")
+        self.reply_to = fields.get(5, 0)
+        header_end = 16 + struct.unpack_from(endian + "I", data, 12)[0]
+        header_end += -header_end % 8
+        self.body = unmarshal(fields.get(8, ""), data, endian, header_end)
+
+
+class Connection:
+    """One blocking connection to a systemd manager (bus or private socket).
+
+    Raises:
+        Unsupported: the address is not a unix socket this client speaks.
+        SystemdUnavailable: nothing listens there, the manager refused us, or
+            no answer came within ``timeout`` seconds.
+    """
+
+    def __init__(self, manager: str, address: str, direct: bool, timeout: float = 60) -> None:
+        self.manager, self.address, self.direct = manager, address, direct
+        path = _socket_path(address)
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        self._buf = bytearray()
+        self._serial = 0
+        self._replies: dict[int, _Message] = {}
+        self._signals: list[_Message] = []
+        try:
+            self._sock.connect(path)
+            uid = str(os.geteuid()).encode().hex().encode()
+            self._sock.sendall(b"\0AUTH EXTERNAL " + uid + b"\r\n")
+            line = self._line()
+            if not line.startswith(b"OK "):
+                raise self._unavailable(f"authentication refused ({line.decode(errors='replace')})")
+            self._sock.sendall(b"BEGIN\r\n")
+        except OSError as exc:
+            self.close()
+            raise self._unavailable(_reason(exc)) from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def _unavailable(self, reason: str) -> SystemdUnavailable:
+        return SystemdUnavailable(self.manager, self.address, reason)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _fill(self) -> None:
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise self._unavailable("the connection was closed")
+        self._buf += chunk
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self._buf:
+            self._fill()
+        line, _, rest = bytes(self._buf).partition(b"\r\n")
+        self._buf = bytearray(rest)
+        return line
+
+    def _receive(self) -> None:
+        """Read one message into the replies or the signals."""
+        while len(self._buf) < 16:
+            self._fill()
+        endian = "<" if self._buf[:1] == b"l" else ">"
+        body_len, _serial, fields_len = struct.unpack_from(endian + "III", self._buf, 4)
+        total = 16 + fields_len
+        total += -total % 8 + body_len
+        while len(self._buf) < total:
+            self._fill()
+        msg = _Message(bytes(self._buf[:total]))
+        del self._buf[:total]
+        if msg.kind in (_RETURN, _ERROR):
+            self._replies[msg.reply_to] = msg
+        elif msg.kind == _SIGNAL:
+            self._signals.append(msg)
+
+    def send(
+        self,
+        member: str,
+        signature: str = "",
+        body: Sequence[Any] = (),
+        *,
+        path: str = SD_PATH,
+        interface: str = SD_MANAGER,
+        destination: str = SD,
+    ) -> int:
+        """Send a method call without waiting; returns its serial for :meth:`reply`."""
+        self._serial += 1
+        payload = marshal(signature, body)
+        fields: list[tuple[int, tuple[str, str]]] = [
+            (1, ("o", path)),
+            (2, ("s", interface)),
+            (3, ("s", member)),
+        ]
+        if not self.direct:
+            fields.append((6, ("s", destination)))
+        if signature:
+            fields.append((8, ("g", signature)))
+        header = bytearray(struct.pack("<cBBBII", b"l", _CALL, 0, 1, len(payload), self._serial))
+        _write(header, "a(yv)", fields)
+        _pad(header, 8)
+        try:
+            self._sock.sendall(bytes(header) + payload)
+        except OSError as exc:
+            raise self._unavailable(_reason(exc)) from exc
+        return self._serial
+
+    def reply(self, serial: int, method: str) -> list[Any]:
+        """The body of the reply to ``serial``; an error reply raises :class:`BusError`."""
+        try:
+            while serial not in self._replies:
+                self._receive()
+        except OSError as exc:
+            raise self._unavailable(_reason(exc, f"no reply to {method}")) from exc
+        msg = self._replies.pop(serial)
+        if msg.kind == _ERROR:
+            text = str(msg.body[0]) if msg.body and isinstance(msg.body[0], str) else ""
+            raise BusError(method, msg.error or "unknown", text)
+        return msg.body
+
+    def call(self, member: str, signature: str = "", body: Sequence[Any] = ()) -> list[Any]:
+        """Call a systemd manager method and wait for its reply."""
+        return self.reply(self.send(member, signature, body), member)
+
+    def greet(self) -> list[tuple[int, str]]:
+        """Send the opening calls without waiting: ``[(serial, method)]`` to check later.
+
+        On a bus: ``Hello``, then a match for systemd's ``JobRemoved``; on
+        both, ``Subscribe`` (on a direct connection signals come unasked).
+        Sending them in one go saves two round trips, as sd-bus does.
+        """
+        sent = []
+        if not self.direct:
+            daemon = "org.freedesktop.DBus"
+            bus = {"path": "/org/freedesktop/DBus", "interface": daemon, "destination": daemon}
+            rule = f"type='signal',sender='{SD}',interface='{SD_MANAGER}',member='JobRemoved'"
+            sent.append((self.send("Hello", **bus), "Hello"))
+            sent.append((self.send("AddMatch", "s", [rule], **bus), "AddMatch"))
+        sent.append((self.send("Subscribe"), "Subscribe"))
+        return sent
+
+    def job_result(self, job: str) -> str:
+        """Wait for ``JobRemoved`` of the job object ``job``; its result (``done``, ...)."""
+        try:
+            while True:
+                for msg in self._signals:
+                    if msg.member == "JobRemoved" and msg.body[1] == job:
+                        return str(msg.body[3])
+                self._signals.clear()
+                self._receive()
+        except OSError as exc:
+            raise self._unavailable(_reason(exc, f"no end of job {job}")) from exc
+
+
+def _reason(exc: OSError, waiting: str = "") -> str:
+    if isinstance(exc, TimeoutError):
+        return f"{waiting or 'no answer'} in time"
+    return f"{type(exc).__name__}: {exc.strerror or exc}"

@@ -1,0 +1,212 @@
+"""The exec spool: entries, the name claim, and the registry taking them in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentscope import _exec, _spool
+from agentscope._registry import Registry, default_registry_path
+
+ME = os.getpid()
+MY_START = _spool.start_time(ME)
+assert MY_START is not None
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def entry(
+    tmp_path: Path, name: str = "builder", pid: int = ME, start: int | None = None, **kw: object
+) -> _spool.Entry:
+    unit = str(kw.get("unit", f"agentscope-f-{name}-abc123.scope"))
+    return _spool.Entry(
+        "f",
+        name,
+        unit,
+        pid,
+        MY_START if start is None else start,
+        1_700_000_000.5,
+        str(tmp_path / "slice"),
+        "/srv/work dir",
+        ["sh", "-c", "echo 'a b'\n", "caf\u00e9", os.fsdecode(b"\xff")],
+    )
+
+
+def test_an_entry_reads_back_whole(tmp_path: Path) -> None:
+    e = entry(tmp_path)
+    back = _spool.Entry.decode(e.encode())
+    assert back is not None
+    assert {s: getattr(back, s) for s in e.__slots__} == {s: getattr(e, s) for s in e.__slots__}
+
+
+@pytest.mark.parametrize("data", [b"", b"junk", b"agentscope-spool-1\0f\0n", b"x\0" * 12])
+def test_what_is_not_an_entry_reads_as_none(data: bytes) -> None:
+    assert _spool.Entry.decode(data) is None
+
+
+def test_a_name_is_claimed_once_while_its_process_lives(tmp_path: Path) -> None:
+    spool = str(tmp_path / "spool")
+    first = _spool.claim(spool, entry(tmp_path))
+    assert first == f"{spool}/f+builder"
+    again = entry(tmp_path, unit="agentscope-f-builder-def456.scope")
+    assert _spool.claim(spool, again) is None
+    assert os.listdir(spool) == ["f+builder"]  # no draft left behind
+    read = _spool.read(first)
+    assert read is not None
+    assert read.unit == "agentscope-f-builder-abc123.scope"
+
+
+def test_a_name_held_by_an_ended_process_is_freed(tmp_path: Path) -> None:
+    spool = str(tmp_path / "spool")
+    _spool.claim(spool, entry(tmp_path, pid=_dead_pid(), start=1))
+    second = entry(tmp_path, unit="agentscope-f-builder-def456.scope")
+    assert _spool.claim(spool, second) == f"{spool}/f+builder"
+    # The ended launch waits under its unit's name for the registry.
+    assert sorted(os.listdir(spool)) == ["agentscope-f-builder-abc123.scope", "f+builder"]
+
+
+def test_pending_is_empty_without_a_spool(tmp_path: Path) -> None:
+    assert _spool.pending(str(tmp_path / "none")) == []
+
+
+def test_the_spool_sits_next_to_the_default_registry() -> None:
+    env = {"XDG_STATE_HOME": "/state", "HOME": "/home/u"}
+    assert _spool.state_dir("user", env) == str(default_registry_path("user", env).parent)
+    assert _spool.state_dir("user", {"XDG_STATE_HOME": "rel", "HOME": "/h"}) == (
+        "/h/.local/state/agentscope"
+    )
+    assert _spool.state_dir("system") == "/var/lib/agentscope"
+
+
+# -- the registry takes entries in ---------------------------------------------------
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    (tmp_path / "slice").mkdir()
+    reg = Registry(tmp_path / "state" / "agentscope.db")
+    yield reg
+    reg.close()
+
+
+def spool_of(registry: Registry) -> str:
+    return _spool.spool_dir(registry.path)
+
+
+def test_a_running_exec_becomes_a_running_row(tmp_path: Path, registry: Registry) -> None:
+    e = entry(tmp_path)
+    (tmp_path / "slice" / e.unit).mkdir()
+    assert _spool.claim(spool_of(registry), e) is not None
+    (row,) = registry.agents("f")
+    assert (row.name, row.unit, row.pid, row.start_time) == ("builder", e.unit, ME, MY_START)
+    assert (row.state, row.created, row.cwd, list(row.argv)) == (
+        "running",
+        e.created,
+        e.cwd,
+        e.argv,
+    )
+    (event,) = registry.events("f")
+    assert (event.kind, event.ts, event.detail["via"], event.detail["unit"]) == (
+        "adopted",
+        e.created,
+        "exec",
+        e.unit,
+    )
+    assert _spool.pending(spool_of(registry)) == []
+
+
+def test_an_exec_still_starting_is_left_to_its_process(tmp_path: Path, registry: Registry) -> None:
+    e = entry(tmp_path)
+    _spool.claim(spool_of(registry), e)
+    assert registry.agents("f") == []
+    assert len(_spool.pending(spool_of(registry))) == 1
+    (tmp_path / "slice" / e.unit).mkdir()  # its scope is there now
+    assert [r.state for r in registry.agents("f")] == ["running"]
+
+
+def test_an_exec_that_ended_unseen_is_lost(tmp_path: Path, registry: Registry) -> None:
+    _spool.claim(spool_of(registry), entry(tmp_path, pid=_dead_pid(), start=1))
+    (row,) = registry.agents("f", include_closed=True)
+    assert row.state == "lost"
+    assert [e.kind for e in registry.events("f")] == ["adopted", "lost"]
+
+
+def test_a_stale_row_of_the_name_is_closed_first(tmp_path: Path, registry: Registry) -> None:
+    old = registry.record_launch("f", "builder", "agentscope-f-builder-000000.scope", 1, 1, [], "")
+    e = entry(tmp_path)
+    (tmp_path / "slice" / e.unit).mkdir()
+    _spool.claim(spool_of(registry), e)
+    rows = {r.unit: r.state for r in registry.agents("f", include_closed=True)}
+    assert rows == {old.unit: "lost", e.unit: "running"}
+
+
+def test_a_live_agent_of_the_name_keeps_it(tmp_path: Path, registry: Registry) -> None:
+    old = registry.record_launch("f", "builder", "agentscope-f-builder-000000.scope", 1, 1, [], "")
+    (tmp_path / "slice" / old.unit).mkdir()
+    e = entry(tmp_path)
+    (tmp_path / "slice" / e.unit).mkdir()
+    _spool.claim(spool_of(registry), e)
+    assert [(r.unit, r.state) for r in registry.agents("f")] == [(old.unit, "starting")]
+    assert _spool.pending(spool_of(registry)) == []
+
+
+def test_a_unit_recorded_already_is_not_recorded_twice(tmp_path: Path, registry: Registry) -> None:
+    e = entry(tmp_path)
+    (tmp_path / "slice" / e.unit).mkdir()
+    registry.record_launch("f", "builder", e.unit, ME, MY_START, [], "", "running")
+    _spool.claim(spool_of(registry), e)
+    assert len(registry.agents("f")) == 1
+    assert _spool.pending(spool_of(registry)) == []
+
+
+def test_a_file_that_is_not_an_entry_is_dropped(registry: Registry) -> None:
+    spool = Path(spool_of(registry))
+    spool.mkdir()
+    (spool / "f+junk").write_bytes(b"junk")
+    assert registry.agents("f") == []
+    assert _spool.pending(str(spool)) == []
+
+
+# -- what the exec fast path checks before it goes ahead -------------------------------
+
+
+def slice_dir(tmp_path: Path, **files: str) -> Path:
+    d = tmp_path / "agents.slice"
+    d.mkdir()
+    for name, text in {"memory.high": "max\n", "memory.max": "max\n", **files}.items():
+        (d / name.replace("_", ".")).write_text(text)
+    return d
+
+
+def test_an_ordinary_slice_lets_exec_go_ahead(tmp_path: Path) -> None:
+    d = slice_dir(tmp_path, memory_swap_max="max\n")
+    (d / "agentscope-a-b-c-123abc.scope").mkdir()  # fleet a, agent b-c: another agent
+    (d / "agentscope-a-bb-123abc.scope").mkdir()
+    _exec._check_slice(str(d), "agentscope-a-b-")
+
+
+@pytest.mark.parametrize("limit", ["memory_high", "memory_max", "memory_swap_max"])
+def test_a_slice_limit_sends_exec_the_slow_way(tmp_path: Path, limit: str) -> None:
+    d = slice_dir(tmp_path, **{limit: "104857600\n"})
+    with pytest.raises(_exec.SlowPath, match=limit.replace("_", ".")):
+        _exec._check_slice(str(d), "agentscope-a-b-")
+
+
+def test_a_running_agent_of_the_name_sends_exec_the_slow_way(tmp_path: Path) -> None:
+    d = slice_dir(tmp_path)
+    (d / "agentscope-a-b-123abc.scope").mkdir()
+    with pytest.raises(_exec.SlowPath, match="a scope of that name runs"):
+        _exec._check_slice(str(d), "agentscope-a-b-")
+
+
+def test_a_missing_slice_sends_exec_the_slow_way(tmp_path: Path) -> None:
+    with pytest.raises(_exec.SlowPath, match="cannot read the agents slice"):
+        _exec._check_slice(str(tmp_path / "none"), "agentscope-a-b-")
