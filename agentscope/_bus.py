@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -77,7 +78,8 @@ class _DirectBus(MessageBus):
 
     dbus-fast's ``connect()`` always greets a bus daemon with ``Hello``,
     which a manager's private socket answers with an error; this is the same
-    connect, authenticate and read set-up without it.
+    connect and read set-up without it, and with the handshake sent in one
+    piece as systemd's own clients send it (:meth:`_handshake` says why).
     """
 
     async def connect(self) -> MessageBus:
@@ -88,7 +90,7 @@ class _DirectBus(MessageBus):
             await self._loop.sock_connect(sock, address)
             self._sock, self._stream, self._fd = sock, stream, sock.fileno()
             self._writer = _MessageWriter(self)
-            await self._authenticate()
+            await self._handshake(sock)
         except BaseException:
             stream.close()
             sock.close()
@@ -104,6 +106,44 @@ class _DirectBus(MessageBus):
         self.unique_name = ":direct"
         self._writer.schedule_write()
         return self
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        """SASL EXTERNAL with ``BEGIN`` sent up front, before any answer.
+
+        sd-bus, serving the private socket, stalls a connection whose first
+        message reaches it in the same read as ``BEGIN``: it keeps the
+        message in its buffer and waits for the socket to become readable
+        again, which it never does if the client then waits for the reply.
+        dbus-fast's handshake sends ``BEGIN`` on its own and the first
+        message right after it, so a manager slow to read (a loaded host)
+        got both at once. Sent with the other lines, ``BEGIN`` is in the
+        manager's buffer before it answers, and is handled before it reads
+        again, so the first message always comes in a read of its own (this
+        is how systemd's own clients, ``systemctl`` among them, connect).
+        """
+        uid = str(os.getuid()).encode().hex().encode()
+        fds = b"NEGOTIATE_UNIX_FD\r\n" if self._negotiate_unix_fd else b""
+        await self._loop.sock_sendall(
+            sock, b"\0AUTH EXTERNAL " + uid + b"\r\n" + fds + b"BEGIN\r\n"
+        )
+        answer = await self._sasl_line(sock)
+        if not answer.startswith(b"OK "):
+            raise AuthError(f"authentication failed: {answer!r}")
+        if fds and (answer := await self._sasl_line(sock)) != b"AGREE_UNIX_FD":
+            raise AuthError(f"unix fd passing refused: {answer!r}")
+
+    async def _sasl_line(self, sock: socket.socket) -> bytes:
+        # A byte at a time: the manager may send signals right after its last
+        # answer, and those bytes belong to the message reader.
+        line = b""
+        while not line.endswith(b"\r\n"):
+            byte = await self._loop.sock_recv(sock, 1)
+            if not byte:
+                raise AuthError("connection closed during authentication")
+            line += byte
+            if len(line) > 1024:
+                raise AuthError("authentication answer too long")
+        return line[:-2]
 
 
 def _check(method: str, reply: Message | None) -> list[Any]:

@@ -579,15 +579,13 @@ def _collect(
     for unit, counters in scan_slice_counters(slice_path).items():
         plan = plans.get(unit)
         seen: Mapping[int, SeenProcess] = {} if plan is None else plan.seen
+        counted = plan is not None and plan.oom_kill != counters.events.oom_kill
         passed = (
-            plan is None
-            or plan.force
-            or plan.oom_kill != counters.events.oom_kill
-            or _moved(counters.current, plan.pass_current)
+            plan is None or plan.force or counted or _moved(counters.current, plan.pass_current)
         )
         # A kill is counted now or still waits for its victim: a victim that
         # is still listed while it dies counts as gone, so it can be named.
-        killing = plan is not None and (plan.pending or plan.oom_kill != counters.events.oom_kill)
+        killing = plan is not None and (plan.pending or counted)
         procs: dict[int, SeenProcess] = {}
         for pid in counters.pids:
             last = seen.get(pid)

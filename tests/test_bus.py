@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import struct
+from pathlib import Path
+
 import pytest
 from dbus_fast import Message, MessageType
 
 from agentscope import BusError
-from agentscope._bus import SYSTEM_BUS, BusAddress, _check, bus_addresses, resolve_manager
+from agentscope._bus import (
+    SD_MANAGER,
+    SD_PATH,
+    SYSTEM_BUS,
+    BusAddress,
+    _check,
+    _DirectBus,
+    bus_addresses,
+    resolve_manager,
+)
 
 
 def test_system_manager_uses_system_bus() -> None:
@@ -56,3 +70,57 @@ def test_error_reply_becomes_bus_error_with_name_and_text() -> None:
     assert info.value.method == "StartTransientUnit"
     assert "OOMPolicy" in info.value.message
     assert "StartTransientUnit" in str(info.value)
+
+
+async def test_direct_connection_sends_begin_before_any_answer(tmp_path: Path) -> None:
+    # sd-bus, serving systemd's private socket, leaves a message that came in
+    # the same read as BEGIN unprocessed until more bytes arrive: a client
+    # that sends BEGIN on its own and its first call right behind it stalls
+    # on a manager slow to read. So the whole handshake, BEGIN included, must
+    # come before any answer (this server answers nothing until then).
+    # What the manager sends right behind its last answer is a message.
+    (tmp_path / "systemd").mkdir()
+    uid = str(os.getuid()).encode().hex().encode()
+    job_removed = Message.new_signal(
+        SD_PATH, SD_MANAGER, "JobRemoved", "uoss", [7, f"{SD_PATH}/job/7", "a.scope", "done"]
+    )
+    job_removed.serial = 1
+    handshakes: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handshakes.append(await reader.readuntil(b"BEGIN\r\n"))
+        writer.write(b"OK " + b"0" * 32 + b"\r\nAGREE_UNIX_FD\r\n")
+        writer.write(job_removed._marshall(False))
+        fixed = await reader.readexactly(16)
+        body_len, call_serial, fields_len = struct.unpack("<III", fixed[4:])
+        call = await reader.readexactly(fields_len + (-fields_len % 8) + body_len)
+        assert b"Subscribe" in call
+        writer.write(
+            Message(
+                message_type=MessageType.METHOD_RETURN, reply_serial=call_serial, serial=2
+            )._marshall(False)
+        )
+        await reader.read()  # until the client hangs up
+        writer.close()
+        await writer.wait_closed()
+
+    served: list[asyncio.Task[None]] = []
+    server = await asyncio.start_unix_server(
+        lambda r, w: served.append(asyncio.ensure_future(serve(r, w))),
+        tmp_path / "systemd" / "private",
+    )
+    bus = _DirectBus(bus_address=f"unix:path={tmp_path}/systemd/private", negotiate_unix_fd=True)
+    received: list[Message] = []
+    bus.add_message_handler(lambda msg: received.append(msg) and None)
+    try:
+        async with asyncio.timeout(10):
+            await bus.connect()
+            reply = await bus.call(Message(path=SD_PATH, interface=SD_MANAGER, member="Subscribe"))
+        assert handshakes == [b"\0AUTH EXTERNAL " + uid + b"\r\nNEGOTIATE_UNIX_FD\r\nBEGIN\r\n"]
+        assert reply.message_type == MessageType.METHOD_RETURN
+        signals = [m for m in received if m.message_type == MessageType.SIGNAL]
+        assert [(m.member, m.body) for m in signals] == [("JobRemoved", job_removed.body)]
+    finally:
+        bus.disconnect()
+        server.close()
+        await asyncio.wait_for(asyncio.gather(*served), 10)

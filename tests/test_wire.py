@@ -41,7 +41,7 @@ class Server:
     def _serve(self) -> None:
         conn, _ = self._listener.accept()
         with conn:
-            while b"\r\n" not in self.auth:
+            while not self.auth.endswith(b"BEGIN\r\n"):
                 self.auth += conn.recv(4096)
             conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
             while chunk := conn.recv(4096):
@@ -74,8 +74,7 @@ def test_a_start_call_reads_back_in_dbus_fast(server: Server) -> None:
     serial = conn.send("StartTransientUnit", "ssa(sv)a(sa(sv))", START)
     conn.close()
     sent = server.received()
-    assert sent.startswith(b"BEGIN\r\n")
-    msg = _dbus_fast_message(sent.removeprefix(b"BEGIN\r\n"))
+    msg = _dbus_fast_message(sent)
     assert serial == msg.serial == 1
     assert (msg.destination, msg.path, msg.interface, msg.member) == (
         _wire.SD,
@@ -167,7 +166,7 @@ def test_authenticates_as_its_uid(server: Server) -> None:
     _wire.Connection("user", server.address, direct=True, timeout=5).close()
     server.received()
     uid = str(os.geteuid()).encode().hex().encode()
-    assert server.auth == b"\0AUTH EXTERNAL " + uid + b"\r\n"
+    assert server.auth == b"\0AUTH EXTERNAL " + uid + b"\r\nBEGIN\r\n"
 
 
 def test_nothing_listening_is_systemd_unavailable(tmp_path: Any) -> None:

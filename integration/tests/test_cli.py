@@ -6,12 +6,13 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import SYSTEMD, systemctl
+from conftest import MANAGER, SYSTEMD, systemctl
 
 CLI = shutil.which("agentscope") or "agentscope"
 SLICE = "app-agentscope-agents.slice"
@@ -176,6 +177,35 @@ def test_exec_fast_path_records_the_agent(fleet: str, tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+        cli("--fleet", fleet, "stop", "first")
+
+
+@pytest.mark.skipif(MANAGER != "user", reason="the private-socket fallback is the user manager's")
+def test_exec_through_the_private_socket_alone(fleet: str) -> None:
+    # No user bus: exec's own client connects straight to the manager's
+    # private socket (sd-bus serving it once stalled clients that sent their
+    # first message right after BEGIN: ten in a row must all go through).
+    ok_json("--fleet", fleet, "run", "first", "--", "sleep", "300")
+    runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    try:
+        (runtime / "systemd").mkdir()
+        (runtime / "systemd" / "private").symlink_to(f"/run/user/{os.getuid()}/systemd/private")
+        env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
+        env.update(XDG_RUNTIME_DIR=str(runtime), PYTHONPROFILEIMPORTTIME="1")
+        for i in range(10):
+            done = subprocess.run(
+                [CLI, "--fleet", fleet, "exec", f"p{i}", "--", "cat", "/proc/self/cgroup"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+            )
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert f"/agentscope-{fleet}-p{i}-" in done.stdout
+            heavy = {m for m in _imported(done.stderr) if m.split(".")[0] in HEAVY}
+            assert not heavy, f"exec took the slow path: {sorted(heavy)}"
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
         cli("--fleet", fleet, "stop", "first")
 
 

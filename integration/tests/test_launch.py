@@ -327,14 +327,7 @@ async def test_user_manager_through_its_private_socket_alone(tmp_path: Path) -> 
         env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
         env["XDG_RUNTIME_DIR"] = str(runtime)
         fleet = AsyncFleet(f"p{uuid.uuid4().hex[:6]}", env=env, registry=tmp_path / "registry.db")
-        try:
-            await fleet.open()
-        except agentscope.SystemdUnavailable as exc:
-            if "TimeoutError" not in str(exc):
-                raise
-            # Seen in 2 of 9 runs, both with two VMs sharing the host: the
-            # connect or Subscribe() on the private socket got no answer.
-            pytest.xfail(f"known issue (#3 stays open): the direct connection stalled: {exc}")
+        await fleet.open()
         try:
             async with asyncio.timeout(120):
                 agent = await fleet.launch(
