@@ -75,7 +75,10 @@ def adopt_self(
     entry = _spool.Entry(
         fleet, name, unit, pid, _spool.start_time(pid) or 0, time.time(), slice_dir, cwd, argv
     )
-    claimed = _spool.claim(os.path.join(state, "spool"), entry)
+    try:
+        claimed = _spool.claim(os.path.join(state, "spool"), entry)
+    except OSError as exc:  # not ours to write (another user's registry): let the library say so
+        raise SlowPath(f"cannot write the registry's spool: {exc}") from None
     if claimed is None:
         raise SlowPath(f"an exec of agent {name} runs")
     try:

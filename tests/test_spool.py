@@ -210,3 +210,28 @@ def test_a_running_agent_of_the_name_sends_exec_the_slow_way(tmp_path: Path) -> 
 def test_a_missing_slice_sends_exec_the_slow_way(tmp_path: Path) -> None:
     with pytest.raises(_exec.SlowPath, match="cannot read the agents slice"):
         _exec._check_slice(str(tmp_path / "none"), "agentscope-a-b-")
+
+
+def test_a_spool_exec_cannot_write_sends_it_the_slow_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "spool").write_text("not a directory")
+    d = slice_dir(tmp_path)
+    monkeypatch.setattr(_exec._scope, "slice_cgroup", lambda manager, slice: str(d))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    (tmp_path / "agentscope").symlink_to(state)
+    with pytest.raises(_exec.SlowPath, match="cannot write the registry's spool"):
+        _exec.adopt_self("f", "a", ["true"], manager="user")
+
+
+def test_exec_before_any_registry_takes_the_slow_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = slice_dir(tmp_path)
+    monkeypatch.setattr(_exec._scope, "slice_cgroup", lambda manager, slice: str(d))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "fresh"))
+    with pytest.raises(_exec.SlowPath, match="no registry yet"):
+        _exec.adopt_self("f", "a", ["true"], manager="user")
+    assert not (tmp_path / "fresh").exists()  # the slow path creates it, with its modes
