@@ -75,8 +75,13 @@ def adopt_self(
     entry = _spool.Entry(
         fleet, name, unit, pid, _spool.start_time(pid) or 0, time.time(), slice_dir, cwd, argv
     )
+    spool = os.path.join(state, "spool")
+    if len(_spool.pending(spool)) >= _spool.MAX_PENDING:
+        # Nothing else may have opened the registry for a while: let the
+        # library take the spool in now, so it never grows without bound.
+        raise SlowPath(f"{_spool.MAX_PENDING} launches wait in the spool")
     try:
-        claimed = _spool.claim(os.path.join(state, "spool"), entry)
+        claimed = _spool.claim(spool, entry)
     except OSError as exc:  # not ours to write (another user's registry): let the library say so
         raise SlowPath(f"cannot write the registry's spool: {exc}") from None
     if claimed is None:

@@ -21,7 +21,20 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
     from collections.abc import Mapping, Sequence
 
-__all__ = ["Entry", "claim", "pending", "read", "spool_dir", "start_time", "state_dir"]
+__all__ = [
+    "MAX_PENDING",
+    "Entry",
+    "claim",
+    "pending",
+    "read",
+    "spool_dir",
+    "start_time",
+    "state_dir",
+]
+
+# Beyond this many entries exec takes the slow path once, which empties the
+# spool: a harness that only ever execs still keeps it small.
+MAX_PENDING = 64
 
 _MAGIC = "agentscope-spool-1"
 _OWN_DIR_NAME = "agentscope"

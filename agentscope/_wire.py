@@ -198,7 +198,10 @@ class _Message:
         self.reply_to = fields.get(5, 0)
         header_end = 16 + struct.unpack_from(endian + "I", data, 12)[0]
         header_end += -header_end % 8
-        self.body = unmarshal(fields.get(8, ""), data, endian, header_end)
+        self.body: list[Any] = []
+        # A private socket gets every signal of the manager: read only ours.
+        if self.kind != _SIGNAL or self.member == "JobRemoved":
+            self.body = unmarshal(fields.get(8, ""), data, endian, header_end)
 
 
 class Connection:

@@ -235,3 +235,21 @@ def test_exec_before_any_registry_takes_the_slow_way(
     with pytest.raises(_exec.SlowPath, match="no registry yet"):
         _exec.adopt_self("f", "a", ["true"], manager="user")
     assert not (tmp_path / "fresh").exists()  # the slow path creates it, with its modes
+
+
+def test_a_full_spool_sends_exec_the_slow_way_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = slice_dir(tmp_path)
+    monkeypatch.setattr(_exec._scope, "slice_cgroup", lambda manager, slice: str(d))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    spool = tmp_path / "agentscope" / "spool"
+    spool.mkdir(parents=True)
+    for i in range(_spool.MAX_PENDING):
+        (spool / f"agentscope-f-a-{i:06x}.scope").write_bytes(b"")
+    with pytest.raises(_exec.SlowPath, match="launches wait in the spool"):
+        _exec.adopt_self("f", "a", ["true"], manager="user")
+    registry = Registry(tmp_path / "agentscope" / "agentscope.db")
+    registry.agents("f")  # what the slow path's fleet does first
+    registry.close()
+    assert _spool.pending(str(spool)) == []
