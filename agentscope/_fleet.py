@@ -851,8 +851,11 @@ class AsyncFleet:
         if terminal is not None:
             self._terminals[unit] = terminal
             launched["terminal"] = terminal
-        agent._watch_exit()
         await self._db(self._mark_running, unit, name, launched=launched)
+        # Only now: an agent that exits at once must not have its exit
+        # recorded before its launch (its row cannot go back to running).
+        # The pidfd of an exited, unreaped child is readable at once.
+        agent._watch_exit()
         if _streams and popen is not None:  # the blocking facade reads the plain pipes instead
             await agent._attach_streams()
         log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
