@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, ParamSpec, TypeVar
 
 import psutil
 
@@ -64,6 +64,7 @@ __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
 
 log = logging.getLogger("agentscope")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -378,7 +379,7 @@ class AsyncFleet:
 
     # -- registry -----------------------------------------------------------
 
-    async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run one registry call off the event loop."""
         assert self._registry is not None, "fleet not open"
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -387,12 +388,11 @@ class AsyncFleet:
         assert self._registry is not None
         await self._db(self._registry.record_event, self.name, agent, kind, detail)
 
-    def _mark_running(self, unit: str, name: str, **event: dict[str, Any]) -> None:
-        """Row to running, and the event that says why: one trip to the worker thread."""
+    def _mark_running(self, unit: str, **event: dict[str, Any]) -> None:
+        """Row to running, and the event that says why: one transaction."""
         assert self._registry is not None
-        self._registry.set_state(unit, "running")
         ((kind, detail),) = event.items()
-        self._registry.record_event(self.name, name, kind, {"unit": unit, **detail})
+        self._registry.set_state(unit, "running", event=kind, detail={"unit": unit, **detail})
 
     def _note_exit(self, agent: Agent, status: int | None) -> None:
         """A launched child was reaped: record it (from the pidfd callback)."""
@@ -410,13 +410,16 @@ class AsyncFleet:
         agent.state = "exited"
         registry = self._registry
 
-        def record() -> None:
-            registry.set_state(agent.unit, "exited", exit_status=status)
-            detail = {"unit": agent.unit, "pid": agent.pid, "status": status}
-            registry.record_event(self.name, agent.name, "exited", detail)
-
+        detail = {"unit": agent.unit, "pid": agent.pid, "status": status}
         try:
-            await self._db(record)
+            await self._db(
+                registry.set_state,
+                agent.unit,
+                "exited",
+                exit_status=status,
+                event="exited",
+                detail=detail,
+            )
         except InvalidTransition:
             pass  # already closed by a listing that saw the scope go first
         except RegistryError as exc:
@@ -835,8 +838,21 @@ class AsyncFleet:
                 "a tmux agent's stdin, stdout and stderr are its pane: leave them None "
                 "(read its output with logs(), type into it with send())"
             )
-        await self._refuse_running(name)
+        if terminal is not None:
+            # Before the pane: a running tmux agent's window would otherwise
+            # make it fail as WindowExists instead of AgentExists.
+            await self._refuse_running(name)
+        else:
+            # The registry's open row is checked when the launch is recorded
+            # (_record_launch): no trip to the registry before the fork.
+            self._refuse_known(name)
         await self._clear_slice_limits()
+        # Registry writes of this fleet still in flight (an exit just seen)
+        # would otherwise run during the fork and the gate, where they and the
+        # fork slow each other down (the GIL, and copy-on-write faults on every
+        # page they touch while the child shares them): let them finish first.
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
         unit = _names.scope_unit_name(self.name, name)
         async with self._spawn_slots:
             popen, pid = await self._spawn_in_scope(
@@ -845,17 +861,20 @@ class AsyncFleet:
         agent = Agent(self, name, unit, pid, popen)
         agent.argv = list(argv)
         agent.terminal = terminal
-        self._agents[name] = agent
         self._unit_names[unit] = name
         launched: dict[str, Any] = {"pid": agent.pid, "argv": list(argv)}
         if terminal is not None:
             self._terminals[unit] = terminal
             launched["terminal"] = terminal
-        await self._db(self._mark_running, unit, name, launched=launched)
-        # Only now: an agent that exits at once must not have its exit
-        # recorded before its launch (its row cannot go back to running).
-        # The pidfd of an exited, unreaped child is readable at once.
-        agent._watch_exit()
+        try:
+            await self._db(self._mark_running, unit, launched=launched)
+        finally:
+            # Watched only now: an exit recorded before the row says running
+            # (a command that ends at once) made the move to running fail as
+            # InvalidTransition. Nothing can reap the child meanwhile (it is
+            # not in _agents yet), so the pidfd still finds it, a zombie at worst.
+            self._agents[name] = agent
+            agent._watch_exit()
         if _streams and popen is not None:  # the blocking facade reads the plain pipes instead
             await agent._attach_streams()
         log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
@@ -900,19 +919,7 @@ class AsyncFleet:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
         recorded = False
         try:
-            # Recorded before the scope exists: another process launching the
-            # same name now fails here, with nothing started.
-            stat = read_stat(child.pid)
-            await self._db(
-                registry.record_launch,
-                self.name,
-                name,
-                unit,
-                child.pid,
-                stat.start_time if stat else 0,
-                list(argv),
-                cwd or os.getcwd(),
-            )
+            await self._record_launch(registry, name, unit, child.pid, argv, cwd)
             recorded = True
             await self._start_scope(unit, name, [child.pid], memory_max)
         except BaseException:
@@ -932,13 +939,53 @@ class AsyncFleet:
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
         return popen, child.pid
 
+    async def _record_launch(
+        self,
+        registry: Registry,
+        name: str,
+        unit: str,
+        pid: int,
+        argv: Sequence[str],
+        cwd: str | None,
+    ) -> None:
+        """Record the launch (state starting) before its scope exists.
+
+        The registry's partial unique index allows one open row per name, so
+        another launch of the same name, in this process or another, fails
+        here with nothing started. An open row whose scope is gone (its
+        launcher died unseen) is closed, and the launch recorded after all.
+        """
+        stat = read_stat(pid)
+        record = functools.partial(
+            registry.record_launch,
+            self.name,
+            name,
+            unit,
+            pid,
+            stat.start_time if stat else 0,
+            list(argv),
+            cwd or os.getcwd(),
+        )
+        try:
+            await self._db(record)
+        except AgentExists:
+            rec = await self._db(registry.get, self.name, name)
+            # A starting row whose child lives is another launcher at work.
+            if rec is None or rec.closed or _in_flight(rec) or await self._unit_active(rec.unit):
+                raise
+            await self._close_gone(rec)
+            await self._db(record)
+
+    def _refuse_known(self, name: str) -> None:
+        known = self._agents.get(name)
+        if known is not None and known.alive() and known.state != "exited":
+            raise AgentExists(self.name, name, known.unit)
+
     async def _refuse_running(self, name: str) -> None:
         # The registry is the fleet's memory across processes: its open row
         # names the running agent, so no listing of systemd's units is needed
         # (ListUnitsByPatterns costs systemd O(units) per launch).
-        known = self._agents.get(name)
-        if known is not None and known.alive() and known.state != "exited":
-            raise AgentExists(self.name, name, known.unit)
+        self._refuse_known(name)
         assert self._registry is not None
         rec = await self._db(self._registry.get, self.name, name)
         if rec is not None and not rec.closed:
@@ -1099,7 +1146,7 @@ class AsyncFleet:
         except BaseException:
             await self._db(self._registry.delete, unit)
             raise
-        await self._db(self._mark_running, unit, name, adopted={"pid": pid, "pids": pids})
+        await self._db(self._mark_running, unit, adopted={"pid": pid, "pids": pids})
         # Children forked while the scope was being made: move them too.
         try:
             late = [c.pid for c in root.children(recursive=True) if c.pid not in pids]

@@ -519,6 +519,17 @@ def _retry_busy(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _insert_event(
+    conn: sqlite3.Connection, ts: float, fleet: str, agent: str | None, kind: str, detail: str
+) -> int:
+    cur = conn.execute(
+        "INSERT INTO events (ts, fleet, agent, kind, detail) VALUES (?, ?, ?, ?, ?)",
+        (ts, fleet, agent, kind, detail),
+    )
+    assert cur.lastrowid is not None
+    return cur.lastrowid
+
+
 # ------------------------------------------------------------------ registry
 
 
@@ -785,12 +796,17 @@ class Registry:
         *,
         exit_status: int | None = None,
         exited: float | None = None,
+        event: str | None = None,
+        detail: Mapping[str, Any] | None = None,
     ) -> AgentRecord:
         """Move the row of ``unit`` to ``state`` and return the row as stored.
 
         Setting the state the row already has changes nothing (the first
         close wins: its exit status and time stay). Closing (exited, failed,
         lost) stores ``exit_status`` and ``exited`` (default: now).
+        ``event`` (with ``detail``) also records that event about the row's
+        agent, in the same transaction: a launch or an exit is then one
+        commit instead of two.
 
         Raises:
             InvalidTransition: the lifecycle forbids the move, e.g. a closed
@@ -803,22 +819,25 @@ class Registry:
         closing = state in CLOSED_STATES
         if not closing and (exit_status is not None or exited is not None):
             raise ValueError("exit_status and exited go only with a closed state")
+        detail_json = json.dumps(dict(detail or {}), sort_keys=True)
 
         def body(conn: sqlite3.Connection) -> AgentRecord:
             rec = self._row_by_unit(conn, unit)
-            if rec.state == state:
-                return rec
-            if state not in _TRANSITIONS[rec.state]:
-                raise InvalidTransition(self.path, unit, rec.state, state)
-            if closing:
-                when = time.time() if exited is None else exited
-                conn.execute(
-                    "UPDATE agents SET state = ?, exit_status = ?, exited = ? WHERE id = ?",
-                    (state, exit_status, when, rec.id),
-                )
-            else:
-                conn.execute("UPDATE agents SET state = ? WHERE id = ?", (state, rec.id))
-            return self._row_by_unit(conn, unit)
+            if rec.state != state:
+                if state not in _TRANSITIONS[rec.state]:
+                    raise InvalidTransition(self.path, unit, rec.state, state)
+                if closing:
+                    when = time.time() if exited is None else exited
+                    conn.execute(
+                        "UPDATE agents SET state = ?, exit_status = ?, exited = ? WHERE id = ?",
+                        (state, exit_status, when, rec.id),
+                    )
+                else:
+                    conn.execute("UPDATE agents SET state = ? WHERE id = ?", (state, rec.id))
+                rec = self._row_by_unit(conn, unit)
+            if event is not None:
+                _insert_event(conn, time.time(), rec.fleet, rec.name, event, detail_json)
+            return rec
 
         return self._transaction(body, write=True)
 
@@ -882,12 +901,8 @@ class Registry:
         when = time.time() if ts is None else ts
 
         def body(conn: sqlite3.Connection) -> EventRecord:
-            cur = conn.execute(
-                "INSERT INTO events (ts, fleet, agent, kind, detail) VALUES (?, ?, ?, ?, ?)",
-                (when, fleet, agent, kind, detail_json),
-            )
-            assert cur.lastrowid is not None
-            return EventRecord(cur.lastrowid, when, fleet, agent, kind, json.loads(detail_json))
+            event_id = _insert_event(conn, when, fleet, agent, kind, detail_json)
+            return EventRecord(event_id, when, fleet, agent, kind, json.loads(detail_json))
 
         return self._transaction(body, write=True)
 

@@ -386,6 +386,23 @@ def test_closing_stores_exit_and_first_close_wins(reg: Registry) -> None:
     assert again == closed
 
 
+def test_set_state_records_its_event_in_the_same_transaction(reg: Registry) -> None:
+    rec = launch(reg, "a")
+    running = reg.set_state(rec.unit, "running", event="launched", detail={"pid": rec.pid})
+    assert running.state == "running"
+    closed = reg.set_state(rec.unit, "exited", exit_status=0, event="exited", detail={"status": 0})
+    assert closed.exit_status == 0
+    events = reg.events(rec.fleet, agent="a")
+    assert [(e.kind, e.detail) for e in events] == [
+        ("launched", {"pid": rec.pid}),
+        ("exited", {"status": 0}),
+    ]
+    # A refused move records nothing: the event goes with the state or not at all.
+    with pytest.raises(InvalidTransition):
+        reg.set_state(rec.unit, "running", event="launched", detail={})
+    assert len(reg.events(rec.fleet, agent="a")) == 2
+
+
 def test_exit_figures_need_a_closed_state(reg: Registry) -> None:
     rec = launch(reg, "a")
     with pytest.raises(ValueError, match="closed state"):

@@ -136,6 +136,54 @@ async def test_four_processes_launch_25_each(tmp_path: Path) -> None:
         await asyncio.gather(*(fleet.stop(a.name, timeout=5) for a in agents))
 
 
+def _children() -> set[str]:
+    return set(Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split())
+
+
+async def test_registry_refuses_a_name_running_elsewhere_and_frees_a_stale_one(
+    tmp_path: Path,
+) -> None:
+    # Two fleet objects share one registry, as two processes would: the second
+    # knows the first's agents only from the registry's open rows.
+    name, db = f"r{uuid.uuid4().hex[:6]}", tmp_path / "agentscope.db"
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
+    async with AsyncFleet(name, registry=db) as one, AsyncFleet(name, registry=db) as two:
+        first = await one.launch("dup", ["sleep", "600"], **quiet)
+        before = _children()
+        with pytest.raises(agentscope.AgentExists, match="already running"):
+            await two.launch("dup", ["sleep", "600"], **quiet)
+        assert _children() == before  # the gated child was aborted and reaped
+        assert [(a.name, a.unit) for a in await two.agents()] == [("dup", first.unit)]
+
+        # An open row whose scope is gone (its launcher died unseen) is closed
+        # as lost, and the launch goes ahead.
+        gone = await one.launch("stale", ["true"], **quiet)
+        assert await gone.wait() == 0
+        await asyncio.gather(*one._tasks)  # the exit is recorded
+        with sqlite3.connect(db) as conn:
+            conn.execute(
+                "UPDATE agents SET state = 'running', exit_status = NULL, exited = NULL"
+                " WHERE unit = ?",
+                (gone.unit,),
+            )
+        conn.close()
+        again = await two.launch("stale", ["sleep", "600"], **quiet)
+        states = {a.unit: a.state for a in await two.agents(all=True)}
+        assert states[gone.unit] == "lost"
+        assert states[again.unit] == "running"
+
+        # A command that exits at once: running is recorded before exited, always.
+        for i in range(10):
+            agent = await one.launch(f"quick{i}", ["true"], **quiet)
+            assert await agent.wait() == 0
+        await asyncio.gather(*one._tasks)
+        for i in range(10):
+            kinds = [e.kind for e in await one.events(agent=f"quick{i}")]
+            assert kinds == ["launched", "exited"], (i, kinds)
+        await one.stop("dup", timeout=5)
+        await two.stop("stale", timeout=5)
+
+
 async def test_corrupt_registry_names_file_and_fix(tmp_path: Path) -> None:
     db = tmp_path / "agentscope.db"
     db.write_bytes(b"this is not an sqlite database" * 100)

@@ -1,0 +1,323 @@
+"""Where a launch spends its time: per-phase medians of ``launch()`` + ``wait()``.
+
+Run inside a VM of the test bed (``make bench BENCH=bench_launch_phases.py``).
+The library is not instrumented: this script wraps a few of its internals
+from outside (the registry trips, the D-Bus calls, the gated child's
+``Popen`` and gate) and stamps ``time.perf_counter_ns`` around them, so the
+private names it wraps may move. It prints the median of each phase over
+``BENCH_N`` launches, the floor (``bench_launch._job_floor``) and the cost
+of a ``Popen`` with and without a ``preexec_fn`` (fork instead of vfork).
+
+To compare two versions under the same load (a TCG guest shares its host),
+put a copy of the other version's ``agentscope`` package next to this file
+as ``agentscope_base``: launches then alternate between the two, each with
+its own registry file, and both columns are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import types
+import uuid
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import agentscope
+from agentscope._registry import default_registry_path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_launch import _job_floor
+
+N = int(os.environ.get("BENCH_N", "50"))
+_BLOCK = 5
+
+# The current launch's stamps (name -> perf_counter_ns, first one wins) and
+# registry trips (function, submitted, started, ended, resumed).
+_stamps: dict[str, int] = {}
+_trips: list[tuple[str, int, int, int, int]] = []
+# The gated child writes its own stamps here (perf_counter_ns is
+# CLOCK_MONOTONIC: one clock for every process).
+_child_r, _child_w = os.pipe()
+os.set_blocking(_child_r, False)
+
+
+def _mark(name: str) -> None:
+    _stamps.setdefault(name, time.perf_counter_ns())
+
+
+def _read_child_stamps() -> None:
+    try:
+        data = os.read(_child_r, 65536)
+    except BlockingIOError:
+        return
+    for line in data.decode().splitlines():
+        name, value = line.split()
+        _stamps.setdefault(name, int(value))
+
+
+def _instrument_package(pkg: types.ModuleType) -> None:
+    fleet_mod = importlib.import_module(f"{pkg.__name__}._fleet")
+    spawn_mod = importlib.import_module(f"{pkg.__name__}._spawn")
+    orig_spawn = fleet_mod.spawn_gated
+
+    async def spawn_gated(*args: Any, **kwargs: Any) -> Any:
+        _mark("spawn:begin")
+        child = await orig_spawn(*args, **kwargs)
+        _mark("spawn:pid")
+        orig_release = child.release
+
+        async def release() -> Any:
+            _mark("release:begin")
+            try:
+                return await orig_release()
+            finally:
+                _mark("release:end")
+
+        child.release = release
+        return child
+
+    fleet_mod.spawn_gated = spawn_gated
+
+    class Popen(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if threading.current_thread().name == "agentscope-spawn":
+                _mark("popen:enter")
+            super().__init__(*args, **kwargs)
+            if threading.current_thread().name == "agentscope-spawn":
+                _mark("popen:exec")
+
+    shim = types.ModuleType("subprocess")
+    shim.__dict__.update(subprocess.__dict__)
+    shim.Popen = Popen  # type: ignore[attr-defined]
+    spawn_mod.subprocess = shim
+
+    orig_gate = spawn_mod._gate
+
+    def gate(*args: Any) -> None:  # runs in the forked child: os calls only
+        os.write(_child_w, b"gate:enter %d\n" % time.perf_counter_ns())
+        orig_gate(*args)
+        os.write(_child_w, b"gate:open %d\n" % time.perf_counter_ns())
+
+    spawn_mod._gate = gate
+
+    orig_reap = fleet_mod.Agent._reap
+
+    def reap(self: Any) -> int | None:
+        _mark("exit:seen")
+        result: int | None = orig_reap(self)
+        return result
+
+    fleet_mod.Agent._reap = reap
+
+
+def _instrument_fleet(fleet: Any) -> None:
+    orig_db = fleet._db
+
+    async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        times: dict[str, int] = {}
+
+        def run() -> Any:
+            times["start"] = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                times["end"] = time.perf_counter_ns()
+
+        submit = time.perf_counter_ns()
+        try:
+            return await orig_db(run)
+        finally:
+            if "end" in times:  # else cancelled before it ran
+                label = getattr(getattr(fn, "func", fn), "__name__", "?")
+                resumed = time.perf_counter_ns()
+                _trips.append((label, submit, times["start"], times["end"], resumed))
+
+    fleet._db = db
+    orig_scope = fleet._start_scope
+
+    async def start_scope(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await orig_scope(*args, **kwargs)
+        finally:
+            _mark("scope:end")
+
+    fleet._start_scope = start_scope
+    bus = fleet._bus
+    orig_call = bus.call
+
+    async def call(member: str, *args: Any, **kwargs: Any) -> Any:
+        _mark(f"call:{member}:begin")
+        try:
+            return await orig_call(member, *args, **kwargs)
+        finally:
+            _mark(f"call:{member}:reply")
+
+    bus.call = call
+
+    def on_message(msg: Any) -> bool:
+        if msg.member == "JobRemoved":
+            _mark("jobremoved")
+        return False
+
+    bus._bus.add_message_handler(on_message)
+
+
+# (label, from, to): the phases printed, in launch order.
+_PHASES = [
+    ("checks, refusal, slice: until the fork", "launch:begin", "spawn:begin"),
+    ("spawn thread start until Popen", "spawn:begin", "popen:enter"),
+    ("fork + after-fork hooks (until gate)", "popen:enter", "gate:enter"),
+    ("gate entered until PID on the loop", "gate:enter", "spawn:pid"),
+    ("record_launch until StartTransientUnit", "spawn:pid", "call:StartTransientUnit:begin"),
+    (
+        "StartTransientUnit until its reply",
+        "call:StartTransientUnit:begin",
+        "call:StartTransientUnit:reply",
+    ),
+    ("reply until JobRemoved", "call:StartTransientUnit:reply", "jobremoved"),
+    ("JobRemoved until go", "jobremoved", "release:begin"),
+    ("go until the gate opens (child)", "release:begin", "gate:open"),
+    ("gate open until exec seen (thread)", "gate:open", "popen:exec"),
+    ("exec seen until the loop resumes", "popen:exec", "release:end"),
+    ("mark running + rest of launch()", "release:end", "launch:end"),
+    ("true runs until its pidfd fires", "launch:end", "exit:seen"),
+    ("pidfd until wait() returns", "exit:seen", "wait:end"),
+    ("TOTAL launch + wait", "launch:begin", "wait:end"),
+]
+
+
+async def _one(
+    fleet: Any, name: str, trips: list[tuple[str, int, int, int, int]], errors: list[str]
+) -> dict[str, int]:
+    _stamps.clear()
+    _mark("launch:begin")
+    try:
+        agent = await fleet.launch(name, ["true"])
+    except Exception as exc:  # counted and shown: a launch that fails is a finding too
+        errors.append(f"{type(exc).__name__}: {exc}")
+        _trips.clear()
+        return {}
+    _mark("launch:end")
+    await agent.wait()
+    _mark("wait:end")
+    _read_child_stamps()
+    trips.extend(_trips)
+    _trips.clear()
+    return dict(_stamps)
+
+
+def _popen_costs(n: int) -> tuple[float, float]:
+    """Median ms of Popen(["true"]) + wait, without and with a preexec_fn (fork, not vfork)."""
+    plain, gated = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.Popen(["true"]).wait()
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        subprocess.Popen(["true"], preexec_fn=lambda: None).wait()
+        gated.append(time.perf_counter() - t0)
+    return statistics.median(plain) * 1000, statistics.median(gated) * 1000
+
+
+def _fork_costs(n: int) -> tuple[float, float]:
+    """Median ms of a bare os.fork() in the parent, and from the call until the child runs."""
+    parent, child = [], []
+    r, w = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            pid = os.fork()
+            if pid == 0:
+                os.write(w, b"%d\n" % time.perf_counter_ns())
+                os._exit(0)
+            t1 = time.perf_counter_ns()
+            started = int(os.read(r, 64))
+            os.waitpid(pid, 0)
+            parent.append((t1 - t0) / 1e6)
+            child.append((started - t0) / 1e6)
+    os.close(r)
+    os.close(w)
+    return statistics.median(parent), statistics.median(child)
+
+
+def _median(runs: list[dict[str, int]], a: str, b: str) -> str:
+    vals = [(r[b] - r[a]) / 1e6 for r in runs if a in r and b in r]
+    return f"{statistics.median(vals):8.2f}" if vals else f"{'-':>8s}"
+
+
+async def main() -> None:
+    variants: list[tuple[str, types.ModuleType]] = [("this", agentscope)]
+    with contextlib.suppress(ImportError):
+        variants.insert(0, ("base", importlib.import_module("agentscope_base")))
+    tag = uuid.uuid4().hex[:6]
+    fleets: dict[str, Any] = {}
+    trips: dict[str, list[tuple[str, int, int, int, int]]] = {}
+    runs: dict[str, list[dict[str, int]]] = {}
+    errors: dict[str, list[str]] = {label: [] for label, _ in variants}
+    for label, pkg in variants:
+        _instrument_package(pkg)
+        fleet = pkg.AsyncFleet(f"ph{label}{tag}")
+        # Each its own registry, next to the default one (same file system).
+        fleet.registry_path = default_registry_path(fleet.manager).with_name(f"ph-{label}.db")
+        await fleet.open()
+        _instrument_fleet(fleet)
+        fleets[label], trips[label], runs[label] = fleet, [], []
+        for i in range(3):  # warm up: slice check, first round trips
+            await _one(fleet, f"w{i}", [], [])
+        await asyncio.gather(*fleet._tasks)
+        _trips.clear()
+    # Blocks of a few launches each, so that a launch overlaps the previous
+    # exit's registry write of its own version, as in a plain sequence, and
+    # never the other version's.
+    for block in range(0, N, _BLOCK):
+        order = variants if block // _BLOCK % 2 == 0 else variants[::-1]
+        for label, _ in order:
+            fleet = fleets[label]
+            for i in range(block, min(block + _BLOCK, N)):
+                runs[label].append(await _one(fleet, f"p{i}", trips[label], errors[label]))
+            await asyncio.gather(*fleet._tasks)
+            _trips.clear()
+    first = fleets[variants[0][0]]
+    floor = statistics.median(await _job_floor(first.manager, first.slice, N))
+    plain, gated = _popen_costs(20)
+    forked, child_runs = _fork_costs(20)
+    for fleet in fleets.values():
+        await fleet.aclose()
+
+    labels = [label for label, _ in variants]
+    print(f"launch phases ({first.manager} manager, systemd {first.systemd_version}, ms, ", end="")
+    print(f"median of {N}, {' and '.join(labels)} interleaved):")
+    print(f"  {'phase':42s}" + "".join(f"{label:>8s}" for label in labels))
+    for name, a, b in _PHASES:
+        print(f"  {name:42s}" + "".join(_median(runs[label], a, b) for label in labels))
+    print(f"  {'floor: StartTransientUnit until JobRemoved':42s}{floor * 1000:8.2f}")
+    print("  registry trips (median ms of thread hops / time in the thread, count):")
+    for label in labels:
+        by_fn: dict[str, list[tuple[float, float]]] = {}
+        for fn, submit, start, end, resume in trips[label]:
+            hops = (start - submit + resume - end) / 1e6
+            by_fn.setdefault(fn, []).append((hops, (end - start) / 1e6))
+        for fn, vals in by_fn.items():
+            hops = statistics.median(v[0] for v in vals)
+            work = statistics.median(v[1] for v in vals)
+            print(f"    {label:5s} {fn:24s} {hops:6.2f} / {work:6.2f}  x{len(vals)}")
+    print(f"  Popen(['true']) + wait: {plain:.2f} ms (vfork), {gated:.2f} ms with a preexec_fn")
+    print(f"  os.fork(): {forked:.2f} ms in the parent, {child_runs:.2f} ms until the child runs")
+    for label in labels:
+        for error in errors[label]:
+            print(f"  {label}: a launch failed: {error}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)
