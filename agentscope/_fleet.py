@@ -989,7 +989,8 @@ class AsyncFleet:
         assert self._registry is not None
         rec = await self._db(self._registry.get, self.name, name)
         if rec is not None and not rec.closed:
-            if await self._unit_active(rec.unit):
+            # A starting row whose child lives is another launcher at work.
+            if _in_flight(rec) or await self._unit_active(rec.unit):
                 raise AgentExists(self.name, name, rec.unit)
             await self._close_gone(rec)  # its scope is gone: close the row first
 

@@ -184,6 +184,33 @@ async def test_registry_refuses_a_name_running_elsewhere_and_frees_a_stale_one(
         await two.stop("stale", timeout=5)
 
 
+async def test_adopt_leaves_a_launch_in_flight_elsewhere_alone(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # Another process is between recording its launch and starting its scope:
+    # a starting row, young, whose child lives. adopt() must refuse the name,
+    # not close that row as lost under the other launcher's feet.
+    name, db = f"r{uuid.uuid4().hex[:6]}", tmp_path / "agentscope.db"
+    async with AsyncFleet(name, registry=db) as fleet:
+        stat = Path(f"/proc/{sleeper.pid}/stat").read_bytes()
+        start = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        unit = f"agentscope-{name}-busy-000000.scope"
+        await asyncio.to_thread(
+            fleet._registry.record_launch,  # type: ignore[union-attr]
+            name, "busy", unit, sleeper.pid, start, ["sleep"], "/",
+        )  # fmt: skip
+        other = subprocess.Popen(["sleep", "600"])
+        try:
+            with pytest.raises(agentscope.AgentExists, match="already running"):
+                await fleet.adopt(other.pid, "busy")
+        finally:
+            other.kill()
+            other.wait()
+        row = await asyncio.to_thread(fleet._registry.by_unit, unit)  # type: ignore[union-attr]
+        assert row is not None
+        assert row.state == "starting"
+
+
 async def test_corrupt_registry_names_file_and_fix(tmp_path: Path) -> None:
     db = tmp_path / "agentscope.db"
     db.write_bytes(b"this is not an sqlite database" * 100)
