@@ -103,7 +103,7 @@ _APPLICATION_ID: Final = 0x41675363  # "AgSc", PRAGMA application_id (sqlite.org
 _DEFAULT_TIMEOUT: Final = 5.0
 _DIR_MODE: Final = 0o700
 _FILE_MODE: Final = 0o600
-_OWN_DIR_NAME: Final = "agentscope"
+
 
 # Forward migrations: step i takes a database from user_version i to i + 1.
 # Append new steps; never edit a released one (tests/test_registry.py keeps a
@@ -430,7 +430,7 @@ def _prepare_files(path: Path) -> None:
         probe = probe.parent
     for d in reversed(missing):
         d.mkdir(mode=_DIR_MODE, exist_ok=True)  # exist_ok: a concurrent opener
-    if missing or directory.name == _OWN_DIR_NAME:
+    if missing or directory.name == _spool.OWN_DIR_NAME:
         _fix_mode(directory, _DIR_MODE)
     # Create the file ourselves so it never exists with umask's mode.
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)

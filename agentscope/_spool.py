@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # annotations only: collections and typing cost imports
 
 __all__ = [
     "MAX_PENDING",
+    "OWN_DIR_NAME",
     "Entry",
     "claim",
     "pending",
@@ -37,7 +38,7 @@ __all__ = [
 MAX_PENDING = 64
 
 _MAGIC = "agentscope-spool-1"
-_OWN_DIR_NAME = "agentscope"
+OWN_DIR_NAME = "agentscope"
 
 
 def state_dir(manager: str, env: Mapping[str, str] = os.environ) -> str:
@@ -47,7 +48,7 @@ def state_dir(manager: str, env: Mapping[str, str] = os.environ) -> str:
         ValueError: ``manager`` is neither ``"system"`` nor ``"user"``.
     """
     if manager == "system":
-        return f"/var/lib/{_OWN_DIR_NAME}"
+        return f"/var/lib/{OWN_DIR_NAME}"
     if manager != "user":
         raise ValueError(f"manager must be 'system' or 'user', not {manager!r}")
     state_home = env.get("XDG_STATE_HOME", "")
@@ -56,7 +57,7 @@ def state_dir(manager: str, env: Mapping[str, str] = os.environ) -> str:
 
         home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
         state_home = f"{home}/.local/state"
-    return f"{state_home}/{_OWN_DIR_NAME}"
+    return f"{state_home}/{OWN_DIR_NAME}"
 
 
 def spool_dir(registry: str | os.PathLike[str]) -> str:
