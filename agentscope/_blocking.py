@@ -103,7 +103,7 @@ class BlockingAgent:
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the agent's main process; see :meth:`Agent.wait`."""
-        return self._portal.call(asyncio.wait_for(self._agent.wait(), timeout))
+        return self._portal.call(_within(timeout, self._agent.wait()))
 
     def alive(self) -> bool:
         return self._agent.alive()
@@ -324,6 +324,11 @@ class BlockingMonitor:
 
 async def _anext(it: AsyncIterator[T]) -> T:
     return await it.__anext__()
+
+
+async def _within(timeout: float | None, coro: Coroutine[Any, Any, T]) -> T:
+    async with asyncio.timeout(timeout):
+        return await coro
 
 
 async def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -189,8 +189,10 @@ class SystemdBus:
                 bus_class = _DirectBus if addr.direct else MessageBus
                 bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
                 try:
-                    await asyncio.wait_for(bus.connect(), 10)
-                    await asyncio.wait_for(self._subscribe(bus, addr.direct), 10)
+                    async with asyncio.timeout(10):
+                        await bus.connect()
+                    async with asyncio.timeout(10):
+                        await self._subscribe(bus, addr.direct)
                 except (OSError, AuthError, InvalidAddressError, TimeoutError, BusError) as exc:
                     bus.disconnect()
                     tried.append(f"{addr.address} ({exc.__class__.__name__}: {exc})")
@@ -289,7 +291,11 @@ class SystemdBus:
             unix_fds=list(unix_fds),
         )
         try:
-            reply = await asyncio.wait_for(bus.call(msg), CALL_TIMEOUT)
+            # asyncio.timeout, never wait_for: 3.11's wait_for returns the result
+            # and drops a cancellation that lands as the reply arrives, so a
+            # harness's cancel (Ctrl-C, SIGTERM) would be lost.
+            async with asyncio.timeout(CALL_TIMEOUT):
+                reply = await bus.call(msg)
         except (OSError, EOFError) as exc:
             raise SystemdUnavailable(self.manager, self.address, str(exc)) from exc
         except TimeoutError as exc:
@@ -336,7 +342,8 @@ class SystemdBus:
         fut = self.expect_job(unit)
         try:
             await self.call(member, signature, body, unix_fds=unix_fds)
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(fut)
         finally:
             if self._jobs.get(unit) is fut:
                 self.forget_job(unit)

@@ -1214,7 +1214,8 @@ class AsyncFleet:
                 # ended just before the future was registered, so look too.
                 for _ in range(30):
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(fut), 1.0)
+                        async with asyncio.timeout(1.0):
+                            await asyncio.shield(fut)
                     if fut.done() or not await self._unit_active(unit):
                         return
                 raise AgentscopeError(

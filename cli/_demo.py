@@ -487,7 +487,8 @@ async def _story_body(
             if left <= 0:
                 break
             try:
-                event = await asyncio.wait_for(events.__anext__(), left)
+                async with asyncio.timeout(left):
+                    event = await anext(events)
             except (TimeoutError, StopAsyncIteration):
                 break
             if isinstance(event, OomKill):

@@ -43,7 +43,12 @@ _HERE = Path(__file__).resolve().parent
 _PROJECT = _HERE.parent
 _STATUS = re.compile(r"@@AGENTSCOPE-STATUS(.*)@@")
 _SUMMARY = re.compile(r"^=+ (.*\b(?:passed|failed|error|errors|skipped|deselected)\b.*) in [\d.]+s")
+# pytest -ra's short summary: kept so the matrix table at the end (all a CI log's
+# tail may show) names what failed, not only how many.
+_FAILED = re.compile(r"^(?:FAILED|ERROR) \S+")
 _MANAGERS = ("system", "user")
+# A suite's outcome: exit status, pytest's summary line, its FAILED/ERROR lines.
+Result = tuple[int, str, list[str]]
 # Set on Ctrl-C/SIGTERM when VMs run in worker threads (--jobs): each stops its VM.
 _STOPPING = threading.Event()
 
@@ -180,15 +185,15 @@ def boot(
     bench: str | None = None,
     run: str | None = None,
     prefix: str = "",
-) -> dict[str, tuple[int, str]]:
-    """Boot one distro, run the suites, return {manager: (exit status, summary)}."""
+) -> dict[str, Result]:
+    """Boot one distro, run the suites, return {manager: (exit status, summary, failures)}."""
     image = images.ensure_image(distro_name, rebuild=rebuild)
     distro = image.distro
     images.CACHE_DIR.mkdir(parents=True, exist_ok=True)
     _remove_stale_runs()
     work = Path(tempfile.mkdtemp(prefix=f"run-{distro.name}-", dir=images.CACHE_DIR))
     (work / "owner").write_text(str(os.getpid()))
-    results: dict[str, tuple[int, str]] = {}
+    results: dict[str, Result] = {}
     proc: subprocess.Popen[bytes] | None = None
     try:
         payload = _payload(work, distro, managers, pytest_args, bench, run)
@@ -241,6 +246,7 @@ def boot(
         )
         status: str | None = None
         summaries: dict[str, str] = {}
+        failures: dict[str, list[str]] = {}
         current: str | None = None
         with out.open("rb") as f:
             buf = b""
@@ -256,6 +262,8 @@ def boot(
                             current = m.group(1)
                         elif (m := _SUMMARY.match(line)) and current:
                             summaries[current] = m.group(1)
+                        elif _FAILED.match(line) and current:
+                            failures.setdefault(current, []).append(line[:160])
                         elif m := _STATUS.search(line):
                             status = m.group(1)
                 elif proc.poll() is not None:
@@ -270,12 +278,12 @@ def boot(
         _stop(proc)
         elapsed = time.monotonic() - t0
         codes = dict(kv.split("=", 1) for kv in (status or "").split())
-        for m in managers:
-            rc = codes.get(m)
+        for mgr in managers:
+            rc = codes.get(mgr)
             code = int(rc) if rc and rc.isdigit() else 1
             summary = f"exit {rc}" if run and rc else "no result (see the console log above)"
-            results[m] = (code, summaries.get(m, summary))
-        if status is None or any(rc != 0 for rc, _ in results.values()):
+            results[mgr] = (code, summaries.get(mgr, summary), failures.get(mgr, []))
+        if status is None or any(r[0] != 0 for r in results.values()):
             tail = console.read_text(errors="replace").splitlines()[-40:]
             _log(f"{distro.name}: guest console (last 40 lines):\n" + "\n".join(tail))
         _log(f"{distro.name}: VM run took {elapsed:.0f}s")
@@ -290,10 +298,10 @@ def _boot_parallel(
     distros: list[str],
     managers: list[str],
     jobs: int,
-    run_one: Callable[..., dict[str, tuple[int, str]]],
-) -> dict[tuple[str, str], tuple[int, str]]:
+    run_one: Callable[..., dict[str, Result]],
+) -> dict[tuple[str, str], Result]:
     """Boot up to ``jobs`` distros at once; on Ctrl-C every VM is stopped and cleaned up."""
-    results: dict[tuple[str, str], tuple[int, str]] = {}
+    results: dict[tuple[str, str], Result] = {}
     width = max(len(d) for d in distros)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_one, d, prefix=f"[{d:<{width}}] "): d for d in distros}
@@ -350,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             _log(f"{tool} is not installed: apt-get install qemu-system-x86 mmdebstrap e2fsprogs")
             return 2
-    results: dict[tuple[str, str], tuple[int, str]] = {}
+    results: dict[tuple[str, str], Result] = {}
     t0 = time.monotonic()
     with _terminate_on_signals():
         try:
@@ -379,19 +387,21 @@ def main(argv: list[str] | None = None) -> int:
             _log("interrupted; the VM and its temporary files are gone")
             return 130
     if args.run:
-        for (d, m), (_, summary) in results.items():
+        for (d, m), (_, summary, _) in results.items():
             _log(f"{d} {m}: {summary}")
-        return 0 if results and all(rc == 0 for rc, _ in results.values()) else 1
+        return 0 if results and all(r[0] == 0 for r in results.values()) else 1
     passed = failed = 0
     print(f"\nintegration matrix ({time.monotonic() - t0:.0f}s):")
-    for (d, m), (rc, summary) in results.items():
+    for (d, m), (rc, summary, failed_tests) in results.items():
         print(f"  {d:<9} {m:<7} {'ok  ' if rc == 0 else 'FAIL'}  {summary}")
+        for line in failed_tests:
+            print(f"      {line}")
         passed += sum(int(n) for n in re.findall(r"(\d+) passed", summary))
         failed += sum(int(n) for n in re.findall(r"(\d+) (?:failed|errors?)\b", summary))
         if rc != 0 and not re.search(r"\d+ (?:failed|errors?)\b", summary):
             failed += 1  # a suite that died without a summary still counts
     print(f"integration: {passed} passed, {failed} failed")
-    return 0 if results and all(rc == 0 for rc, _ in results.values()) else 1
+    return 0 if results and all(r[0] == 0 for r in results.values()) else 1
 
 
 if __name__ == "__main__":
