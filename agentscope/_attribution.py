@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cgroup import CGROUP_ROOT, LimitHolder, MemoryEvents, Pressure, find_limit_holders
+from ._dicts import as_dict
 from ._proc import PROC_ROOT, MemInfo, read_stat, read_wchan
 
 __all__ = [
@@ -59,7 +60,7 @@ class SeenProcess:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {"pid": self.pid, "start_time": self.start_time, "comm": self.comm, "rss": self.rss}
+        return as_dict(self)
 
 
 def oom_victims(
@@ -157,13 +158,9 @@ class PressureSample:
         avg10 = 0.0 if pressure is None else pressure.some.avg10
         return cls(some_avg10=avg10, available_fraction=meminfo.available_fraction)
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "some_avg10": self.some_avg10,
-            "available_fraction": self.available_fraction,
-            "at": self.at,
-        }
+        return as_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,12 +174,7 @@ class PressureEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "started": self.started,
-            "ended": self.ended,
-            "worst": self.worst.to_dict(),
-            "samples": self.samples,
-        }
+        return as_dict(self)
 
 
 class PressureWindow:
@@ -310,12 +302,7 @@ class Throttle:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "cgroup": str(self.cgroup),
-            "high_delta": self.high_delta,
-            "pids": list(self.pids),
-            "limit": None if self.limit is None else self.limit.to_dict(),
-        }
+        return as_dict(self)
 
 
 def detect_throttle(

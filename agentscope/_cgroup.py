@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from . import _scope
+from ._dicts import as_dict
 
 __all__ = [
     "CgroupMemory",
@@ -144,16 +145,9 @@ class MemoryEvents:
     oom_kill: int
     oom_group_kill: int | None = None
 
-    def to_dict(self) -> dict[str, int | None]:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "low": self.low,
-            "high": self.high,
-            "max": self.max,
-            "oom": self.oom,
-            "oom_kill": self.oom_kill,
-            "oom_group_kill": self.oom_group_kill,
-        }
+        return as_dict(self)
 
 
 def parse_memory_events(data: bytes) -> MemoryEvents:
@@ -202,7 +196,7 @@ class MemoryStat:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {"anon": self.anon, "file": self.file, "fields": dict(self.fields)}
+        return as_dict(self)
 
 
 def parse_memory_stat(data: bytes) -> MemoryStat:
@@ -228,14 +222,9 @@ class PressureLine:
     avg300: float
     total: int
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "avg10": self.avg10,
-            "avg60": self.avg60,
-            "avg300": self.avg300,
-            "total": self.total,
-        }
+        return as_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,10 +239,7 @@ class Pressure:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "some": self.some.to_dict(),
-            "full": None if self.full is None else self.full.to_dict(),
-        }
+        return as_dict(self)
 
 
 def _parse_pressure_line(rest: bytes) -> PressureLine:
@@ -327,15 +313,7 @@ class CgroupMemory:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "current": self.current,
-            "peak": self.peak,
-            "events": self.events.to_dict(),
-            "anon": self.anon,
-            "file": self.file,
-            "pids": list(self.pids),
-            "pressure": None if self.pressure is None else self.pressure.to_dict(),
-        }
+        return as_dict(self)
 
 
 def read_cgroup_memory(path: Path) -> CgroupMemory | None:

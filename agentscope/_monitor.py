@@ -94,6 +94,7 @@ from ._cgroup import (
     scan_slice_counters,
 )
 from ._cgroup import Pressure as PsiPressure
+from ._dicts import as_dict
 from ._errors import AgentscopeError
 from ._proc import (
     PROC_ROOT,
@@ -175,17 +176,7 @@ class AgentMemory:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
-        return {
-            "agent": self.agent,
-            "unit": self.unit,
-            "memory_current": self.memory_current,
-            "memory_peak": self.memory_peak,
-            "anon": self.anon,
-            "file": self.file,
-            "processes": self.processes,
-            "oom_kills": self.oom_kills,
-            "high_events": self.high_events,
-        }
+        return as_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,16 +253,7 @@ class OomKill:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""
-        return {
-            "kind": self.kind,
-            "ts": self.ts,
-            "agent": self.agent,
-            "unit": self.unit,
-            "pid": self.pid,
-            "comm": self.comm,
-            "rss_last_seen": self.rss_last_seen,
-            "source": self.source,
-        }
+        return {"kind": self.kind, **as_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,15 +278,7 @@ class Throttled:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""
-        return {
-            "kind": self.kind,
-            "ts": self.ts,
-            "unit": self.unit,
-            "high_events_delta": self.high_events_delta,
-            "d_state_pids": list(self.d_state_pids),
-            "limit_unit": self.limit_unit,
-            "fix": self.fix,
-        }
+        return {"kind": self.kind, **as_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,12 +296,7 @@ class Pressure:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""
-        return {
-            "kind": self.kind,
-            "ts": self.ts,
-            "report": self.report.to_dict(),
-            "window": None if self.window is None else self.window.to_dict(),
-        }
+        return {"kind": self.kind, **as_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,14 +312,7 @@ class AgentExited:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""
-        return {
-            "kind": self.kind,
-            "ts": self.ts,
-            "agent": self.agent,
-            "unit": self.unit,
-            "pid": self.pid,
-            "status": self.status,
-        }
+        return {"kind": self.kind, **as_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ._cgroup import _GONE_OR_DENIED, _GONE_OR_UNSUPPORTED, Pressure, _read_kernel_file
 from ._cgroup import parse_pressure as _parse_pressure
+from ._dicts import as_dict
 
 __all__ = [
     "MemInfo",
@@ -79,15 +80,7 @@ class ProcStat:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "pid": self.pid,
-            "comm": self.comm,
-            "state": self.state,
-            "ppid": self.ppid,
-            "start_time": self.start_time,
-            "flags": self.flags,
-            "signals": self.signals,
-        }
+        return as_dict(self)
 
 
 _PF_EXITING = 0x4
@@ -183,13 +176,7 @@ class SmapsRollup:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "rss": self.rss,
-            "pss": self.pss,
-            "anonymous": self.anonymous,
-            "swap": self.swap,
-            "fields": dict(self.fields),
-        }
+        return as_dict(self)
 
 
 def _kb_fields(data: bytes) -> dict[str, int]:
@@ -311,14 +298,9 @@ class MemInfo:
         """MemAvailable / MemTotal (0.0 .. 1.0)."""
         return self.mem_available / self.mem_total if self.mem_total else 0.0
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "mem_total": self.mem_total,
-            "mem_available": self.mem_available,
-            "swap_total": self.swap_total,
-            "swap_free": self.swap_free,
-        }
+        return as_dict(self)
 
 
 def parse_meminfo(data: bytes) -> MemInfo:
@@ -385,15 +367,7 @@ class ProcessInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields, for reports."""
-        return {
-            "pid": self.pid,
-            "start_time": self.start_time,
-            "comm": self.comm,
-            "cmdline": self.cmdline,
-            "rss": self.rss,
-            "cgroup": self.cgroup,
-            "agent": self.agent,
-        }
+        return as_dict(self)
 
 
 def top_processes(

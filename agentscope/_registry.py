@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar, cast, get_args
 
 from . import _spool
+from ._dicts import as_dict
 from ._errors import AgentExists, RegistryCorrupt, RegistryError
 
 __all__ = [
@@ -227,23 +228,7 @@ class AgentRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict (``argv`` as a list)."""
-        return {
-            "id": self.id,
-            "fleet": self.fleet,
-            "name": self.name,
-            "unit": self.unit,
-            "pid": self.pid,
-            "start_time": self.start_time,
-            "argv": list(self.argv),
-            "cwd": self.cwd,
-            "created": self.created,
-            "state": self.state,
-            "exit_status": self.exit_status,
-            "exited": self.exited,
-            "oom_kills": self.oom_kills,
-            "memory_current": self.memory_current,
-            "memory_peak": self.memory_peak,
-        }
+        return as_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,14 +244,7 @@ class EventRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The event as a JSON-ready dict."""
-        return {
-            "id": self.id,
-            "ts": self.ts,
-            "fleet": self.fleet,
-            "agent": self.agent,
-            "kind": self.kind,
-            "detail": dict(self.detail),
-        }
+        return as_dict(self)
 
 
 def _agent_from_row(row: Sequence[Any]) -> AgentRecord:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from ._dicts import as_dict
 from ._errors import AgentscopeError
 
 __all__ = [
@@ -82,7 +83,7 @@ class Stretch:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict of the stretch."""
-        return {"function": self.function, "seconds": self.seconds, "samples": self.samples}
+        return as_dict(self)
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,7 @@ class StallReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict of the report (for an event registry)."""
-        return {
-            "window_start": self.window_start,
-            "window_end": self.window_end,
-            "worst_lag": self.worst_lag,
-            "stall_count": self.stall_count,
-            "stretches": [s.to_dict() for s in self.stretches],
-        }
+        return as_dict(self)
 
     def describe(self) -> str:
         """Return a one-line human summary, as logged by the watchdog."""

@@ -415,3 +415,30 @@ def test_memory_controller_enabled(tmp_path: Path) -> None:
     assert not memory_controller_enabled(without)
     assert read_cgroup_memory(without) is None
     assert not memory_controller_enabled(tmp_path / "gone.slice")
+
+
+def test_to_dict_gives_plain_json_values() -> None:
+    # Paths, tuples, read-only mappings and nested records all come out as
+    # JSON values, so `report --json` and the events never fail to encode.
+    from agentscope._attribution import Throttle
+    from agentscope._cgroup import LimitHolder
+
+    holder = LimitHolder(Path("/sys/fs/cgroup/x.slice"), 1 << 30, None)
+    throttle = Throttle(Path("/sys/fs/cgroup/x.slice/a.scope"), 3, (7, 8), holder)
+    assert json.loads(json.dumps(throttle.to_dict())) == {
+        "cgroup": "/sys/fs/cgroup/x.slice/a.scope",
+        "high_delta": 3,
+        "pids": [7, 8],
+        "limit": {
+            "path": "/sys/fs/cgroup/x.slice",
+            "unit": "x.slice",
+            "high": 1 << 30,
+            "max": None,
+        },
+    }
+    stat = parse_memory_stat(b"anon 1\nfile 2\nshmem 3\n")
+    assert json.loads(json.dumps(stat.to_dict())) == {
+        "anon": 1,
+        "file": 2,
+        "fields": {"anon": 1, "file": 2, "shmem": 3},
+    }
