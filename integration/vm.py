@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import images
@@ -138,6 +139,42 @@ def _remove_stale_runs() -> None:
             os.kill(owner, 0)
         except (OSError, ValueError):
             shutil.rmtree(run, ignore_errors=True)
+    for new in images.CACHE_DIR.glob(".new-run-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - new.stat().st_mtime > 3600:
+                shutil.rmtree(new, ignore_errors=True)
+
+
+def _new_run_dir(distro: str) -> Path:
+    """A run directory that holds its owner's PID from the moment it has its name.
+
+    Made under a name the stale-run sweep does not match and renamed once
+    the owner is written: a sweep by another runner (another thread with
+    --jobs, or another vm.py) can never take it for an orphan.
+    """
+    images.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    _remove_stale_runs()
+    new = Path(tempfile.mkdtemp(prefix=f".new-run-{distro}-", dir=images.CACHE_DIR))
+    (new / "owner").write_text(str(os.getpid()))
+    work = new.with_name(new.name.removeprefix(".new-"))
+    new.rename(work)
+    return work
+
+
+def _runner_failed(distro: str, managers: list[str], exc: Exception) -> dict[str, Result]:
+    """A failure of this runner (image build, payload, qemu) fails that distro, not the matrix."""
+    what = f"{exc.__class__.__name__}: {exc}"
+    _log(f"{distro}: the runner failed: {what}")
+    return {m: (1, f"runner failed ({what})", []) for m in managers}
+
+
+def _guarded(
+    run_one: Callable[..., dict[str, Result]], distro: str, managers: list[str], **kwargs: Any
+) -> dict[str, Result]:
+    try:
+        return run_one(distro, **kwargs)
+    except Exception as exc:
+        return _runner_failed(distro, managers, exc)
 
 
 def _die_with_parent() -> None:
@@ -189,10 +226,7 @@ def boot(
     """Boot one distro, run the suites, return {manager: (exit status, summary, failures)}."""
     image = images.ensure_image(distro_name, rebuild=rebuild)
     distro = image.distro
-    images.CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    _remove_stale_runs()
-    work = Path(tempfile.mkdtemp(prefix=f"run-{distro.name}-", dir=images.CACHE_DIR))
-    (work / "owner").write_text(str(os.getpid()))
+    work = _new_run_dir(distro.name)
     results: dict[str, Result] = {}
     proc: subprocess.Popen[bytes] | None = None
     try:
@@ -304,7 +338,10 @@ def _boot_parallel(
     results: dict[tuple[str, str], Result] = {}
     width = max(len(d) for d in distros)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_one, d, prefix=f"[{d:<{width}}] "): d for d in distros}
+        futures = {
+            pool.submit(_guarded, run_one, d, managers, prefix=f"[{d:<{width}}] "): d
+            for d in distros
+        }
         try:
             pending = set(futures)
             while pending:
@@ -377,12 +414,22 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.jobs <= 1 or len(distros) == 1:
                 for d in distros:
-                    got = run_one(d, rebuild=args.rebuild)
+                    got = _guarded(run_one, d, managers, rebuild=args.rebuild)
                     results.update({(d, m): r for m, r in got.items()})
             else:
+                built = []
                 for d in distros:  # built one after another, before any VM runs
-                    images.ensure_image(d, rebuild=args.rebuild)
-                results.update(_boot_parallel(distros, managers, args.jobs, run_one))
+                    try:
+                        images.ensure_image(d, rebuild=args.rebuild)
+                    except Exception as exc:
+                        results.update(
+                            {(d, m): r for m, r in _runner_failed(d, managers, exc).items()}
+                        )
+                        continue
+                    built.append(d)
+                if built:
+                    results.update(_boot_parallel(built, managers, args.jobs, run_one))
+                results = {(d, m): results[(d, m)] for d in distros for m in managers}
         except KeyboardInterrupt:
             _log("interrupted; the VM and its temporary files are gone")
             return 130
