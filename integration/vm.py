@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("-m", "--manager", choices=[*_MANAGERS, "both"], default="both")
     p.add_argument("-k", dest="k", default="", help="pytest -k expression")
-    p.add_argument("--timeout", type=float, default=1500, help="seconds per VM (default 1500)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per VM (default 1800)")
     p.add_argument("--memory", default="768M", help="VM memory (default 768M)")
     p.add_argument("--rebuild", action="store_true", help="rebuild the images")
     p.add_argument("--build-only", action="store_true", help="build the images, run nothing")
