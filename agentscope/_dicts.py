@@ -7,6 +7,12 @@ from dataclasses import fields
 from pathlib import PurePath
 from typing import Any
 
+# Most values are these; checked first, they skip the conversions below (a
+# report's to_dict converts hundreds of records).
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+# dataclasses.fields() filters and rebuilds its tuple on every call.
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
 
 def as_dict(obj: Any) -> dict[str, Any]:
     """``obj``'s dataclass fields, in order, as a JSON-ready dict.
@@ -14,10 +20,15 @@ def as_dict(obj: Any) -> dict[str, Any]:
     A value with its own ``to_dict`` is converted with it, tuples and lists
     become lists, mappings dicts and paths strings; anything else is kept.
     """
-    return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None:
+        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in fields(obj))
+    return {name: _plain(getattr(obj, name)) for name in names}
 
 
 def _plain(value: Any) -> Any:
+    if type(value) in _SCALARS:
+        return value
     if hasattr(value, "to_dict"):
         return value.to_dict()
     if isinstance(value, (tuple, list)):
