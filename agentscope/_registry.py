@@ -105,7 +105,6 @@ _DEFAULT_TIMEOUT: Final = 5.0
 _DIR_MODE: Final = 0o700
 _FILE_MODE: Final = 0o600
 
-
 # Forward migrations: step i takes a database from user_version i to i + 1.
 # Append new steps; never edit a released one (tests/test_registry.py keeps a
 # frozen copy of version 1 and opens it with the current code).

@@ -354,8 +354,7 @@ def _boot_parallel(
             for fut in futures:
                 fut.cancel()
             raise
-    # In the order asked for, not the order they finished.
-    return {(d, m): results[(d, m)] for d in distros for m in managers if (d, m) in results}
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                     built.append(d)
                 if built:
                     results.update(_boot_parallel(built, managers, args.jobs, run_one))
+                # In the order asked for, not the order they finished.
                 results = {(d, m): results[(d, m)] for d in distros for m in managers}
         except KeyboardInterrupt:
             _log("interrupted; the VM and its temporary files are gone")
