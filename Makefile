@@ -7,7 +7,7 @@ K ?=
 JOBS ?= 2
 VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS)
 
-.PHONY: help venv check lint typecheck unit integration images test demo bench clean-vm
+.PHONY: help venv host-deps check lint typecheck unit integration images test demo bench clean-vm
 
 help:
 	@echo "make demo          the main job: a fleet in a VM, a runaway agent, the OOM kill named"
@@ -17,12 +17,31 @@ help:
 	@echo "make integration   the VM matrix; narrow it: DISTRO=bookworm MANAGER=user K=smoke"
 	@echo "make images        build (or reuse) the cached VM images"
 
-venv: $(PY)
-$(PY): pyproject.toml
+# The stamp is a file of our own: $(PY) is a symlink to the system interpreter,
+# and touching it would follow the link (Permission denied as a user; as root
+# it would change the system python's timestamp).
+VENV_STAMP = .venv/.agentscope-dev
+venv: $(VENV_STAMP)
+$(VENV_STAMP): pyproject.toml
+	@python3 -c 'import ensurepip, venv' 2>/dev/null || { echo "make: python3 has no venv module: apt-get install python3-venv" >&2; exit 1; }
 	python3 -m venv .venv
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check '.[dev]' hatchling
-	@touch $(PY)
+	@touch $(VENV_STAMP)
+
+# The VM runner alone (make demo): the standard library, pip and hatchling to
+# build the wheel; none of the development toolchain.
+VM_PY = .venv-vm/bin/python
+VM_STAMP = .venv-vm/.agentscope-vm
+$(VM_STAMP): pyproject.toml
+	python3 -m venv .venv-vm
+	$(VM_PY) -m pip install --quiet --disable-pip-version-check hatchling
+	@touch $(VM_STAMP)
+
+# What the VM runner needs on the host, checked before any download; as root
+# on Debian or Ubuntu it is installed (integration/host-deps.sh says what).
+host-deps:
+	@bash integration/host-deps.sh
 
 lint: venv
 	$(PY) -m ruff check agentscope cli tests integration benchmarks
@@ -36,22 +55,23 @@ check: lint typecheck
 unit: venv
 	$(PY) -m pytest tests
 
-images: venv
+images: host-deps venv
 	$(PY) integration/vm.py --build-only $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d)))
 
-integration: venv
+integration: host-deps venv
 	$(PY) integration/vm.py $(VM_ARGS)
 
-test: check unit integration
+# host-deps first: a missing qemu is said before the toolchain downloads.
+test: host-deps check unit integration
 
 # The demo boots trixie (building its image on first use) and runs
 # `agentscope demo` there as the lingering user, with a global OOM.
-demo: venv
-	$(PY) integration/vm.py -d trixie -m user --timeout 600 --run "agentscope demo --global-oom"
+demo: host-deps $(VM_STAMP)
+	$(VM_PY) integration/vm.py -d trixie -m user --timeout 600 --run "agentscope demo --global-oom"
 
 clean-vm:
 	rm -rf /var/tmp/agentscope-vm
 
 BENCH ?= bench_launch.py
-bench: venv
+bench: host-deps venv
 	$(PY) integration/vm.py --bench $(BENCH) $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d)),-d trixie) -m $(MANAGER)

@@ -39,6 +39,30 @@ class Facts:
     oomd_state: str | None = None
     linger: bool | None = None
     oom_score_adj: int | None = None
+    #: (version, location) of an unrelated distribution named ``agentscope`` in this environment.
+    foreign_distribution: tuple[str, str] | None = None
+
+
+#: Our distribution's name on the package index; the import name stays ``agentscope``.
+DISTRIBUTION = "agentscope-systemd"
+
+
+def foreign_distribution() -> tuple[str, str] | None:
+    """The unrelated ``agentscope`` distribution installed beside this one, if any.
+
+    The name ``agentscope`` on the package index belongs to another project,
+    which also installs an import package called ``agentscope``: the two
+    overwrite each other's files, and ``pip install -U agentscope`` replaces
+    this project with it.
+    """
+    from importlib import metadata
+
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").strip().lower().replace("_", "-")
+        if name == "agentscope":
+            where = dist.locate_file("")
+            return (dist.version or "?", str(where))
+    return None
 
 
 async def _manager_facts(manager: str) -> tuple[str | None, str | None, str | None]:
@@ -90,6 +114,7 @@ def gather(opts: Options) -> Facts:
         oomd_state=oomd,
         linger=(LINGER_DIR / user).exists() if manager == "user" else None,
         oom_score_adj=read_oom_score_adj(os.getpid()),
+        foreign_distribution=foreign_distribution(),
     )
 
 
@@ -260,4 +285,20 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
         )
     else:
         out.append(_check("oom_score_adj", "pass", f"this process has oom_score_adj {adj}"))
+    foreign = facts.foreign_distribution
+    if foreign is None:
+        out.append(
+            _check("distribution", "pass", f"no foreign 'agentscope' package beside {DISTRIBUTION}")
+        )
+    else:
+        version, where = foreign
+        out.append(
+            _check(
+                "distribution",
+                "fail",
+                f"an unrelated package named 'agentscope' ({version}, in {where}) is installed "
+                f"in this environment; it overwrites {DISTRIBUTION}'s import package agentscope",
+                f"pip uninstall -y agentscope && pip install --force-reinstall {DISTRIBUTION}",
+            )
+        )
     return out

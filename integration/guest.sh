@@ -10,7 +10,7 @@ t0=$(date +%s)
 # Compiled at install, as pip does by default: the CLI's start-up is measured
 # and tested here, and compiling every module on each start costs seconds
 # under TCG.
-pip install --quiet --no-index --no-deps --disable-pip-version-check /payload/agentscope-*.whl \
+pip install --quiet --no-index --no-deps --disable-pip-version-check /payload/agentscope_systemd-*.whl \
     || { echo "@@AGENTSCOPE-STATUS install=failed@@"; exit 1; }
 echo "guest: agentscope installed in $(( $(date +%s) - t0 ))s"
 # Thrashing protection (MGLRU min_ttl_ms, Documentation/admin-guide/mm/multigen_lru.rst):

@@ -76,7 +76,7 @@ def _build_wheel(dest: Path) -> Path:
         check=True,
         stdin=subprocess.DEVNULL,
     )
-    (wheel,) = dest.glob("agentscope-*.whl")
+    (wheel,) = dest.glob("agentscope_systemd-*.whl")
     return wheel
 
 

@@ -969,6 +969,7 @@ def test_doctor_json(monkeypatch: pytest.MonkeyPatch, fleet: FakeFleet) -> None:
         "systemd_oomd",
         "linger",
         "oom_score_adj",
+        "distribution",
     ]
     for check in data["checks"]:
         assert set(check) == {"name", "status", "detail", "fix"}
@@ -1011,6 +1012,32 @@ def test_doctor_system_manager_needs_no_linger() -> None:
     checks = {c["name"]: c for c in _doctor.checks(_facts(manager="system", linger=None))}
     assert checks["linger"]["status"] == "pass"
     assert "sudo systemctl set-property" in checks["slice_limits"]["fix"]
+
+
+def test_doctor_names_a_foreign_agentscope_distribution() -> None:
+    checks = {c["name"]: c for c in _doctor.checks(_facts())}
+    assert checks["distribution"]["status"] == "pass"
+    foreign = _facts(foreign_distribution=("2.0.11", "/venv/lib/python3.11/site-packages"))
+    check = {c["name"]: c for c in _doctor.checks(foreign)}["distribution"]
+    assert check["status"] == "fail"
+    assert "2.0.11" in check["detail"]
+    assert "/venv/lib/python3.11/site-packages" in check["detail"]
+    assert check["fix"] == (
+        "pip uninstall -y agentscope && pip install --force-reinstall agentscope-systemd"
+    )
+
+
+def test_foreign_distribution_found_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _doctor.foreign_distribution() is None  # this checkout's venv has only ours
+    info = tmp_path / "agentscope-2.0.11.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: AgentScope\nVersion: 2.0.11\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = _doctor.foreign_distribution()
+    assert found is not None
+    assert found[0] == "2.0.11"
 
 
 # -- rendering snapshots ------------------------------------------------------------------
