@@ -144,7 +144,7 @@ def report_view(report: Mapping[str, Any]) -> Group:
     _columns(agents, ("NAME", "MEMORY", "PEAK", "OOM KILLS", "UNIT"))
     for a in report.get("agents", []):
         agents.add_row(
-            str(a.get("name", "-")),
+            str(a.get("agent") or "-"),
             format_bytes(a.get("memory_current")),
             format_bytes(a.get("memory_peak")),
             str(a.get("oom_kills", 0)),

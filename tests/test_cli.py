@@ -26,6 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 import agentscope
+from agentscope import AgentMemory
 from agentscope import _exec as agentscope_exec
 from cli import _docs, _doctor, _fleet, _render
 from cli._errors import BadInput
@@ -76,20 +77,29 @@ REPORT = {
         "full": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total": 0},
     },
     "agents": [
-        {
-            "name": "builder-1",
-            "unit": "agentscope-default-builder-1-3f9a2c.scope",
-            "memory_current": 6 * 2**30,
-            "memory_peak": 8 * 2**30,
-            "oom_kills": 1,
-        },
-        {
-            "name": "reviewer",
-            "unit": "agentscope-default-reviewer-0a0b0c.scope",
-            "memory_current": 300 * 2**20,
-            "memory_peak": None,
-            "oom_kills": 0,
-        },
+        # The library's own records, so the fixture has the shape report --json prints.
+        AgentMemory(
+            agent="builder-1",
+            unit="agentscope-default-builder-1-3f9a2c.scope",
+            memory_current=6 * 2**30,
+            memory_peak=8 * 2**30,
+            anon=6 * 2**30,
+            file=0,
+            processes=2,
+            oom_kills=1,
+            high_events=0,
+        ).to_dict(),
+        AgentMemory(
+            agent="reviewer",
+            unit="agentscope-default-reviewer-0a0b0c.scope",
+            memory_current=300 * 2**20,
+            memory_peak=None,
+            anon=300 * 2**20,
+            file=0,
+            processes=1,
+            oom_kills=0,
+            high_events=0,
+        ).to_dict(),
     ],
     "processes": [
         {"pid": 5001, "comm": "node", "rss": 5 * 2**30, "agent": "builder-1"},
@@ -634,7 +644,7 @@ def test_report(fleet: FakeFleet) -> None:
     result, data = run_json("report", "--top", "2")
     assert result.code == 0
     assert set(data) >= {"host", "pressure", "agents", "processes"}
-    assert {"name", "unit", "memory_current"} <= set(data["agents"][0])
+    assert {"agent", "unit", "memory_current"} <= set(data["agents"][0])
     assert len(data["processes"]) == 2
     assert {"pid", "comm", "rss", "agent"} <= set(data["processes"][0])
     assert ("report", 2) in fleet.calls
