@@ -7,6 +7,7 @@ This is the one place that maps exceptions to exit codes::
     2  bad usage or bad input      usage errors, BadInput, InvalidName, LaunchError
     3  no such agent               AgentNotFound
     4  systemd unreachable         SystemdUnavailable
+  130  interrupted                 KeyboardInterrupt (Ctrl-C), as a shell reports SIGINT
 
 With ``--json`` the message goes to stderr as ``{"error": ..., "kind": ...}``.
 Kept free of typer and rich, and of any import its ``exec`` fast path
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
@@ -38,6 +40,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_UNAVAILABLE = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
 class BadInput(ValueError):
@@ -54,6 +57,8 @@ class Failed(Exception):
 
 def classify(exc: BaseException) -> tuple[int, str]:
     """The exit code and the ``kind`` word of an exception."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
     if isinstance(exc, BadInput):
         return EXIT_USAGE, "bad_input"
     if isinstance(exc, Failed):
@@ -88,6 +93,8 @@ def _message(exc: BaseException, kind: str) -> str:
     text = str(exc)
     if kind == "usage" and hasattr(exc, "format_message"):
         text = str(exc.format_message())
+    if kind == "interrupted":
+        text = "interrupted"
     if kind == "internal":
         text = (
             f"{type(exc).__name__}: {text} (a bug in agentscope; rerun with --debug to see where)"

@@ -22,7 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
     from collections.abc import Callable, Sequence
 
-__all__ = ["exec_command", "parse_exec_args", "resolve_command", "run_exec"]
+__all__ = ["HELP", "ExecHelp", "exec_command", "parse_exec_args", "resolve_command", "run_exec"]
 
 USAGE = "agentscope exec NAME [--memory-max SIZE] [--quiet] -- CMD [ARGS...]"
 
@@ -34,6 +34,23 @@ class ExecArgs:
 
     def __init__(self, name: str, cmd: list[str], memory_max: str | None, quiet: bool) -> None:
         self.name, self.cmd, self.memory_max, self.quiet = name, cmd, memory_max, quiet
+
+
+HELP = f"""Usage: {USAGE}
+
+  Move this process into a new agent scope NAME, then exec CMD in it: CMD keeps
+  this PID, stdio and signals, like systemd-run --scope. Everything after CMD
+  is CMD's own.
+
+Options:
+  --memory-max SIZE  cap the agent's scope (MemoryMax, no swap), e.g. 4G
+  -q, --quiet        do not print "Running as unit: ..."
+  -h, --help         show this message and exit
+"""
+
+
+class ExecHelp(Exception):
+    """``exec -h``/``--help``: print :data:`HELP` and exit 0."""
 
 
 def _usage(message: str) -> BadInput:
@@ -58,6 +75,8 @@ def parse_exec_args(args: Sequence[str]) -> ExecArgs:
         if arg == "--":
             i += 1
             break
+        if arg in ("-h", "--help"):
+            raise ExecHelp
         if arg in ("-q", "--quiet"):
             quiet = True
         elif arg == "--memory-max" or arg.startswith("--memory-max="):

@@ -32,6 +32,7 @@ def hoist_globals(args: Sequence[str]) -> list[str]:
     """
     args = list(args)
     end = args.index("--") if "--" in args else len(args)
+    end = min(end, _exec_command_start(args))
     front: list[str] = []
     rest: list[str] = []
     i = 0
@@ -49,6 +50,34 @@ def hoist_globals(args: Sequence[str]) -> list[str]:
             rest.append(arg)
         i += 1
     return [*front, *rest, *args[end:]]
+
+
+def _exec_command_start(args: Sequence[str]) -> int:
+    """Where ``exec``'s own command begins when it is given without ``--`` (else len(args)).
+
+    ``agentscope exec b mytool --json`` gives ``--json`` to ``mytool``: what follows
+    the agent's command is the agent's, never ours.
+    """
+    i, seen_command, name_seen = 0, False, False
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            break
+        key = arg.partition("=")[0]
+        if arg in _FLAGS or arg in ("-q", "--quiet", "-h", "--help"):
+            pass
+        elif key in (*_VALUED, "--memory-max"):
+            i += 0 if "=" in arg else 1
+        elif not seen_command:
+            if arg != "exec":
+                return len(args)
+            seen_command = True
+        elif not name_seen:
+            name_seen = True
+        else:
+            return i
+        i += 1
+    return len(args)
 
 
 def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] | None:
@@ -115,10 +144,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         split[0] if split is not None else Options(json="--json" in args, debug="--debug" in args)
     )
     if split is not None and split[1] == "exec":
-        from ._exec import run_exec
+        from ._exec import HELP, ExecHelp, run_exec
 
         try:
             run_exec(opts, split[2])
+        except ExecHelp:
+            sys.stdout.write(HELP)
+            sys.exit(0)
         except (Exception, KeyboardInterrupt) as exc:
             from ._errors import report_error
 

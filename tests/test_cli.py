@@ -888,6 +888,67 @@ def test_exec_bad_arguments(args: list[str], message: str) -> None:
         parse_exec_args(args)
 
 
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_exec_help(flag: str) -> None:
+    result = run("exec", flag)
+    assert result.code == 0, result.stderr
+    assert "Usage: agentscope exec NAME" in result.stdout
+    assert "--memory-max SIZE" in result.stdout
+
+
+def test_exec_help_after_the_command_is_the_commands(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: execs.append(argv))
+    result = run("exec", "me", "ls", "--help")
+    assert result.code == 0, result.stderr
+    assert execs == [["ls", "--help"]]
+
+
+def test_options_after_the_agents_command_belong_to_the_agent(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: execs.append(argv))
+    result = run("exec", "b", "true", "--json", "--fleet", "prod")
+    assert result.code == 0, result.stderr
+    assert execs == [["true", "--json", "--fleet", "prod"]]
+    assert fleet.calls == [("adopt", os.getpid(), "b", None)]
+    assert "Running as unit:" in result.stderr  # not --json: that was the agent's
+    # Global options before the agent's command are still ours.
+    execs.clear()
+    result = run("exec", "b", "--json", "true", "--fleet", "x")
+    assert execs == [["true", "--fleet", "x"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "front"),
+    [
+        (["exec", "b", "mytool", "--json", "--fleet", "prod"], []),
+        (["exec", "--json", "b", "mytool", "--json"], ["--json"]),
+        (["exec", "--memory-max", "1G", "b", "t", "--debug"], []),
+        (["ls", "--json"], ["--json"]),
+        (["run", "x", "--fleet", "f", "--", "sh", "--json"], ["--fleet", "f"]),
+    ],
+)
+def test_hoist_globals_stops_at_the_agents_command(args: list[str], front: list[str]) -> None:
+    hoisted = hoist_globals(args)
+    assert hoisted[: len(front)] == front
+    assert sorted(hoisted) == sorted(args)
+
+
+def test_ctrl_c_exits_130(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "execv", interrupted)
+    result = run("exec", "me", "--", "true")
+    assert result.code == 130
+    assert result.stderr.strip().endswith("agentscope: error: interrupted")
+    assert "bug" not in result.stderr
+
+
 def test_exec_finds_commands_like_the_shell(tmp_path: Path) -> None:
     tool = tmp_path / "bin" / "tool"
     tool.parent.mkdir()
