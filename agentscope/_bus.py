@@ -14,6 +14,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from dbus_fast import Message, MessageType, Variant
@@ -24,6 +25,7 @@ from dbus_fast.errors import AuthError, InvalidAddressError
 
 from . import _wire
 from ._errors import BusError, SystemdUnavailable
+from ._scope import CGROUP_ROOT
 
 __all__ = [
     "INFINITY",
@@ -167,6 +169,8 @@ class SystemdBus:
         self.version: str = ""
         self._lock = asyncio.Lock()
         self._jobs: dict[str, asyncio.Future[str]] = {}
+        #: Where the manager's cgroup paths (ControlGroup) are mounted.
+        self.cgroup_root = Path(CGROUP_ROOT)
 
     @property
     def version_major(self) -> int:

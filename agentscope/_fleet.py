@@ -31,7 +31,6 @@ import psutil
 from . import _names, _scope, _tmux
 from ._bus import INFINITY, SystemdBus
 from ._cgroup import (
-    CGROUP_ROOT,
     cgroup_v2_mounted,
     memory_controller_enabled,
     parse_memory_events,
@@ -302,12 +301,15 @@ class AsyncFleet:
         policy: str = "adopt",
         env: Mapping[str, str] | None = None,
         tmux_dir: str | os.PathLike[str] | None = None,
+        _bus: SystemdBus | None = None,
     ) -> None:
         if policy not in ("adopt", "stop"):
             raise AgentscopeError(f"policy must be 'adopt' or 'stop', not {policy!r}")
         self.name = _names.validate_name("fleet", name)
         self.slice = _names.validate_slice(slice)
-        self._bus = SystemdBus(manager, env=env)
+        # _bus is the tests' seam (tests/fakesystemd.py): a SystemdBus that
+        # answers for the manager, over a cgroup tree at its cgroup_root.
+        self._bus = _bus if _bus is not None else SystemdBus(manager, env=env)
         self.manager = self._bus.manager
         self.agent_oom_score_adj = agent_oom_score_adj
         self.manager_oom_score_adj = manager_oom_score_adj
@@ -434,12 +436,13 @@ class AsyncFleet:
                 # Not cached: the real path is known once the slice is realized.
                 return self._expected_slice_cgroup()
             else:
-                self._slice_cgroup = CGROUP_ROOT / str(cg).lstrip("/")
+                self._slice_cgroup = self._bus.cgroup_root / str(cg).lstrip("/")
         return self._slice_cgroup
 
     def _expected_slice_cgroup(self) -> Path:
         """Where the manager puts the agents slice: dashes in its name are the hierarchy."""
-        return Path(_scope.slice_cgroup(self.manager, self.slice))
+        root = str(self._bus.cgroup_root)
+        return Path(_scope.slice_cgroup(self.manager, self.slice, root=root))
 
     async def _live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""

@@ -1,0 +1,234 @@
+"""Real AsyncFleets over a fake systemd manager (tests/fakesystemd.py).
+
+The processes are real children of the test; their scopes are directories
+of a fake cgroup tree. These test the fleet's own logic: launch, adopt,
+stop escalation, reconcile, listing, the OOMPolicy fallback, slice limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agentscope import AgentExists, AgentNotFound, BusError, LaunchError
+from agentscope._fleet import AsyncFleet
+from agentscope._registry import Registry
+from tests.fakesystemd import FakeSystemd
+
+# Ignores SIGTERM, so only the SIGKILL of the stop escalation ends it.
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+]
+
+
+def make_fleet(tmp_path: Path, bus: FakeSystemd, name: str = "t") -> AsyncFleet:
+    return AsyncFleet(
+        name,
+        registry=tmp_path / "registry.db",
+        manager_oom_score_adj=None,
+        tmux_dir=tmp_path / "tmux",
+        _bus=bus,
+    )
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> FakeSystemd:
+    return FakeSystemd(tmp_path / "cgroup")
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path, bus: FakeSystemd) -> AsyncIterator[AsyncFleet]:
+    async with make_fleet(tmp_path, bus) as f:
+        yield f
+    await stop_everything(bus)
+
+
+async def stop_everything(bus: FakeSystemd) -> None:
+    await bus.connect()
+    for unit in list(bus.units):
+        with contextlib.suppress(BusError):  # it ended meanwhile
+            await bus.call("KillUnit", "ssi", [unit, "all", 9])
+    for _ in range(200):
+        if not bus.units:
+            break
+        await asyncio.sleep(0.01)
+    bus.close()
+
+
+async def test_launch_puts_the_child_in_its_scope_and_records_it(
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path
+) -> None:
+    agent = await fleet.launch("a", ["sleep", "30"])
+    assert bus.scope_pids(agent.unit) == [agent.pid]
+    start = next(c for c in bus.calls if c.member == "StartTransientUnit")
+    props = {k: v.value for k, v in start.body[2]}
+    assert props["OOMPolicy"] == "continue"
+    assert props["Description"] == "agentscope agent a of fleet t"
+    assert "PIDFDs" in props  # systemd 257: the process by pidfd
+    with Registry(tmp_path / "registry.db") as reg:
+        rec = reg.get("t", "a")
+        assert rec is not None
+        assert rec.state == "running"
+        assert rec.pid == agent.pid
+        assert [e.kind for e in reg.events("t", agent="a")] == ["launched"]
+    assert Path(f"/proc/{agent.pid}/oom_score_adj").read_text().strip() == "800"
+
+
+async def test_a_second_launch_of_a_running_name_is_refused(fleet: AsyncFleet) -> None:
+    await fleet.launch("a", ["sleep", "30"])
+    with pytest.raises(AgentExists):
+        await fleet.launch("a", ["sleep", "30"])
+
+
+async def test_a_failed_start_job_leaves_no_row_and_no_process(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    bus.start_results["a"] = "failed"
+    with pytest.raises(LaunchError, match="job result 'failed'"):
+        await fleet.launch("a", ["sleep", "30"])
+    assert bus.units == {}
+    assert await fleet.agents(all=True) == []
+
+
+async def test_old_systemd_refuses_oompolicy_once_then_launches_without(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = FakeSystemd(tmp_path / "cgroup", version="252")
+    caplog.set_level(logging.WARNING, "agentscope")
+    async with make_fleet(tmp_path, bus) as fleet:
+        a = await fleet.launch("a", ["sleep", "30"])
+        b = await fleet.launch("b", ["sleep", "30"])
+    starts = [c for c in bus.calls if c.member == "StartTransientUnit"]
+    with_policy = ["OOMPolicy" in {k for k, _ in c.body[2]} for c in starts]
+    assert with_policy == [True, False, False]  # refused once, then never asked again
+    assert "PIDs" in {k for k, _ in starts[-1].body[2]}  # before 255: PIDs
+    assert bus.scope_pids(a.unit) == [a.pid]
+    assert bus.scope_pids(b.unit) == [b.pid]
+    assert sum("refuses OOMPolicy" in r.getMessage() for r in caplog.records) == 1
+    await stop_everything(bus)
+
+
+async def test_stop_escalates_to_sigkill_after_the_timeout(
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path
+) -> None:
+    agent = await fleet.launch("a", STUBBORN)
+    await asyncio.sleep(0.3)  # the SIGTERM handler is set
+    await fleet.stop("a", timeout=0.5)
+    assert agent.unit not in bus.units
+    assert [c.body[2] for c in bus.calls if c.member == "KillUnit"] == [9]
+    assert agent.returncode == -9
+    with Registry(tmp_path / "registry.db") as reg:
+        rec = reg.by_unit(agent.unit)
+        assert rec is not None
+        assert rec.state == "exited"
+        assert rec.exit_status == -9
+
+
+async def test_stop_of_an_unknown_agent_raises(fleet: AsyncFleet) -> None:
+    with pytest.raises(AgentNotFound):
+        await fleet.stop("nobody")
+
+
+async def test_listing_closes_a_row_whose_scope_went_as_exited(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    agent = await fleet.launch("a", ["sleep", "0.1"])
+    assert await agent.wait() == 0
+    for _ in range(100):
+        if agent.unit not in bus.units:
+            break
+        await asyncio.sleep(0.01)
+    assert await fleet.agents() == []
+    (rec,) = await fleet.agents(all=True)
+    assert (rec.state, rec.returncode) == ("exited", 0)
+
+
+async def test_listing_reads_figures_from_the_scope_files(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    agent = await fleet.launch("a", ["sleep", "30"])
+    (bus.units[agent.unit].cgroup / "memory.current").write_text("12345\n")
+    (listed,) = await fleet.agents()
+    assert (listed.name, listed.state, listed.memory_current) == ("a", "running", 12345)
+
+
+async def test_adopt_moves_a_process_and_its_children(fleet: AsyncFleet, bus: FakeSystemd) -> None:
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30; wait"])
+    try:
+        for _ in range(100):  # both its children are forked
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if len(children) == 2:
+                break
+            await asyncio.sleep(0.01)
+        agent = await fleet.adopt(proc.pid, "adopted")
+        assert sorted(bus.scope_pids(agent.unit)) == sorted([proc.pid, *map(int, children)])
+        (listed,) = await fleet.agents()
+        assert (listed.name, listed.state, listed.pid) == ("adopted", "running", proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_adopt_of_no_process_raises(fleet: AsyncFleet) -> None:
+    with pytest.raises(LaunchError, match="no process"):
+        await fleet.adopt(2**22 + 1, "x")
+
+
+async def test_reopen_adopts_running_agents_and_closes_gone_ones(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    async with make_fleet(tmp_path, bus) as first:
+        keep = await first.launch("keep", ["sleep", "30"])
+        gone = await first.launch("gone", ["sleep", "30"])
+    await bus.call("KillUnit", "ssi", [gone.unit, "all", 9])
+    assert gone.popen is not None
+    gone.popen.wait()
+    for _ in range(100):
+        if gone.unit not in bus.units:
+            break
+        await asyncio.sleep(0.01)
+    async with make_fleet(tmp_path, bus) as second:
+        listed = {a.name: a for a in await second.agents(all=True)}
+        assert listed["keep"].state == "running"
+        assert listed["keep"].pid == keep.pid
+        assert listed["gone"].state == "lost"
+    await stop_everything(bus)
+
+
+async def test_reopen_records_a_scope_the_registry_does_not_know(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        bus.crash_scope("agentscope-t-x-abcdef.scope", "t", "x", [proc.pid])
+        async with make_fleet(tmp_path, bus) as fleet:
+            (agent,) = await fleet.agents()
+            assert (agent.name, agent.pid, agent.state) == ("x", proc.pid, "running")
+            assert [e.kind for e in await fleet.events(agent="x")] == ["found"]
+    finally:
+        proc.kill()
+        proc.wait()
+        await stop_everything(bus)
+
+
+async def test_stale_slice_limits_are_cleared_before_the_first_launch(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    bus.slice_props["MemoryHigh"] = 1 << 30
+    await fleet.launch("a", ["sleep", "30"])
+    assert await fleet.slice_limits() == {
+        "MemoryHigh": None,
+        "MemoryMax": None,
+        "MemorySwapMax": None,
+    }
+    events = await fleet.events(kind="limits_cleared")
+    assert [e.detail["limits"] for e in events] == [{"MemoryHigh": 1 << 30}]
