@@ -30,10 +30,8 @@ import psutil
 
 from . import _names, _scope, _tmux
 from ._agent import Agent
-from ._bus import INFINITY, SystemdBus
+from ._bus import SystemdBus
 from ._cgroup import (
-    cgroup_v2_mounted,
-    memory_controller_enabled,
     parse_memory_events,
 )
 from ._errors import (
@@ -58,6 +56,7 @@ from ._registry import (
     reconcile,
 )
 from ._spawn import GatedChild, spawn_gated
+from ._systemd import SLICE_IFACE, Capabilities, Scopes, probe
 from ._tmux import TmuxError
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
@@ -68,35 +67,7 @@ P = ParamSpec("P")
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
-_SLICE_IFACE = "org.freedesktop.systemd1.Slice"
-_UNIT_IFACE = "org.freedesktop.systemd1.Unit"
-_SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
-_LIMITS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
-# systemd < 253 (and vanilla 252.0-252.4) refuse OOMPolicy on a scope with one of these.
-# KillUnit on a scope that stopped meanwhile: unloaded, or loaded with no process left.
-_STOPPED_MEANWHILE = (
-    "org.freedesktop.systemd1.NoSuchUnit",
-    "org.freedesktop.systemd1.NoSuchProcess",
-)
 Stdio = int | IO[Any] | None
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What the systemd manager in reach can do (see :func:`probe`)."""
-
-    manager: str
-    systemd_version: str
-    bus_address: str
-    cgroup_v2: bool
-    memory_controller: bool
-    scope_oom_policy: bool
-    pidfds: bool
-    slice: str
-    slice_limits: dict[str, int | None]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def _read_text(path: Path) -> str | None:
@@ -173,12 +144,12 @@ class AsyncFleet:
         # answers for the manager, over a cgroup tree at its cgroup_root.
         self._bus = _bus if _bus is not None else SystemdBus(manager, env=env)
         self.manager = self._bus.manager
+        self._scopes = Scopes(self._bus, self.name, self.slice)
         self.agent_oom_score_adj = agent_oom_score_adj
         self.manager_oom_score_adj = manager_oom_score_adj
         self._agents: dict[str, Agent] = {}
         self._slice_checked = False
         self._slice_lock = asyncio.Lock()
-        self._oom_policy: bool | None = None  # None: not tried yet
         self._closed = False
         self.policy = policy
         self.registry_path = Path(
@@ -293,7 +264,7 @@ class AsyncFleet:
         """The agents slice's cgroup directory, as systemd reports it."""
         if self._slice_cgroup is None:
             path = await self._bus.unit_path(self.slice)
-            cg = await self._bus.get_property(path, _SLICE_IFACE, "ControlGroup")
+            cg = await self._bus.get_property(path, SLICE_IFACE, "ControlGroup")
             if not cg:  # not realized yet: where systemd will put it
                 # Not cached: the real path is known once the slice is realized.
                 return self._expected_slice_cgroup()
@@ -309,7 +280,7 @@ class AsyncFleet:
     async def _live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
         live: dict[str, tuple[str, str]] = {}
-        for unit, desc, _load, active, *_ in await self._list_units():
+        for unit, desc, _load, active, *_ in await self._scopes.list_units():
             parsed = _names.parse_description(desc)
             if parsed is not None and parsed[0] == self.name:
                 live[str(unit)] = (parsed[1], str(active))
@@ -350,7 +321,7 @@ class AsyncFleet:
         if self.policy == "stop":
             units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
             units += [r.unit for r in plan.headless]
-            await asyncio.gather(*(self._stop_unit(u, 10) for u in units))
+            await asyncio.gather(*(self._scopes.stop_unit(u, 10) for u in units))
             for rec in plan.adopt:
                 await self._db(self._registry.set_state, rec.unit, "exited")
                 await self._event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
@@ -418,7 +389,7 @@ class AsyncFleet:
                 # server that died is not collected yet.
                 if await asyncio.to_thread(tmux.alive):
                     return tmux
-                await self._stop_unit(unit, 10)
+                await self._scopes.stop_unit(unit, 10)
                 await self._start_tmux_server(tmux, unit)
         return tmux
 
@@ -440,7 +411,7 @@ class AsyncFleet:
             )
             try:
                 description = _tmux.tmux_description(self.name)
-                await self._start_scope(unit, "tmux", [child.pid], None, description)
+                await self._scopes.start_scope(unit, "tmux", [child.pid], None, description)
             except BaseException:
                 await child.abort()
                 raise
@@ -490,7 +461,7 @@ class AsyncFleet:
                 continue
             log.info("the tmux window of %s (%s) closed: stopping it", rec.name, rec.unit)
             with contextlib.suppress(BusError):
-                await self._kill_unit(rec.unit, _signal.SIGKILL)
+                await self._scopes.kill_unit(rec.unit, _signal.SIGKILL)
             await self._event(rec.name, "window_closed", unit=rec.unit, pid=rec.pid)
             closed[rec.unit] = await self._close_gone(rec)
         return closed
@@ -786,7 +757,7 @@ class AsyncFleet:
         try:
             await self._record_launch(registry, name, unit, child.pid, argv, cwd)
             recorded = True
-            await self._start_scope(unit, name, [child.pid], memory_max)
+            await self._scopes.start_scope(unit, name, [child.pid], memory_max)
         except BaseException:
             await child.abort()
             if recorded:
@@ -836,7 +807,12 @@ class AsyncFleet:
         except AgentExists:
             rec = await self._db(registry.get, self.name, name)
             # A starting row whose child lives is another launcher at work.
-            if rec is None or rec.closed or _in_flight(rec) or await self._unit_active(rec.unit):
+            if (
+                rec is None
+                or rec.closed
+                or _in_flight(rec)
+                or await self._scopes.unit_active(rec.unit)
+            ):
                 raise
             await self._close_gone(rec)
             await self._db(record)
@@ -855,82 +831,9 @@ class AsyncFleet:
         rec = await self._db(self._registry.get, self.name, name)
         if rec is not None and not rec.closed:
             # A starting row whose child lives is another launcher at work.
-            if _in_flight(rec) or await self._unit_active(rec.unit):
+            if _in_flight(rec) or await self._scopes.unit_active(rec.unit):
                 raise AgentExists(self.name, name, rec.unit)
             await self._close_gone(rec)  # its scope is gone: close the row first
-
-    async def _unit_active(self, unit: str) -> bool:
-        try:
-            (path,) = await self._bus.call("GetUnit", "s", [unit])
-        except BusError as exc:
-            if exc.dbus_name == "org.freedesktop.systemd1.NoSuchUnit":
-                return False
-            raise
-        state = await self._bus.get_property(str(path), _UNIT_IFACE, "ActiveState")
-        return state in ("active", "activating", "deactivating", "reloading")
-
-    async def _list_units(self, agent: str | None = None) -> list[list[Any]]:
-        (units,) = await self._bus.call(
-            "ListUnitsByPatterns",
-            "asas",
-            [
-                ["active", "activating", "deactivating", "reloading"],
-                [_names.scope_pattern(self.name, agent)],
-            ],
-        )
-        return list(units)
-
-    async def _start_scope(
-        self,
-        unit: str,
-        name: str,
-        pids: list[int],
-        memory_max: int | None,
-        description: str | None = None,
-    ) -> None:
-        props = _scope.scope_properties(self.name, name, self.slice, memory_max, description)
-        fds: list[int] = []
-        await self._bus.connect()  # the version decides PIDs or PIDFDs
-        try:
-            if self._bus.version_major >= 255:
-                # A pidfd names the process itself, not a number that may be reused.
-                fds = [os.pidfd_open(p) for p in pids]
-                props["PIDFDs"] = ("ah", list(range(len(fds))))
-            else:
-                props["PIDs"] = ("au", pids)
-            await self._start_transient(unit, props, fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-    async def _start_transient(
-        self, unit: str, props: dict[str, tuple[str, Any]], fds: list[int]
-    ) -> None:
-        if self._oom_policy is not False:
-            try:
-                await self._run_start(unit, {**props, "OOMPolicy": ("s", "continue")}, fds)
-                self._oom_policy = True
-                return
-            except BusError as exc:
-                if not _scope.refuses_oom_policy(exc.dbus_name, exc.message):
-                    raise
-                self._oom_policy = False
-                log.warning(_scope.OOMPOLICY_WARNING, self._bus.version)
-        await self._run_start(unit, props, fds)
-
-    async def _run_start(
-        self, unit: str, props: dict[str, tuple[str, Any]], fds: list[int]
-    ) -> None:
-        result = await self._bus.run_job(
-            unit,
-            "StartTransientUnit",
-            "ssa(sv)a(sa(sv))",
-            [unit, "fail", SystemdBus.props(props), []],
-            unix_fds=fds,
-            timeout=60,
-        )
-        if result != "done":
-            raise LaunchError(_scope.job_failed_message(unit, result, self.manager))
 
     async def _clear_slice_limits(self) -> None:
         if self._slice_checked:
@@ -949,11 +852,7 @@ class AsyncFleet:
         limits = await self.slice_limits()
         stale = {k: v for k, v in limits.items() if v is not None}
         if stale:
-            await self._bus.call(
-                "SetUnitProperties",
-                "sba(sv)",
-                [self.slice, True, SystemdBus.props({k: ("t", INFINITY) for k in stale})],
-            )
+            await self._scopes.clear_limits(stale)
             log.warning(
                 "cleared stale limits on %s until reboot: %s (a MemoryHigh there "
                 "throttles every agent at once; find where they were set with "
@@ -969,7 +868,7 @@ class AsyncFleet:
 
     async def slice_limits(self) -> dict[str, int | None]:
         """The agents slice's MemoryHigh/MemoryMax/MemorySwapMax; None means infinity."""
-        return await _slice_limits(self._bus, self.slice)
+        return await self._scopes.slice_limits()
 
     # -- adopt ------------------------------------------------------------
 
@@ -1008,7 +907,7 @@ class AsyncFleet:
             cwd,
         )
         try:
-            await self._start_scope(unit, name, pids, _check_memory_max(memory_max))
+            await self._scopes.start_scope(unit, name, pids, _check_memory_max(memory_max))
         except BaseException:
             await self._db(self._registry.delete, unit)
             raise
@@ -1035,7 +934,7 @@ class AsyncFleet:
         agent = self._agents.get(name)
         if agent is not None and agent.state not in _CLOSED and agent.alive():
             return agent.unit
-        for unit, desc, *_ in await self._list_units(name):
+        for unit, desc, *_ in await self._scopes.list_units(name):
             if _names.parse_description(desc) == (self.name, name):
                 return str(unit)
         raise AgentNotFound(self.name, name)
@@ -1050,7 +949,7 @@ class AsyncFleet:
         """
         self._check_open()
         unit = await self._resolve(name)
-        await self._stop_unit(unit, timeout)
+        await self._scopes.stop_unit(unit, timeout)
         agent = self._agents.get(name)
         if agent is not None and (agent.popen is not None or agent.terminal is not None):
             await agent.wait()  # its exit watcher records the exit
@@ -1062,40 +961,6 @@ class AsyncFleet:
                 await self._db(self._registry.set_state, unit, "exited")
         await self._event(name, "stopped", unit=unit)
 
-    async def _stop_unit(self, unit: str, timeout: float) -> None:
-        try:
-            await self._bus.run_job(unit, "StopUnit", "ss", [unit, "replace"], timeout=timeout)
-        except TimeoutError:
-            log.info("%s did not stop within %ss: sending SIGKILL", unit, timeout)
-            fut = self._bus.expect_job(unit)
-            try:
-                try:
-                    await self._kill_unit(unit, _signal.SIGKILL)
-                except BusError as exc:
-                    if exc.dbus_name in _STOPPED_MEANWHILE:
-                        return  # the stop job finished between the timeout and the kill
-                    raise
-                # The stop job ends once the processes are gone; it may also have
-                # ended just before the future was registered, so look too.
-                for _ in range(30):
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(1.0):
-                            await asyncio.shield(fut)
-                    if fut.done() or not await self._unit_active(unit):
-                        return
-                raise AgentscopeError(
-                    f"{unit} did not stop within {timeout + 30:.0f}s, even after SIGKILL; "
-                    f"see systemctl {'--user ' if self.manager == 'user' else ''}status {unit}"
-                )
-            finally:
-                self._bus.forget_job(unit)
-        except BusError as exc:
-            if exc.dbus_name != "org.freedesktop.systemd1.NoSuchUnit":
-                raise
-
-    async def _kill_unit(self, unit: str, sig: int) -> None:
-        await self._bus.call("KillUnit", "ssi", [unit, "all", int(sig)])
-
     async def kill(self, name: str, signal: int = _signal.SIGTERM) -> None:
         """Send ``signal`` to every process of the agent's scope.
 
@@ -1104,7 +969,7 @@ class AsyncFleet:
         """
         self._check_open()
         unit = await self._resolve(name)
-        await self._kill_unit(unit, signal)
+        await self._scopes.kill_unit(unit, signal)
         await self._event(name, "signalled", unit=unit, signal=int(signal))
 
     async def freeze(self, name: str) -> None:
@@ -1202,12 +1067,6 @@ class AsyncFleet:
             return await self._db(self._registry.by_unit, rec.unit) or rec
         await self._event(rec.name, "lost", unit=rec.unit, pid=rec.pid)
         return closed
-
-
-async def _slice_limits(bus: SystemdBus, slice: str) -> dict[str, int | None]:
-    path = await bus.unit_path(slice)
-    props = await bus.get_all(path, _SLICE_IFACE)
-    return {k: (None if props.get(k, INFINITY) == INFINITY else props[k]) for k in _LIMITS}
 
 
 _CLOSED = ("exited", "failed", "lost")
@@ -1308,39 +1167,3 @@ def _raise_own_oom_score_adj(value: int) -> None:
     if current is not None and int(current) >= value:
         return  # never lower it
     _write_oom_score_adj(os.getpid(), value)
-
-
-async def probe(manager: str = "auto", *, slice: str = _names.DEFAULT_SLICE) -> Capabilities:
-    """What the systemd manager in reach can do.
-
-    Connects, asks for the version, looks at the cgroup tree, and checks
-    whether scopes accept OOMPolicy (their D-Bus interface lists it) and
-    PIDFDs (systemd 255+). Creates nothing.
-
-    Raises:
-        SystemdUnavailable: no manager reachable.
-    """
-    bus = SystemdBus(manager)
-    try:
-        await bus.connect()
-        root = Path(_scope.manager_cgroup(bus.manager))
-        init_path = await bus.unit_path("init.scope")
-        xml = await bus.call(
-            "Introspect", path=init_path, interface="org.freedesktop.DBus.Introspectable"
-        )
-        scope_section = str(xml[0]).split(f'<interface name="{_SCOPE_IFACE}">', 1)[-1]
-        scope_section = scope_section.split("</interface>", 1)[0]
-        limits = await _slice_limits(bus, slice)
-        return Capabilities(
-            manager=bus.manager,
-            systemd_version=bus.version,
-            bus_address=bus.address,
-            cgroup_v2=cgroup_v2_mounted(),
-            memory_controller=memory_controller_enabled(root),
-            scope_oom_policy='name="OOMPolicy"' in scope_section,
-            pidfds=bus.version_major >= 255,
-            slice=slice,
-            slice_limits=limits,
-        )
-    finally:
-        bus.close()
