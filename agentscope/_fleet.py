@@ -18,7 +18,6 @@ import os
 import shutil
 import signal as _signal
 import subprocess
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -38,10 +37,10 @@ from ._errors import (
     AgentExists,
     AgentNotFound,
     AgentscopeError,
-    BusError,
     LaunchError,
     RegistryError,
 )
+from ._fleet_tmux import TmuxChild, TmuxGlue
 from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
 from ._monitor import Event as MonitorEvent
 from ._monitor import Pressure as MonitorPressure
@@ -57,7 +56,6 @@ from ._registry import (
 )
 from ._spawn import GatedChild, spawn_gated
 from ._systemd import SLICE_IFACE, Capabilities, Scopes, probe
-from ._tmux import TmuxError
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
 
@@ -108,7 +106,7 @@ def _check_argv(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | N
     return found
 
 
-class AsyncFleet:
+class AsyncFleet(TmuxGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -350,174 +348,6 @@ class AsyncFleet:
                 continue
             self._agents[name] = Agent._from_record(self, rec)
 
-    # -- tmux -----------------------------------------------------------------
-
-    async def _load_terminals(self) -> None:
-        """Which open agents run in tmux windows, from their launch events (after a restart)."""
-        assert self._registry is not None
-        if not await asyncio.to_thread(self._tmux.dir.exists):
-            return  # this fleet never had a tmux agent since boot
-        rows = await self._db(self._registry.agents, self.name)
-        if not rows:
-            return
-        units = {r.unit for r in rows}
-        since = min(r.created for r in rows) - 1
-        events = await self._db(self._registry.events, self.name, kind="launched", since=since)
-        for ev in events:
-            unit, terminal = ev.detail.get("unit"), ev.detail.get("terminal")
-            if unit in units and isinstance(terminal, str):
-                self._terminals[str(unit)] = terminal
-
-    async def _tmux_server(self) -> _tmux.TmuxServer:
-        """The fleet's tmux server; started in its own scope when it does not run.
-
-        Raises:
-            TmuxUnavailable, TmuxError (before anything started), BusError.
-        """
-        tmux = self._tmux
-        await asyncio.to_thread(tmux.prepare)
-        async with self._tmux_lock:
-            if await asyncio.to_thread(tmux.alive):
-                return tmux
-            unit = _tmux.tmux_unit(self.name)
-            try:
-                await self._start_tmux_server(tmux, unit)
-            except BusError as exc:
-                if exc.dbus_name != "org.freedesktop.systemd1.UnitExists":
-                    raise
-                # Another launcher started it meanwhile, or the scope of a
-                # server that died is not collected yet.
-                if await asyncio.to_thread(tmux.alive):
-                    return tmux
-                await self._scopes.stop_unit(unit, 10)
-                await self._start_tmux_server(tmux, unit)
-        return tmux
-
-    async def _start_tmux_server(self, tmux: _tmux.TmuxServer, unit: str) -> None:
-        # Gated like an agent: the tmux client is in the server's scope before
-        # it execs, so the server it forks is never in the manager's cgroup.
-        argv = await asyncio.to_thread(tmux.start_argv)
-        env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
-        err = await asyncio.to_thread(tempfile.TemporaryFile)
-        try:
-            child = await spawn_gated(
-                argv,
-                cwd="/",
-                env=env,
-                stdin=DEVNULL,
-                stdout=DEVNULL,
-                stderr=err,
-                oom_score_adj=self.manager_oom_score_adj,
-            )
-            try:
-                description = _tmux.tmux_description(self.name)
-                await self._scopes.start_scope(unit, "tmux", [child.pid], None, description)
-            except BaseException:
-                await child.abort()
-                raise
-            popen = await child.release()
-            status = await asyncio.to_thread(popen.wait)
-            if status != 0:
-                await asyncio.to_thread(err.seek, 0)
-                message = (await asyncio.to_thread(err.read)).decode(errors="replace").strip()
-                raise TmuxError(
-                    f"tmux could not start its server on {tmux.socket}: "
-                    f"{message or f'exit status {status}'}"
-                )
-        finally:
-            await asyncio.to_thread(err.close)
-        log.info("started the tmux server of fleet %s in %s (%s)", self.name, unit, tmux.socket)
-        await self._event(None, "tmux_started", unit=unit, socket=str(tmux.socket))
-
-    async def _open_pane(
-        self,
-        unit: str,
-        name: str,
-        argv: Sequence[str],
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-    ) -> _TmuxChild:
-        tmux = await self._tmux_server()
-        pane = await asyncio.to_thread(
-            tmux.open_pane,
-            name,
-            argv,
-            cwd or os.getcwd(),
-            dict(os.environ if env is None else env),
-            self.agent_oom_score_adj,
-            unit.removesuffix(".scope"),
-        )
-        return _TmuxChild(pane)
-
-    async def _close_windowless(self, recs: Sequence[AgentRecord]) -> dict[str, AgentRecord]:
-        """tmux agents whose window vanished: killed, and closed as exited."""
-        windows = await asyncio.to_thread(self._tmux.windows)
-        if windows is None:  # the server does not answer: no verdict
-            return {}
-        panes = {w.pane_pid for w in windows}
-        closed = {}
-        for rec in recs:
-            if rec.pid in panes:
-                continue
-            log.info("the tmux window of %s (%s) closed: stopping it", rec.name, rec.unit)
-            with contextlib.suppress(BusError):
-                await self._scopes.kill_unit(rec.unit, _signal.SIGKILL)
-            await self._event(rec.name, "window_closed", unit=rec.unit, pid=rec.pid)
-            closed[rec.unit] = await self._close_gone(rec)
-        return closed
-
-    async def _window(self, name: str) -> _tmux.Window:
-        """The tmux window of a running agent (its pane's process is the agent's)."""
-        self._check_open()
-        unit = await self._resolve(name)
-        assert self._registry is not None
-        rec = await self._db(self._registry.by_unit, unit)
-        known = self._agents.get(name)
-        pid = rec.pid if rec is not None else known.pid if known is not None else -1
-        window = await asyncio.to_thread(self._tmux.window_of, pid)
-        if window is None:
-            raise _tmux.not_a_tmux_agent(self.name, name)
-        return window
-
-    async def logs(self, name: str, lines: int = 100) -> list[str]:
-        """The last ``lines`` lines of a tmux agent's window (its history included).
-
-        Raises:
-            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
-        """
-        window = await self._window(name)
-        return await asyncio.to_thread(self._tmux.capture, window.id, lines)
-
-    async def send(self, name: str, text: str, *, enter: bool = False) -> None:
-        """Type ``text`` into a tmux agent's window, then Enter if ``enter``.
-
-        Raises:
-            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
-        """
-        window = await self._window(name)
-        await asyncio.to_thread(self._tmux.send, window.id, text, enter)
-
-    async def attach_command(self, name: str, *, read_only: bool = False) -> list[str]:
-        """The command line that attaches a terminal to a tmux agent's window.
-
-        Raises:
-            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
-        """
-        window = await self._window(name)
-        return await asyncio.to_thread(self._tmux.attach_argv, window.id, read_only)
-
-    async def attach(self, name: str, *, read_only: bool = False) -> int:
-        """Attach this process's terminal to a tmux agent's window until it detaches.
-
-        Returns the tmux client's exit status (non-zero without a terminal).
-
-        Raises:
-            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
-        """
-        argv = await self.attach_command(name, read_only=read_only)
-        proc = await asyncio.create_subprocess_exec(*argv)
-        return await proc.wait()
-
     # -- monitor --------------------------------------------------------------
 
     def unit_agent(self, unit: str) -> str | None:
@@ -737,7 +567,7 @@ class AsyncFleet:
         # closed meanwhile (a gather of launches cancelled at shutdown).
         registry = self._registry
         assert registry is not None
-        child: GatedChild | _TmuxChild
+        child: GatedChild | TmuxChild
         try:
             if terminal is not None:
                 child = await self._open_pane(unit, name, argv, cwd, env)
@@ -1129,20 +959,6 @@ def _read_figures(slice_dir: Path, units: Sequence[str]) -> dict[str, _Figures]:
             "frozen 1" in (_read_text(d / "cgroup.events") or ""),
         )
     return out
-
-
-class _TmuxChild:
-    """A tmux pane whose shim waits at its gate, with the interface of a GatedChild."""
-
-    def __init__(self, pane: _tmux.PaneLaunch) -> None:
-        self.pane = pane
-        self.pid = pane.pid
-
-    async def release(self) -> None:
-        await asyncio.to_thread(self.pane.go)
-
-    async def abort(self) -> None:
-        await asyncio.to_thread(self.pane.abort)
 
 
 @dataclass(frozen=True)
