@@ -15,13 +15,11 @@ import contextlib
 import functools
 import logging
 import os
-import shutil
 import signal as _signal
 import subprocess
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
@@ -30,9 +28,6 @@ import psutil
 from . import _names, _scope, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
-from ._cgroup import (
-    parse_memory_events,
-)
 from ._errors import (
     AgentExists,
     AgentNotFound,
@@ -41,6 +36,7 @@ from ._errors import (
     RegistryError,
 )
 from ._fleet_tmux import TmuxChild, TmuxGlue
+from ._launchargs import check_argv, check_memory_max
 from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
 from ._monitor import Event as MonitorEvent
 from ._monitor import Pressure as MonitorPressure
@@ -54,6 +50,7 @@ from ._registry import (
     default_registry_path,
     reconcile,
 )
+from ._scopefiles import raise_own_oom_score_adj, read_figures, read_scopes, write_oom_score_adj
 from ._spawn import GatedChild, spawn_gated
 from ._systemd import SLICE_IFACE, Capabilities, Scopes, probe
 
@@ -66,44 +63,6 @@ P = ParamSpec("P")
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def _check_argv(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> str:
-    if isinstance(argv, str | bytes) or not argv:
-        raise LaunchError(f"argv must be a non-empty list of strings, not {argv!r}")
-    if not all(isinstance(a, str) for a in argv):
-        raise LaunchError(f"argv must hold only strings: {list(argv)!r}")
-    if env is not None:
-        if not isinstance(env, Mapping):
-            raise LaunchError(f"env must be a mapping of str to str, not {type(env).__name__}")
-        bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
-        if bad:
-            raise LaunchError(f"env must map str to str; these entries do not: {bad!r}")
-    if cwd is not None and not os.path.isdir(cwd):
-        raise LaunchError(f"cwd {cwd!r} is not a directory")
-    if cwd is not None and not os.access(cwd, os.X_OK):
-        raise LaunchError(f"cwd {cwd!r} is not accessible")
-    # Resolved on the agent's own PATH, before any scope exists.
-    path = (env if env is not None else os.environ).get("PATH", os.defpath)
-    prog = argv[0]
-    if os.sep in prog:
-        full = prog if os.path.isabs(prog) or cwd is None else os.path.join(cwd, prog)
-        if not os.path.isfile(full):
-            raise LaunchError(f"{prog!r}: no such file")
-        if not os.access(full, os.X_OK):
-            raise LaunchError(f"{prog!r} is not executable (chmod +x it)")
-        return full
-    found = shutil.which(prog, path=path)
-    if found is None:
-        raise LaunchError(f"{prog!r} not found on the agent's PATH ({path})")
-    return found
 
 
 class AsyncFleet(TmuxGlue):
@@ -192,7 +151,7 @@ class AsyncFleet(TmuxGlue):
         await self._bus.connect()
         try:
             if self.manager_oom_score_adj is not None:
-                _raise_own_oom_score_adj(self.manager_oom_score_adj)
+                raise_own_oom_score_adj(self.manager_oom_score_adj)
             self._registry = await asyncio.to_thread(Registry, self.registry_path)
             await self._load_terminals()
             await self._reconcile()
@@ -300,7 +259,7 @@ class AsyncFleet(TmuxGlue):
         for rec in [r for r in rows if r.unit in self._terminals and r.unit not in live]:
             await self._close_gone(rec)
         rows = [r for r in rows if r.unit not in self._terminals or r.unit in live]
-        scopes = await asyncio.to_thread(_read_scopes, slice_dir, live)
+        scopes = await asyncio.to_thread(read_scopes, slice_dir, live)
         # Rows of live scopes that could not be read are left as they are.
         rows = [r for r in rows if r.unit not in live or r.unit in scopes]
         plan = reconcile(rows, scopes)
@@ -495,8 +454,8 @@ class AsyncFleet(TmuxGlue):
         self._check_open()
         name = _names.validate_name("agent", name)
         cwd_s = os.fspath(cwd) if cwd is not None else None
-        _check_argv(argv, env, cwd_s)
-        _check_memory_max(memory_max)
+        check_argv(argv, env, cwd_s)
+        check_memory_max(memory_max)
         if terminal not in (None, "tmux"):
             raise LaunchError(f"terminal must be None or 'tmux', not {terminal!r}")
         if terminal is not None and (stdin, stdout, stderr) != (None, None, None):
@@ -737,7 +696,7 @@ class AsyncFleet(TmuxGlue):
             cwd,
         )
         try:
-            await self._scopes.start_scope(unit, name, pids, _check_memory_max(memory_max))
+            await self._scopes.start_scope(unit, name, pids, check_memory_max(memory_max))
         except BaseException:
             await self._db(self._registry.delete, unit)
             raise
@@ -750,7 +709,7 @@ class AsyncFleet(TmuxGlue):
         if late:
             await self._bus.call("AttachProcessesToUnit", "ssau", [unit, "", late])
         for p in [*pids, *late]:
-            _write_oom_score_adj(p, self.agent_oom_score_adj)
+            write_oom_score_adj(p, self.agent_oom_score_adj)
         agent = Agent(self, name, unit, pid, None)
         self._agents[name] = agent
         self._unit_names[unit] = name
@@ -856,7 +815,7 @@ class AsyncFleet(TmuxGlue):
                 agent.state = "stopping" if live[rec.unit][1] == "deactivating" else rec.state
             out.append(agent)
         figures = await asyncio.to_thread(
-            _read_figures, slice_dir, [a.unit for a in out if a.state not in _CLOSED]
+            read_figures, slice_dir, [a.unit for a in out if a.state not in _CLOSED]
         )
         for agent in out:
             fig = figures.get(agent.unit)
@@ -902,14 +861,6 @@ class AsyncFleet(TmuxGlue):
 _CLOSED = ("exited", "failed", "lost")
 
 
-def _check_memory_max(memory_max: object) -> int | None:
-    if memory_max is not None and (
-        not isinstance(memory_max, int) or isinstance(memory_max, bool) or memory_max <= 0
-    ):
-        raise LaunchError(f"memory_max must be a positive number of bytes, not {memory_max!r}")
-    return memory_max
-
-
 _LAUNCH_GRACE = 120.0  # seconds a "starting" row may take before it is judged
 
 
@@ -919,67 +870,3 @@ def _in_flight(rec: AgentRecord) -> bool:
         return False
     stat = read_stat(rec.pid)
     return stat is not None and stat.start_time == rec.start_time
-
-
-def _read_scopes(slice_dir: Path, live: Mapping[str, tuple[str, str]]) -> dict[str, LiveScope]:
-    """The processes of each live scope, from cgroup.procs and /proc (no D-Bus)."""
-    out: dict[str, LiveScope] = {}
-    for unit, (_name, active) in live.items():
-        procs = _read_text(slice_dir / unit / "cgroup.procs")
-        if procs is None:
-            # Unreadable (gone this instant, or not where we looked): no
-            # verdict on its row rather than a wrong "headless".
-            continue
-        pids = tuple(int(p) for p in procs.split())
-        starts = {}
-        for pid in pids:
-            st = read_stat(pid)
-            if st is not None:
-                starts[pid] = st.start_time
-        out[unit] = LiveScope(unit, pids, starts, active)
-    return out
-
-
-def _read_figures(slice_dir: Path, units: Sequence[str]) -> dict[str, _Figures]:
-    """Memory figures, OOM kills and the freezer state of each scope, from its files.
-
-    A scope that vanished mid-read gives Nones: that is normal, not an error.
-    """
-    out = {}
-    for unit in units:
-        d = slice_dir / unit
-        current = _read_text(d / "memory.current")
-        peak = _read_text(d / "memory.peak")  # kernel 5.19+
-        events = _read_text(d / "memory.events")
-        kills = parse_memory_events(events.encode()).oom_kill if events else None
-        out[unit] = _Figures(
-            int(current) if current else None,
-            int(peak) if peak else None,
-            kills,
-            "frozen 1" in (_read_text(d / "cgroup.events") or ""),
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class _Figures:
-    memory_current: int | None
-    memory_peak: int | None
-    oom_kills: int | None
-    frozen: bool
-
-
-def _write_oom_score_adj(pid: int, value: int) -> bool:
-    try:
-        Path(f"/proc/{pid}/oom_score_adj").write_text(str(value))
-    except OSError as exc:
-        log.debug("cannot set oom_score_adj of %d to %d: %s", pid, value, exc)
-        return False
-    return True
-
-
-def _raise_own_oom_score_adj(value: int) -> None:
-    current = _read_text(Path("/proc/self/oom_score_adj"))
-    if current is not None and int(current) >= value:
-        return  # never lower it
-    _write_oom_score_adj(os.getpid(), value)
