@@ -19,7 +19,7 @@ import signal as _signal
 import subprocess
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
@@ -35,6 +35,7 @@ from ._errors import (
     LaunchError,
     RegistryError,
 )
+from ._fleet_registry import RegistryGlue
 from ._fleet_tmux import TmuxChild, TmuxGlue
 from ._launchargs import check_argv, check_memory_max
 from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
@@ -43,7 +44,6 @@ from ._monitor import Pressure as MonitorPressure
 from ._proc import exec_comm, read_stat
 from ._registry import (
     AgentRecord,
-    EventRecord,
     InvalidTransition,
     LiveScope,
     Registry,
@@ -65,7 +65,7 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(TmuxGlue):
+class AsyncFleet(RegistryGlue, TmuxGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -168,23 +168,6 @@ class AsyncFleet(TmuxGlue):
         if self._registry is not None:
             await asyncio.to_thread(self._registry.close)
             self._registry = None
-
-    # -- registry -----------------------------------------------------------
-
-    async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run one registry call off the event loop."""
-        assert self._registry is not None, "fleet not open"
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    async def _event(self, agent: str | None, kind: str, **detail: Any) -> None:
-        assert self._registry is not None
-        await self._db(self._registry.record_event, self.name, agent, kind, detail)
-
-    def _mark_running(self, unit: str, **event: dict[str, Any]) -> None:
-        """Row to running, and the event that says why: one transaction."""
-        assert self._registry is not None
-        ((kind, detail),) = event.items()
-        self._registry.set_state(unit, "running", event=kind, detail={"unit": unit, **detail})
 
     def _note_exit(self, agent: Agent, status: int | None) -> None:
         """A launched child was reaped: record it (from the pidfd callback)."""
@@ -373,34 +356,6 @@ class AsyncFleet(TmuxGlue):
                 await self._event(agent, data.pop("kind"), **data)
         except RegistryError as exc:
             log.warning("could not record %s: %s", event.kind, exc)
-
-    async def events(
-        self,
-        *,
-        agent: str | None = None,
-        since: float | None = None,
-        kind: str | None = None,
-        after_id: int | None = None,
-        limit: int | None = None,
-    ) -> list[EventRecord]:
-        """The fleet's recorded events, oldest first (``after_id`` for following)."""
-        self._check_open()
-        assert self._registry is not None
-        return await self._db(
-            self._registry.events,
-            self.name,
-            agent=agent,
-            since=since,
-            kind=kind,
-            after_id=after_id,
-            limit=limit,
-        )
-
-    async def gc(self, retention_seconds: float = 7 * 86400) -> int:
-        """Prune exited agents older than the retention, and their events."""
-        self._check_open()
-        assert self._registry is not None
-        return await self._db(self._registry.gc, retention_seconds)
 
     @property
     def systemd_version(self) -> str:
@@ -828,34 +783,6 @@ class AsyncFleet(TmuxGlue):
             if fig.frozen and agent.state == "running":
                 agent.state = "frozen"
         return out
-
-    async def _close_gone(self, rec: AgentRecord) -> AgentRecord:
-        """Close the row of an agent whose scope is gone: exited if seen, else lost."""
-        assert self._registry is not None
-        if rec.unit in self._terminals:  # it ended in (or with) its tmux window
-            try:
-                closed = await self._db(self._registry.set_state, rec.unit, "exited")
-            except InvalidTransition:
-                return await self._db(self._registry.by_unit, rec.unit) or rec
-            await self._event(rec.name, "exited", unit=rec.unit, pid=rec.pid, status=None)
-            return closed
-        agent = self._agents.get(rec.name)
-        if agent is not None and agent.unit == rec.unit and agent.popen is not None:
-            status = agent.popen.poll()
-            if status is not None:
-                agent.state = "exited"
-                try:
-                    return await self._db(
-                        self._registry.set_state, rec.unit, "exited", exit_status=status
-                    )
-                except InvalidTransition:
-                    return await self._db(self._registry.by_unit, rec.unit) or rec
-        try:
-            closed = await self._db(self._registry.set_state, rec.unit, "lost")
-        except InvalidTransition:
-            return await self._db(self._registry.by_unit, rec.unit) or rec
-        await self._event(rec.name, "lost", unit=rec.unit, pid=rec.pid)
-        return closed
 
 
 _CLOSED = ("exited", "failed", "lost")
