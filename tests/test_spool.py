@@ -196,7 +196,8 @@ def test_an_exec_claiming_the_name_during_a_take_in_keeps_its_claim(
     registry.agents("f")
     assert claimed == [f"{spool}/f+builder"]
     held = _spool.read(f"{spool}/f+builder")
-    assert held is not None and held.unit == second.unit  # the second claim holds the name
+    assert held is not None
+    assert held.unit == second.unit  # the second claim holds the name
     # A third exec of the name is refused while the second runs.
     third = entry(tmp_path, unit="agentscope-f-builder-aaaaaa.scope")
     assert _spool.claim(spool, third) is None
