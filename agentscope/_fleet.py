@@ -17,7 +17,6 @@ import logging
 import os
 import signal as _signal
 import subprocess
-import time
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,12 +42,13 @@ from ._monitor import Event as MonitorEvent
 from ._monitor import Pressure as MonitorPressure
 from ._proc import exec_comm, read_stat
 from ._registry import (
-    AgentRecord,
     InvalidTransition,
     LiveScope,
     Registry,
     default_registry_path,
+    in_flight,
     reconcile,
+    stale,
 )
 from ._scopefiles import raise_own_oom_score_adj, read_figures, read_scopes, write_oom_score_adj
 from ._spawn import GatedChild, spawn_gated
@@ -237,12 +237,15 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         # A launch in flight (here or in another process) may show its scope
         # before the child is in it (the start job is still running): leave
         # such rows to their launcher.
-        rows = [r for r in rows if not _in_flight(r)]
+        flying = await asyncio.to_thread(lambda: {r.unit for r in rows if in_flight(r)})
+        rows = [r for r in rows if r.unit not in flying]
         # A tmux agent whose scope is gone ended in its window: exited, not lost.
         for rec in [r for r in rows if r.unit in self._terminals and r.unit not in live]:
             await self._close_gone(rec)
         rows = [r for r in rows if r.unit not in self._terminals or r.unit in live]
         scopes = await asyncio.to_thread(read_scopes, slice_dir, live)
+        # Their launcher records them: not "found" here.
+        scopes = {u: s for u, s in scopes.items() if u not in flying}
         # Rows of live scopes that could not be read are left as they are.
         rows = [r for r in rows if r.unit not in live or r.unit in scopes]
         plan = reconcile(rows, scopes)
@@ -250,6 +253,18 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         for rec in closed:
             log.info("agent %s (%s) is gone: closed as %s", rec.name, rec.unit, rec.state)
         for rec in plan.adopt:
+            if rec.state == "starting":
+                # Its launcher died after the exec, before the row said so:
+                # the launch happened, and is recorded once.
+                rec = await self._db(
+                    self._registry.set_state,
+                    rec.unit,
+                    "running",
+                    event="launched",
+                    detail={"unit": rec.unit, "pid": rec.pid, "argv": list(rec.argv)},
+                    only_on_change=True,
+                )
+                log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
             self._agents[rec.name] = Agent._from_record(self, rec)
             self._unit_names[rec.unit] = rec.name
         found: list[tuple[str, LiveScope]] = []
@@ -550,13 +565,10 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
             await self._db(record)
         except AgentExists:
             rec = await self._db(registry.get, self.name, name)
-            # A starting row whose child lives is another launcher at work.
-            if (
-                rec is None
-                or rec.closed
-                or _in_flight(rec)
-                or await self._scopes.unit_active(rec.unit)
-            ):
+            if rec is None or rec.closed:
+                raise
+            live = await self._scopes.unit_active(rec.unit)
+            if not await asyncio.to_thread(stale, rec, live):
                 raise
             await self._close_gone(rec)
             await self._db(record)
@@ -574,8 +586,8 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         assert self._registry is not None
         rec = await self._db(self._registry.get, self.name, name)
         if rec is not None and not rec.closed:
-            # A starting row whose child lives is another launcher at work.
-            if _in_flight(rec) or await self._scopes.unit_active(rec.unit):
+            live = await self._scopes.unit_active(rec.unit)
+            if not await asyncio.to_thread(stale, rec, live):
                 raise AgentExists(self.name, name, rec.unit)
             await self._close_gone(rec)  # its scope is gone: close the row first
 
@@ -754,10 +766,12 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
             closed = await self._close_windowless(windowed)
             rows = [closed.get(r.unit, r) for r in rows]
         slice_dir = await self.slice_cgroup()
+        unseen = [r for r in rows if not r.closed and r.unit not in live]
+        flying = await asyncio.to_thread(lambda: {r.unit for r in unseen if in_flight(r)})
         out: list[Agent] = []
         for rec in rows:
             if not rec.closed and rec.unit not in live:
-                if _in_flight(rec):
+                if rec.unit in flying:
                     continue
                 rec = await self._close_gone(rec)
             known = self._agents.get(rec.name)
@@ -786,14 +800,3 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
 
 
 _CLOSED = ("exited", "failed", "lost")
-
-
-_LAUNCH_GRACE = 120.0  # seconds a "starting" row may take before it is judged
-
-
-def _in_flight(rec: AgentRecord) -> bool:
-    """A young ``starting`` row whose child lives: its launcher is still at work."""
-    if rec.state != "starting" or time.time() - rec.created > _LAUNCH_GRACE:
-        return False
-    stat = read_stat(rec.pid)
-    return stat is not None and stat.start_time == rec.start_time

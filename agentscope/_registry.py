@@ -69,7 +69,9 @@ __all__ = [
     "RegistryError",
     "UnitNotFound",
     "default_registry_path",
+    "in_flight",
     "reconcile",
+    "stale",
 ]
 
 _T = TypeVar("_T")
@@ -371,6 +373,45 @@ def reconcile(rows: Iterable[AgentRecord], live: Mapping[str, LiveScope]) -> Rec
         reused=tuple(reused),
         headless=tuple(headless),
     )
+
+
+LAUNCH_GRACE: Final = 120.0  # seconds a "starting" row may take before it is judged
+
+
+def in_flight(rec: AgentRecord, *, proc_root: str = "/proc") -> bool:
+    """Whether a row is a launch its launcher is still at work on.
+
+    A young ``starting`` row whose child still runs (same start time) and
+    is still its launcher's child. The gated child of a launcher that died
+    exits in its gate, and one that exec'd is reparented to init or the
+    manager (a subreaper, ``systemd``): either way no one will move the row
+    on, so it is judged as any other. The one rule, for the launches of
+    every path (the library, tmux, ``agentscope exec``'s take-in).
+    """
+    if rec.state != "starting" or time.time() - rec.created > LAUNCH_GRACE:
+        return False
+    try:
+        with open(f"{proc_root}/{rec.pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:  # it ended
+        return False
+    fields = data[data.rindex(b")") + 2 :].split()
+    if int(fields[19]) != rec.start_time or fields[0] in (b"Z", b"X"):
+        return False
+    ppid = int(fields[1])
+    if ppid <= 1:
+        return False
+    try:
+        with open(f"{proc_root}/{ppid}/comm", "rb") as f:
+            parent = f.read().strip()
+    except OSError:
+        return False
+    return parent != b"systemd"
+
+
+def stale(rec: AgentRecord, scope_live: bool) -> bool:
+    """Whether an open row may be closed: its scope is gone and no launcher is at work."""
+    return not rec.closed and not scope_live and not in_flight(rec)
 
 
 # ------------------------------------------------------------------- paths
@@ -687,8 +728,10 @@ class Registry:
             try:
                 self.record_launch(*launch, entry.argv, entry.cwd, "running", created=entry.created)
             except AgentExists as exc:
-                if os.path.isdir(os.path.join(entry.slice_dir, exc.unit)):
-                    raise  # two live agents of one name: keep the registry's
+                held = self.by_unit(exc.unit)
+                live = os.path.isdir(os.path.join(entry.slice_dir, exc.unit))
+                if held is None or not stale(held, live):
+                    raise  # two agents of one name (or one being launched): keep the registry's
                 # The name's row is stale (its scope is gone): close it first.
                 self._close_stale(entry.fleet, entry.name, exc.unit)
                 self.record_launch(*launch, entry.argv, entry.cwd, "running", created=entry.created)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import logging
 import subprocess
 import sys
@@ -232,3 +233,41 @@ async def test_stale_slice_limits_are_cleared_before_the_first_launch(
     }
     events = await fleet.events(kind="limits_cleared")
     assert [e.detail["limits"] for e in events] == [{"MemoryHigh": 1 << 30}]
+
+
+def orphan(argv: list[str]) -> tuple[int, int]:
+    """A process whose parent died (as an agent whose manager died): (pid, start time)."""
+    out = subprocess.run(
+        ["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 & echo $!', "sh", *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(out.stdout)
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return pid, int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+async def test_a_row_left_starting_by_a_dead_manager_is_running_at_the_next_open(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    # A manager died after its child exec'd in the scope, before the row said
+    # running: the child lives on, reparented.
+    pid, start = orphan(["sleep", "30"])
+    unit = "agentscope-t-a-abcdef.scope"
+    try:
+        with Registry(tmp_path / "registry.db") as reg:
+            reg.record_launch("t", "a", unit, pid, start, ["sleep", "30"], "/")
+        bus.crash_scope(unit, "t", "a", [pid])
+        async with make_fleet(tmp_path, bus) as fleet:
+            (agent,) = await fleet.agents()
+            assert (agent.state, agent.pid) == ("running", pid)
+            assert [e.kind for e in await fleet.events(agent="a")] == ["launched"]
+        async with make_fleet(tmp_path, bus) as fleet:  # once
+            assert [e.kind for e in await fleet.events(agent="a")] == ["launched"]
+            await fleet.stop("a", timeout=2)
+            assert bus.units == {}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+        await stop_everything(bus)
