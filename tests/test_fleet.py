@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
