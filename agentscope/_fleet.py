@@ -116,6 +116,8 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         self._slice_cgroup: Path | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unit_names: dict[str, str] = {}
+        # Units whose name starts like ours but that belong to another fleet.
+        self._foreign: set[str] = set()
         # Each launch in flight holds a thread inside Popen until its exec; a
         # few at a time keep the GIL (and the event loop) free for the rest.
         self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
@@ -224,6 +226,9 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
             parsed = _names.parse_description(desc)
             if parsed is not None and parsed[0] == self.name:
                 live[str(unit)] = (parsed[1], str(active))
+                self._unit_names.setdefault(str(unit), parsed[1])
+            else:  # the pattern of fleet a also matches fleet a-b's scopes
+                self._foreign.add(str(unit))
         return live
 
     async def _reconcile(self) -> None:
@@ -312,10 +317,25 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         known = self._unit_names.get(unit)
         if known is not None:
             return known
-        prefix = f"agentscope-{self.name}-"
-        if unit.startswith(prefix) and unit.endswith(".scope") and len(unit) > len(prefix) + 13:
-            return unit[len(prefix) : -len("-xxxxxx.scope")] or None
-        return None
+        if unit in self._foreign or not unit.startswith(f"agentscope-{self.name}-"):
+            return None
+        # The unit name cannot say (fleet a-b's agent c and fleet a's agent
+        # b-c share it): the registry's row, or the scope's Description in a
+        # listing (_live), says whose agent it is.
+        registry = self._registry
+        if registry is None:
+            return None
+        try:
+            rec = registry.by_unit(unit)
+        except RegistryError:
+            return None
+        if rec is None:
+            return None  # not recorded (yet): no claim
+        if rec.fleet != self.name:
+            self._foreign.add(unit)
+            return None
+        self._unit_names[unit] = rec.name
+        return rec.name
 
     def monitor(self, interval: float = 2.0, top: int = 10, **options: Any) -> Monitor:
         """A memory monitor for this fleet: ``async with fleet.monitor() as m: async for e in m``.

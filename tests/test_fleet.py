@@ -271,3 +271,17 @@ async def test_a_row_left_starting_by_a_dead_manager_is_running_at_the_next_open
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
         await stop_everything(bus)
+
+
+async def test_fleet_a_does_not_claim_the_agents_of_fleet_a_b(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    async with make_fleet(tmp_path, bus, "a-b") as ab, make_fleet(tmp_path, bus, "a") as a:
+        agent = await ab.launch("c", ["sleep", "30"])
+        # agentscope-a-b-c-XXXXXX.scope reads as fleet a's agent "b-c" by prefix.
+        assert ab.unit_agent(agent.unit) == "c"
+        assert a.unit_agent(agent.unit) is None
+        assert await a.agents() == []
+        (report,) = [r for r in (await ab.agents()) if r.unit == agent.unit]
+        assert report.name == "c"
+    await stop_everything(bus)
