@@ -721,11 +721,20 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         Returns once the scope's stop job is done.
 
         Raises:
-            AgentNotFound, BusError, SystemdUnavailable.
+            AgentNotFound, BusError, SystemdUnavailable, AgentscopeError (the
+            stop job failed or was cancelled: the agent may still run).
         """
         self._check_open()
         unit = await self._resolve(name)
-        await self._scopes.stop_unit(unit, timeout)
+        result = await self._scopes.stop_unit(unit, timeout)
+        if result != "done":
+            # Not stopped: its row stays as it is, and says what was tried.
+            await self._event(name, "stop_failed", unit=unit, result=result)
+            user = "--user " if self.manager == "user" else ""
+            raise AgentscopeError(
+                f"the stop job of {unit} ended {result!r}: agent {name!r} may still run; "
+                f"see systemctl {user}status {unit}, then stop it again"
+            )
         agent = self._agents.get(name)
         if agent is not None and (agent.popen is not None or agent.terminal is not None):
             await agent.wait()  # its exit watcher records the exit

@@ -138,9 +138,15 @@ class Scopes:
         if result != "done":
             raise LaunchError(_scope.job_failed_message(unit, result, self.manager))
 
-    async def stop_unit(self, unit: str, timeout: float) -> None:
+    async def stop_unit(self, unit: str, timeout: float) -> str:
+        """Stop ``unit``, SIGKILL after ``timeout``; the stop job's result (``done``...).
+
+        ``done`` too when the unit was gone already or went meanwhile.
+        """
         try:
-            await self._bus.run_job(unit, "StopUnit", "ss", [unit, "replace"], timeout=timeout)
+            return await self._bus.run_job(
+                unit, "StopUnit", "ss", [unit, "replace"], timeout=timeout
+            )
         except TimeoutError:
             log.info("%s did not stop within %ss: sending SIGKILL", unit, timeout)
             fut = self._bus.expect_job(unit)
@@ -149,7 +155,7 @@ class Scopes:
                     await self.kill_unit(unit, _signal.SIGKILL)
                 except BusError as exc:
                     if exc.dbus_name in _STOPPED_MEANWHILE:
-                        return  # the stop job finished between the timeout and the kill
+                        return "done"  # the stop job finished between the timeout and the kill
                     raise
                 # The stop job ends once the processes are gone; it may also have
                 # ended just before the future was registered, so look too.
@@ -157,8 +163,10 @@ class Scopes:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(1.0):
                             await asyncio.shield(fut)
-                    if fut.done() or not await self.unit_active(unit):
-                        return
+                    if fut.done():
+                        return fut.result()
+                    if not await self.unit_active(unit):
+                        return "done"
                 raise AgentscopeError(
                     f"{unit} did not stop within {timeout + 30:.0f}s, even after SIGKILL; "
                     f"see systemctl {'--user ' if self.manager == 'user' else ''}status {unit}"
@@ -168,6 +176,7 @@ class Scopes:
         except BusError as exc:
             if exc.dbus_name != "org.freedesktop.systemd1.NoSuchUnit":
                 raise
+            return "done"
 
     async def kill_unit(self, unit: str, sig: int) -> None:
         await self._bus.call("KillUnit", "ssi", [unit, "all", int(sig)])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import AgentExists, AgentNotFound, BusError, LaunchError
+from agentscope import AgentExists, AgentNotFound, AgentscopeError, BusError, LaunchError
 from agentscope._fleet import AsyncFleet
 from agentscope._registry import Registry
 from tests.fakesystemd import FakeSystemd
@@ -285,3 +285,19 @@ async def test_fleet_a_does_not_claim_the_agents_of_fleet_a_b(
         (report,) = [r for r in (await ab.agents()) if r.unit == agent.unit]
         assert report.name == "c"
     await stop_everything(bus)
+
+
+@pytest.mark.parametrize("result", ["canceled", "failed"])
+async def test_a_stop_job_that_did_not_finish_is_not_recorded_as_exited(
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path, result: str
+) -> None:
+    agent = await fleet.launch("a", ["sleep", "30"])
+    bus.stop_results["a"] = result
+    with pytest.raises(AgentscopeError, match=f"ended '{result}'"):
+        await fleet.stop("a", timeout=2)
+    (listed,) = await fleet.agents()
+    assert (listed.state, listed.pid) == ("running", agent.pid)
+    kinds = [e.kind for e in await fleet.events(agent="a")]
+    assert kinds == ["launched", "stop_failed"]
+    await fleet.stop("a", timeout=2)  # the next stop does it
+    assert [a.state for a in await fleet.agents(all=True)] == ["exited"]
