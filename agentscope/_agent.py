@@ -7,7 +7,9 @@ launched child exits (``_note_exit``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import os
 import subprocess
 import time
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from ._fleet import AsyncFleet
 
 __all__ = ["Agent"]
+
+log = logging.getLogger("agentscope")
 
 
 class Agent:
@@ -58,6 +62,8 @@ class Agent:
         #: "tmux" when the agent runs in a window of the fleet's tmux session
         self.terminal: str | None = None
         self._exited: asyncio.Future[int | None] | None = None
+        self._pidfd: int | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<Agent {self.name} {self.state} pid={self.pid} unit={self.unit}>"
@@ -125,19 +131,46 @@ class Agent:
         except ProcessLookupError:
             fut.set_result(self._reap())
             return fut
+        except OSError as exc:
+            # Out of file descriptors (EMFILE, ENFILE): the agent runs all the
+            # same, so its launch succeeded; its exit is polled instead.
+            log.warning("cannot watch the exit of %s with a pidfd (%s): polling it", self.name, exc)
+            self._poller = loop.create_task(self._poll_exit())
+            return fut
+        self._pidfd = pidfd
 
         def on_exit() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            if not fut.done():
-                status = self._reap()
-                fut.set_result(status)
-                # A pane's process is the tmux server's child: no status, but the exit is seen.
-                if self.popen is not None or self.terminal is not None:
-                    self.fleet._note_exit(self, status)
+            self._unwatch()
+            self._seen_exit()
 
         loop.add_reader(pidfd, on_exit)
         return fut
+
+    def _seen_exit(self) -> None:
+        fut = self._exited
+        if fut is not None and not fut.done():
+            status = self._reap()
+            fut.set_result(status)
+            # A pane's process is the tmux server's child: no status, but the exit is seen.
+            if self.popen is not None or self.terminal is not None:
+                self.fleet._note_exit(self, status)
+
+    async def _poll_exit(self) -> None:
+        # No event to wait on without a pidfd: a poll is the fallback.
+        while self.alive():  # noqa: ASYNC110
+            await asyncio.sleep(0.5)
+        self._seen_exit()
+
+    def _unwatch(self) -> None:
+        """Stop watching the exit and close the pidfd (the fleet closes: agents run on)."""
+        if self._pidfd is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed already
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
 
     def _reap(self) -> int | None:
         if self.popen is not None:

@@ -166,6 +166,8 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         self._closed = True
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
+        for agent in self._agents.values():
+            agent._unwatch()  # its pidfd: one per agent for the life of the process otherwise
         self._bus.close()
         if self._registry is not None:
             await asyncio.to_thread(self._registry.close)

@@ -23,6 +23,11 @@ from agentscope._fleet import AsyncFleet
 from agentscope._registry import Registry
 from tests.fakesystemd import FakeSystemd
 
+pytestmark = pytest.mark.filterwarnings(
+    # Agents outlive a closed fleet by design; their Popen is dropped while they run.
+    "ignore:subprocess .* is still running:ResourceWarning"
+)
+
 # Ignores SIGTERM, so only the SIGKILL of the stop escalation ends it.
 STUBBORN = [
     sys.executable,
@@ -63,6 +68,10 @@ async def stop_everything(bus: FakeSystemd) -> None:
             break
         await asyncio.sleep(0.01)
     bus.close()
+    # Agents outlive a closed fleet, which no longer reaps them: reap them here.
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
 async def test_launch_puts_the_child_in_its_scope_and_records_it(
@@ -301,3 +310,63 @@ async def test_a_stop_job_that_did_not_finish_is_not_recorded_as_exited(
     assert kinds == ["launched", "stop_failed"]
     await fleet.stop("a", timeout=2)  # the next stop does it
     assert [a.state for a in await fleet.agents(all=True)] == ["exited"]
+
+
+async def test_out_of_fds_for_the_exit_watch_the_launch_still_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = FakeSystemd(tmp_path / "cgroup", version="252")  # PIDs: no pidfd for the start
+
+    real = os.pidfd_open
+
+    def emfile(pid: int, flags: int = 0) -> int:
+        if pid == os.getpid():  # the gate's pidfd of its parent: not the one under test
+            return real(pid, flags)
+        raise OSError(24, "Too many open files")
+
+    async with make_fleet(tmp_path, bus) as fleet:
+        monkeypatch.setattr(os, "pidfd_open", emfile)
+        agent = await fleet.launch("a", ["sleep", "0.2"])
+        assert await agent.wait() == 0
+        for _ in range(100):
+            if [a.state for a in await fleet.agents(all=True)] == ["exited"]:
+                break
+            await asyncio.sleep(0.05)
+        (listed,) = await fleet.agents(all=True)
+        assert (listed.state, listed.returncode) == ("exited", 0)
+    await stop_everything(bus)
+
+
+def test_a_closed_blocking_fleet_keeps_no_pidfd(tmp_path: Path) -> None:
+    from agentscope._blocking import Fleet
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    launched: list[subprocess.Popen[bytes]] = []
+
+    def one_cycle(i: int) -> None:
+        fleet = Fleet(
+            "t",
+            registry=tmp_path / "registry.db",
+            manager_oom_score_adj=None,
+            tmux_dir=tmp_path / "tmux",
+            _bus=FakeSystemd(tmp_path / "cgroup"),
+        )
+        try:
+            popen = fleet.launch(f"a{i}", ["sleep", "30"])._agent.popen
+            assert popen is not None
+            launched.append(popen)
+        finally:
+            fleet.close()
+
+    try:
+        one_cycle(0)
+        before = fds()
+        for i in range(1, 6):
+            one_cycle(i)
+        assert fds() - before < 5  # one pidfd per agent kept, before: +5
+    finally:
+        for popen in launched:
+            popen.kill()
+            popen.wait()

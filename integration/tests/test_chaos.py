@@ -131,6 +131,19 @@ async def test_a_manager_killed_anywhere_in_launches_leaves_nothing_behind() -> 
             f"chaos: {ROUNDS} kills in {killed - t0:.1f}s, {len(live)} live scopes, "
             f"{len(running)} running rows, {len(events)} events"
         )
+        if ghosts or phantoms:  # what the registry says of them, for the log
+            for rec in await f.agents(all=True):
+                if rec.unit in ghosts or rec.unit in phantoms:
+                    print("chaos: row", rec.to_dict())
+            for e in events:
+                if e.detail.get("unit") in ghosts or e.detail.get("unit") in phantoms:
+                    print("chaos: event", e.to_dict())
+            for unit in ghosts:
+                print(
+                    "chaos: scope",
+                    unit,
+                    systemctl("show", "-p", "ControlGroup,ActiveState,Description", unit),
+                )
         assert ghosts == [], "live scopes without a running row"
         assert phantoms == [], "running rows without their scope or process"
         assert doubled == [], "transitions recorded twice"
