@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,17 @@ from agentscope._fleet import AsyncFleet
 from agentscope._registry import Registry
 from tests.fakesystemd import FakeSystemd
 
-pytestmark = pytest.mark.filterwarnings(
-    # Agents outlive a closed fleet by design; their Popen is dropped while they run.
-    "ignore:subprocess .* is still running:ResourceWarning"
-)
+
+@pytest.fixture(autouse=True)
+def _reap_agents() -> Iterator[None]:
+    """Agents outlive a closed fleet by design: kill and reap what a test left."""
+    yield
+    for obj in gc.get_objects():
+        if isinstance(obj, subprocess.Popen) and obj.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                obj.kill()
+            obj.wait()
+
 
 # Ignores SIGTERM, so only the SIGKILL of the stop escalation ends it.
 STUBBORN = [
