@@ -274,8 +274,19 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
                 log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
             self._agents[rec.name] = Agent._from_record(self, rec)
             self._unit_names[rec.unit] = rec.name
+        # A scope that holds no process and no open row claims (the child of
+        # a manager that died mid-start exited before systemd moved it: such
+        # a scope never empties, so it stays active) is stopped, once.
+        headless = {r.unit for r in plan.headless}
+        empty = [s for s in plan.unknown if not s.pids]
+        empty += [s for s in scopes.values() if s.unit in headless and not s.pids]
+        for scope in empty:
+            log.info("stopping %s: a scope of fleet %s with no process", scope.unit, self.name)
+            await self._scopes.stop_unit(scope.unit, 10)
         found: list[tuple[str, LiveScope]] = []
         for scope in plan.unknown:
+            if not scope.pids:
+                continue
             name = live[scope.unit][0]
             found.append((name, scope))
             log.warning("found agent %s (%s) that the registry did not know", name, scope.unit)

@@ -45,6 +45,9 @@ class FakeUnit:
     cgroup: Path
     active: str = "active"
     stop_job: bool = False
+    #: Whether it ever held a process: one that never did gets no "empty"
+    #: notification from the kernel, so systemd keeps it active until stopped.
+    populated: bool = False
 
 
 @dataclass
@@ -170,7 +173,7 @@ class FakeSystemd(SystemdBus):
 
     def _add_unit(self, name: str, description: str, pids: Sequence[int]) -> FakeUnit:
         cg = fakefs.make_cgroup(self.slice_dir, name, procs=pids)
-        unit = FakeUnit(name, {"Description": description}, cg)
+        unit = FakeUnit(name, {"Description": description}, cg, populated=bool(pids))
         self.units[name] = unit
         return unit
 
@@ -309,7 +312,7 @@ class FakeSystemd(SystemdBus):
                 alive = [p for p in pids if not _gone(p)]
                 if alive != pids:
                     fakefs.write(unit.cgroup / "cgroup.procs", "".join(f"{p}\n" for p in alive))
-                if not alive:
+                if not alive and (unit.populated or unit.stop_job):
                     fakefs.remove(unit.cgroup)
                     del self.units[unit.name]
                     if unit.stop_job:

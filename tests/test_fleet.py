@@ -378,3 +378,15 @@ def test_a_closed_blocking_fleet_keeps_no_pidfd(tmp_path: Path) -> None:
         for popen in launched:
             popen.kill()
             popen.wait()
+
+
+async def test_an_empty_scope_a_dead_manager_left_is_stopped_at_open(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    # Its child exited before systemd moved it in: no process, no row, active.
+    bus.crash_scope("agentscope-t-x-abcdef.scope", "t", "x", [])
+    async with make_fleet(tmp_path, bus) as fleet:
+        assert bus.units == {}
+        assert await fleet.agents(all=True) == []
+        assert [e.kind for e in await fleet.events()] == []
+    await stop_everything(bus)
