@@ -40,7 +40,7 @@ from ._launchargs import check_argv, check_memory_max
 from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
 from ._monitor import Event as MonitorEvent
 from ._monitor import Pressure as MonitorPressure
-from ._proc import exec_comm, read_stat
+from ._proc import ProcStat, exec_comm, read_stat
 from ._registry import (
     InvalidTransition,
     LiveScope,
@@ -457,7 +457,8 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         self._check_open()
         name = _names.validate_name("agent", name)
         cwd_s = os.fspath(cwd) if cwd is not None else None
-        check_argv(argv, env, cwd_s)
+        # PATH lookups and stat()s: off the loop.
+        await asyncio.to_thread(check_argv, argv, env, cwd_s)
         check_memory_max(memory_max)
         if terminal not in (None, "tmux"):
             raise LaunchError(f"terminal must be None or 'tmux', not {terminal!r}")
@@ -583,7 +584,7 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         here with nothing started. An open row whose scope is gone (its
         launcher died unseen) is closed, and the launch recorded after all.
         """
-        stat = read_stat(pid)
+        stat = await asyncio.to_thread(read_stat, pid)
         record = functools.partial(
             registry.record_launch,
             self.name,
@@ -671,20 +672,15 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         """
         self._check_open()
         name = _names.validate_name("agent", name)
-        try:
-            root = psutil.Process(pid)
-            pids = [pid, *(c.pid for c in root.children(recursive=True))]
+        try:  # a walk of /proc: off the loop, as every read of many files
+            root, pids = await asyncio.to_thread(_process_tree, pid)
         except psutil.NoSuchProcess as exc:
             raise LaunchError(f"no process with pid {pid} to adopt") from exc
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)
         assert self._registry is not None
-        stat = read_stat(pid)
-        try:  # another user's process: its argv and cwd may be hidden from us
-            argv, cwd = root.cmdline(), root.cwd()
-        except psutil.Error:
-            argv, cwd = [], ""
+        stat, argv, cwd = await asyncio.to_thread(_identity, root)
         await self._db(
             self._registry.record_launch,
             self.name,
@@ -703,13 +699,14 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         await self._db(self._mark_running, unit, adopted={"pid": pid, "pids": pids})
         # Children forked while the scope was being made: move them too.
         try:
-            late = [c.pid for c in root.children(recursive=True) if c.pid not in pids]
+            _root, now = await asyncio.to_thread(_process_tree, pid)
         except psutil.NoSuchProcess:
-            late = []
+            now = []
+        late = [p for p in now if p not in pids]
         if late:
             await self._bus.call("AttachProcessesToUnit", "ssau", [unit, "", late])
-        for p in [*pids, *late]:
-            write_oom_score_adj(p, self.agent_oom_score_adj)
+        adj = self.agent_oom_score_adj
+        await asyncio.to_thread(lambda: [write_oom_score_adj(p, adj) for p in [*pids, *late]])
         agent = Agent(self, name, unit, pid, None)
         self._agents[name] = agent
         self._unit_names[unit] = name
@@ -842,3 +839,18 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
 
 
 _CLOSED = ("exited", "failed", "lost")
+
+
+def _process_tree(pid: int) -> tuple[psutil.Process, list[int]]:
+    """A process and its descendants' PIDs (it first); raises psutil.NoSuchProcess."""
+    root = psutil.Process(pid)
+    return root, [pid, *(c.pid for c in root.children(recursive=True))]
+
+
+def _identity(root: psutil.Process) -> tuple[ProcStat | None, list[str], str]:
+    """Its stat, argv and cwd (another user's argv and cwd may be hidden from us)."""
+    try:
+        argv, cwd = root.cmdline(), root.cwd()
+    except psutil.Error:
+        argv, cwd = [], ""
+    return read_stat(root.pid), argv, cwd
