@@ -23,7 +23,7 @@ from dbus_fast.aio.message_bus import _MessageWriter
 from dbus_fast.aio.message_reader import build_message_reader
 from dbus_fast.errors import AuthError, InvalidAddressError
 
-from . import _wire
+from . import _names, _wire
 from ._errors import BusError, SystemdUnavailable
 from ._scope import CGROUP_ROOT
 
@@ -58,11 +58,7 @@ class BusAddress:
 
 def resolve_manager(manager: str) -> Manager:
     """``auto`` means the system manager for root, the user manager otherwise."""
-    if manager == "auto":
-        return "system" if os.geteuid() == 0 else "user"
-    if manager not in ("system", "user"):
-        raise ValueError(f"manager must be 'auto', 'system' or 'user', not {manager!r}")
-    return manager  # type: ignore[return-value]
+    return _names.resolve_manager(manager)  # type: ignore[return-value]
 
 
 def bus_addresses(manager: Manager, env: Mapping[str, str] = os.environ) -> list[BusAddress]:
