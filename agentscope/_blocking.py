@@ -300,6 +300,16 @@ class BlockingMonitor:
         self._monitor = monitor
         self._iter: AsyncIterator[MonitorEvent] | None = None
 
+    @property
+    def failures(self) -> int:
+        """Samples that failed since the start (see :attr:`Monitor.failures`)."""
+        return self._monitor.failures
+
+    @property
+    def consecutive_failures(self) -> int:
+        """Samples that failed in a row; 0 after a good one."""
+        return self._monitor.consecutive_failures
+
     def __enter__(self) -> BlockingMonitor:
         self._portal.call(self._monitor.start())
         return self
