@@ -149,8 +149,7 @@ def _check(method: str, reply: Message | None) -> list[Any]:
     if reply is None:
         raise BusError(method, "org.freedesktop.DBus.Error.NoReply", "no reply")
     if reply.message_type == MessageType.ERROR:
-        text = str(reply.body[0]) if reply.body else ""
-        raise BusError(method, reply.error_name or "unknown", text)
+        raise BusError.from_reply(method, reply.error_name, reply.body)
     return list(reply.body)
 
 
