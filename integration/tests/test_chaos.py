@@ -147,6 +147,9 @@ async def test_a_manager_killed_anywhere_in_launches_leaves_nothing_behind() -> 
         assert ghosts == [], "live scopes without a running row"
         assert phantoms == [], "running rows without their scope or process"
         assert doubled == [], "transitions recorded twice"
+        # The exec's ran on after their manager died: each is a running row.
+        execs = sorted(a.name for a in running.values() if "x" in a.name)
+        assert len(execs) == 2 * ROUNDS, execs
         await asyncio.gather(*(f.stop(a.name, timeout=5) for a in running.values()))
     assert _live_scopes(fleet) == set()
     print(f"chaos: whole test {time.monotonic() - t0:.1f}s")
