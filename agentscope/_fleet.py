@@ -34,6 +34,7 @@ from ._errors import (
     LaunchError,
     RegistryError,
 )
+from ._fleet_reconcile import ReconcileGlue
 from ._fleet_registry import RegistryGlue
 from ._fleet_tmux import TmuxChild, TmuxGlue
 from ._launchargs import check_argv, check_memory_max
@@ -43,14 +44,12 @@ from ._monitor import Pressure as MonitorPressure
 from ._proc import ProcStat, exec_comm, read_stat
 from ._registry import (
     InvalidTransition,
-    LiveScope,
     Registry,
     default_registry_path,
     in_flight,
-    reconcile,
     stale,
 )
-from ._scopefiles import raise_own_oom_score_adj, read_figures, read_scopes, write_oom_score_adj
+from ._scopefiles import raise_own_oom_score_adj, read_figures, write_oom_score_adj
 from ._spawn import GatedChild, spawn_gated
 from ._systemd import SLICE_IFACE, Capabilities, Scopes, probe
 
@@ -65,7 +64,7 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(RegistryGlue, TmuxGlue):
+class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -220,108 +219,6 @@ class AsyncFleet(RegistryGlue, TmuxGlue):
         """Where the manager puts the agents slice: dashes in its name are the hierarchy."""
         root = str(self._bus.cgroup_root)
         return Path(_scope.slice_cgroup(self.manager, self.slice, root=root))
-
-    async def _live(self) -> dict[str, tuple[str, str]]:
-        """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
-        live: dict[str, tuple[str, str]] = {}
-        for unit, desc, _load, active, *_ in await self._scopes.list_units():
-            parsed = _names.parse_description(desc)
-            if parsed is not None and parsed[0] == self.name:
-                live[str(unit)] = (parsed[1], str(active))
-                self._unit_names.setdefault(str(unit), parsed[1])
-            else:  # the pattern of fleet a also matches fleet a-b's scopes
-                self._foreign.add(str(unit))
-        return live
-
-    async def _reconcile(self) -> None:
-        assert self._registry is not None
-        # Rows before units: a row is written before its scope starts, so every
-        # row read here whose scope runs is in the listing taken after it (the
-        # other order closed launches that finished in between as lost).
-        rows = await self._db(self._registry.agents, self.name)
-        live = await self._live()
-        slice_dir = await self.slice_cgroup()
-        # A launch in flight (here or in another process) may show its scope
-        # before the child is in it (the start job is still running): leave
-        # such rows to their launcher.
-        flying = await asyncio.to_thread(lambda: {r.unit for r in rows if in_flight(r)})
-        rows = [r for r in rows if r.unit not in flying]
-        # A tmux agent whose scope is gone ended in its window: exited, not lost.
-        for rec in [r for r in rows if r.unit in self._terminals and r.unit not in live]:
-            await self._close_gone(rec)
-        rows = [r for r in rows if r.unit not in self._terminals or r.unit in live]
-        scopes = await asyncio.to_thread(read_scopes, slice_dir, live)
-        # Their launcher records them: not "found" here.
-        scopes = {u: s for u, s in scopes.items() if u not in flying}
-        # Rows of live scopes that could not be read are left as they are.
-        rows = [r for r in rows if r.unit not in live or r.unit in scopes]
-        plan = reconcile(rows, scopes)
-        closed = await self._db(self._registry.apply_closures, plan)
-        for rec in closed:
-            log.info("agent %s (%s) is gone: closed as %s", rec.name, rec.unit, rec.state)
-        for rec in plan.adopt:
-            if rec.state == "starting":
-                # Its launcher died after the exec, before the row said so:
-                # the launch happened, and is recorded once.
-                rec = await self._db(
-                    self._registry.set_state,
-                    rec.unit,
-                    "running",
-                    event="launched",
-                    detail={"unit": rec.unit, "pid": rec.pid, "argv": list(rec.argv)},
-                    only_on_change=True,
-                )
-                log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
-            self._agents[rec.name] = Agent._from_record(self, rec)
-            self._unit_names[rec.unit] = rec.name
-        # A scope that holds no process and no open row claims (the child of
-        # a manager that died mid-start exited before systemd moved it: such
-        # a scope never empties, so it stays active) is stopped, once.
-        headless = {r.unit for r in plan.headless}
-        empty = [s for s in plan.unknown if not s.pids]
-        empty += [s for s in scopes.values() if s.unit in headless and not s.pids]
-        for scope in empty:
-            log.info("stopping %s: a scope of fleet %s with no process", scope.unit, self.name)
-            await self._scopes.stop_unit(scope.unit, 10)
-        found: list[tuple[str, LiveScope]] = []
-        for scope in plan.unknown:
-            if not scope.pids:
-                continue
-            name = live[scope.unit][0]
-            found.append((name, scope))
-            log.warning("found agent %s (%s) that the registry did not know", name, scope.unit)
-            await self._event(name, "found", unit=scope.unit, pids=list(scope.pids))
-        if self.policy == "stop":
-            units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
-            units += [r.unit for r in plan.headless]
-            await asyncio.gather(*(self._scopes.stop_unit(u, 10) for u in units))
-            for rec in plan.adopt:
-                await self._db(self._registry.set_state, rec.unit, "exited")
-                await self._event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
-            self._agents.clear()
-            return
-        for name, scope in found:
-            if not scope.pids:
-                continue
-            pid = min(scope.pids)
-            try:
-                rec = await self._db(
-                    self._registry.record_launch,
-                    self.name,
-                    name,
-                    scope.unit,
-                    pid,
-                    scope.start_times.get(pid, 0),
-                    [],
-                    "",
-                    "running",
-                )
-            except (AgentExists, RegistryError) as exc:
-                # Its row was closed meanwhile, or the name is taken by another
-                # row: report it, and let the fleet open all the same.
-                log.warning("cannot record found agent %s (%s): %s", name, scope.unit, exc)
-                continue
-            self._agents[name] = Agent._from_record(self, rec)
 
     # -- monitor --------------------------------------------------------------
 
