@@ -12,6 +12,7 @@ Names are imported on first use (PEP 562): ``agentscope exec`` starts with
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._agent import Agent as Agent
     from ._blocking import BlockingAgent as BlockingAgent
     from ._blocking import BlockingMonitor as BlockingMonitor
     from ._blocking import Fleet as Fleet
@@ -27,10 +28,7 @@ if TYPE_CHECKING:
     from ._errors import SystemdUnavailable as SystemdUnavailable
     from ._fleet import DEVNULL as DEVNULL
     from ._fleet import PIPE as PIPE
-    from ._fleet import Agent as Agent
     from ._fleet import AsyncFleet as AsyncFleet
-    from ._fleet import Capabilities as Capabilities
-    from ._fleet import probe as probe
     from ._install import InstallError as InstallError
     from ._monitor import AgentExited as AgentExited
     from ._monitor import AgentMemory as AgentMemory
@@ -45,6 +43,8 @@ if TYPE_CHECKING:
     from ._names import DEFAULT_SLICE as DEFAULT_SLICE
     from ._registry import EventRecord as EventRecord
     from ._registry import default_registry_path as default_registry_path
+    from ._systemd import Capabilities as Capabilities
+    from ._systemd import probe as probe
     from ._tmux import TmuxError as TmuxError
     from ._tmux import TmuxUnavailable as TmuxUnavailable
     from ._tmux import WindowExists as WindowExists
@@ -70,10 +70,10 @@ _LAZY = {
     "SystemdUnavailable": "._errors",
     "DEVNULL": "._fleet",
     "PIPE": "._fleet",
-    "Agent": "._fleet",
+    "Agent": "._agent",
     "AsyncFleet": "._fleet",
-    "Capabilities": "._fleet",
-    "probe": "._fleet",
+    "Capabilities": "._systemd",
+    "probe": "._systemd",
     "InstallError": "._install",
     "AgentExited": "._monitor",
     "AgentMemory": "._monitor",

@@ -274,7 +274,7 @@ class PressureWindow:
 
 
 # Where a task sleeps while it pays for exceeding memory.high (mm/memcontrol.c,
-# measured on 6.12: see FIELD-NOTES "Memory accounting"); the "__" spelling
+# measured on 6.12: its wchan while throttled reads this name); the "__" spelling
 # covers kernels whose out-of-line helper carries that name.
 THROTTLE_WCHANS = frozenset({"mem_cgroup_handle_over_high", "__mem_cgroup_handle_over_high"})
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from typing import IO, Any, TypeVar
 
 from . import _names
+from ._bus import SystemdBus
 from ._errors import AgentscopeError
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
 from ._monitor import Event as MonitorEvent
@@ -131,6 +132,7 @@ class Fleet:
         policy: str = "adopt",
         env: Mapping[str, str] | None = None,
         tmux_dir: str | os.PathLike[str] | None = None,
+        _bus: SystemdBus | None = None,
     ) -> None:
         self._portal = _LoopThread()
         try:
@@ -145,6 +147,7 @@ class Fleet:
                     policy=policy,
                     env=env,
                     tmux_dir=tmux_dir,
+                    _bus=_bus,
                 )
             )
         except BaseException:
@@ -296,6 +299,16 @@ class BlockingMonitor:
         self._portal = portal
         self._monitor = monitor
         self._iter: AsyncIterator[MonitorEvent] | None = None
+
+    @property
+    def failures(self) -> int:
+        """Samples that failed since the start (see :attr:`Monitor.failures`)."""
+        return self._monitor.failures
+
+    @property
+    def consecutive_failures(self) -> int:
+        """Samples that failed in a row; 0 after a good one."""
+        return self._monitor.consecutive_failures
 
     def __enter__(self) -> BlockingMonitor:
         self._portal.call(self._monitor.start())

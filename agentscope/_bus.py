@@ -14,6 +14,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from dbus_fast import Message, MessageType, Variant
@@ -22,8 +23,9 @@ from dbus_fast.aio.message_bus import _MessageWriter
 from dbus_fast.aio.message_reader import build_message_reader
 from dbus_fast.errors import AuthError, InvalidAddressError
 
-from . import _wire
+from . import _names, _wire
 from ._errors import BusError, SystemdUnavailable
+from ._scope import CGROUP_ROOT
 
 __all__ = [
     "INFINITY",
@@ -56,11 +58,7 @@ class BusAddress:
 
 def resolve_manager(manager: str) -> Manager:
     """``auto`` means the system manager for root, the user manager otherwise."""
-    if manager == "auto":
-        return "system" if os.geteuid() == 0 else "user"
-    if manager not in ("system", "user"):
-        raise ValueError(f"manager must be 'auto', 'system' or 'user', not {manager!r}")
-    return manager  # type: ignore[return-value]
+    return _names.resolve_manager(manager)  # type: ignore[return-value]
 
 
 def bus_addresses(manager: Manager, env: Mapping[str, str] = os.environ) -> list[BusAddress]:
@@ -151,8 +149,7 @@ def _check(method: str, reply: Message | None) -> list[Any]:
     if reply is None:
         raise BusError(method, "org.freedesktop.DBus.Error.NoReply", "no reply")
     if reply.message_type == MessageType.ERROR:
-        text = str(reply.body[0]) if reply.body else ""
-        raise BusError(method, reply.error_name or "unknown", text)
+        raise BusError.from_reply(method, reply.error_name, reply.body)
     return list(reply.body)
 
 
@@ -167,6 +164,8 @@ class SystemdBus:
         self.version: str = ""
         self._lock = asyncio.Lock()
         self._jobs: dict[str, asyncio.Future[str]] = {}
+        #: Where the manager's cgroup paths (ControlGroup) are mounted.
+        self.cgroup_root = Path(CGROUP_ROOT)
 
     @property
     def version_major(self) -> int:

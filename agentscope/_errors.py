@@ -20,6 +20,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
 __all__ = [
@@ -118,6 +119,15 @@ class BusError(AgentscopeError):
         self.dbus_name = dbus_name
         self.message = message
         super().__init__(f"systemd refused {method}: {message} ({dbus_name})")
+
+    @classmethod
+    def from_reply(cls, method: str, error_name: str | None, body: Sequence[object]) -> BusError:
+        """The error of a D-Bus error reply: the one mapping, for both bus clients.
+
+        Its text is the reply's first argument when that is a string.
+        """
+        text = str(body[0]) if body and isinstance(body[0], str) else ""
+        return cls(method, error_name or "unknown", text)
 
 
 class RegistryError(AgentscopeError):

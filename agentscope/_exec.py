@@ -59,8 +59,7 @@ def adopt_self(
     """
     _names.validate_name("fleet", fleet)
     _names.validate_name("agent", name)
-    if manager == "auto":
-        manager = "system" if os.geteuid() == 0 else "user"
+    manager = _names.resolve_manager(manager)
     slice_dir = _scope.slice_cgroup(manager, slice)
     _check_slice(slice_dir, f"agentscope-{fleet}-{name}-")
     state = _spool.state_dir(manager, env)

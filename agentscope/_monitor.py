@@ -814,6 +814,8 @@ class Monitor:
         #: Samples taken and samples that failed, for health checks.
         self.samples = 0
         self.failures = 0
+        #: Failed samples in a row; 0 after a good one (see ``healthy``).
+        self.consecutive_failures = 0
 
     # -- lifecycle ------------------------------------------------------
 
@@ -896,8 +898,22 @@ class Monitor:
             self._psi = None
         self._queue.put_nowait(None)
 
+    @property
+    def healthy(self) -> bool:
+        """False once 3 samples in a row failed (what a health check should report)."""
+        return self.consecutive_failures < 3
+
     def __aiter__(self) -> AsyncIterator[Event]:
-        """Events as they happen, until the monitor is closed."""
+        """Events as they happen, until the monitor is closed.
+
+        Raises:
+            AgentscopeError: the monitor was never started (it would wait forever).
+        """
+        if self._state == "new":
+            raise AgentscopeError(
+                "the monitor is not started: use 'async with fleet.monitor() as m: "
+                "async for event in m' (or 'await m.start()' first)"
+            )
         return self._events()
 
     async def _events(self) -> AsyncIterator[Event]:
@@ -1063,9 +1079,11 @@ class Monitor:
             # A monitor must outlive one bad sample (a file in an unexpected
             # state, a reader bug): count it, log it, sample again next tick.
             self.failures += 1
+            self.consecutive_failures += 1
             log.exception("monitor sample failed; retrying in %.1f s", self.interval)
         else:
             self.samples += 1
+            self.consecutive_failures = 0
 
     async def _sample(self) -> None:
         tick = self._tick

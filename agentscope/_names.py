@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_SLICE",
     "describe",
     "parse_description",
+    "resolve_manager",
     "scope_pattern",
     "scope_unit_name",
     "validate_name",
@@ -85,3 +86,18 @@ def parse_description(description: str) -> tuple[str, str] | None:
     if len(words) != 6 or words[:2] != ["agentscope", "agent"] or words[3:5] != ["of", "fleet"]:
         return None
     return (words[5], words[2]) if words[2] and words[5] else None
+
+
+def resolve_manager(manager: str) -> str:
+    """``auto`` means the system manager for root, the user manager otherwise.
+
+    The one place of this rule (the fleet's bus, exec's fast path).
+
+    Raises:
+        ValueError: not ``auto``, ``system`` or ``user``.
+    """
+    if manager == "auto":
+        return "system" if os.geteuid() == 0 else "user"
+    if manager not in ("system", "user"):
+        raise ValueError(f"manager must be 'auto', 'system' or 'user', not {manager!r}")
+    return manager

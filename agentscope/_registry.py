@@ -69,7 +69,9 @@ __all__ = [
     "RegistryError",
     "UnitNotFound",
     "default_registry_path",
+    "in_flight",
     "reconcile",
+    "stale",
 ]
 
 _T = TypeVar("_T")
@@ -373,6 +375,45 @@ def reconcile(rows: Iterable[AgentRecord], live: Mapping[str, LiveScope]) -> Rec
     )
 
 
+LAUNCH_GRACE: Final = 120.0  # seconds a "starting" row may take before it is judged
+
+
+def in_flight(rec: AgentRecord, *, proc_root: str = "/proc") -> bool:
+    """Whether a row is a launch its launcher is still at work on.
+
+    A young ``starting`` row whose child still runs (same start time) and
+    is still its launcher's child. The gated child of a launcher that died
+    exits in its gate, and one that exec'd is reparented to init or the
+    manager (a subreaper, ``systemd``): either way no one will move the row
+    on, so it is judged as any other. The one rule, for the launches of
+    every path (the library, tmux, ``agentscope exec``'s take-in).
+    """
+    if rec.state != "starting" or time.time() - rec.created > LAUNCH_GRACE:
+        return False
+    try:
+        with open(f"{proc_root}/{rec.pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:  # it ended
+        return False
+    fields = data[data.rindex(b")") + 2 :].split()
+    if int(fields[19]) != rec.start_time or fields[0] in (b"Z", b"X"):
+        return False
+    ppid = int(fields[1])
+    if ppid <= 1:
+        return False
+    try:
+        with open(f"{proc_root}/{ppid}/comm", "rb") as f:
+            parent = f.read().strip()
+    except OSError:
+        return False
+    return parent != b"systemd"
+
+
+def stale(rec: AgentRecord, scope_live: bool) -> bool:
+    """Whether an open row may be closed: its scope is gone and no launcher is at work."""
+    return not rec.closed and not scope_live and not in_flight(rec)
+
+
 # ------------------------------------------------------------------- paths
 
 
@@ -669,19 +710,28 @@ class Registry:
             self._spool_lock.release()
 
     def _take_entry(self, path: str) -> None:
-        entry = _spool.read(path)
+        # Read from one open file, whose inode says later whether the name
+        # still holds this entry (see _unlink_same).
+        try:
+            with open(path, "rb") as f:
+                ino = os.fstat(f.fileno()).st_ino
+                entry = _spool.Entry.decode(f.read())
+        except OSError:
+            return  # taken in meanwhile by another process
         state = entry.state() if entry is not None else "bad"
         if entry is None or state == "starting":  # "starting": its exec still waits
-            if entry is None and os.path.exists(path):
-                _unlink(path)
+            if entry is None:
+                _unlink_same(path, ino)
             return
         launch = (entry.fleet, entry.name, entry.unit, entry.pid, entry.start_time)
         try:
             try:
                 self.record_launch(*launch, entry.argv, entry.cwd, "running", created=entry.created)
             except AgentExists as exc:
-                if os.path.isdir(os.path.join(entry.slice_dir, exc.unit)):
-                    raise  # two live agents of one name: keep the registry's
+                held = self.by_unit(exc.unit)
+                live = os.path.isdir(os.path.join(entry.slice_dir, exc.unit))
+                if held is None or not stale(held, live):
+                    raise  # two agents of one name (or one being launched): keep the registry's
                 # The name's row is stale (its scope is gone): close it first.
                 self._close_stale(entry.fleet, entry.name, exc.unit)
                 self.record_launch(*launch, entry.argv, entry.cwd, "running", created=entry.created)
@@ -689,17 +739,22 @@ class Registry:
             # Recorded already (a reconcile found its scope first), or the name
             # is taken: the entry has nothing more to give.
             logging.getLogger("agentscope").info("spool entry %s not recorded: %s", path, exc)
-            _unlink(path)
+            _unlink_same(path, ino)
             return
         detail = {"unit": entry.unit, "pid": entry.pid, "pids": [entry.pid], "via": "exec"}
         self.record_event(entry.fleet, entry.name, "adopted", detail, ts=entry.created)
         if state == "lost":  # it ended before anyone looked: as for any adopted agent
             self._close_stale(entry.fleet, entry.name, entry.unit)
-        _unlink(path)
+        _unlink_same(path, ino)
 
     def _close_stale(self, fleet: str, name: str, unit: str) -> None:
-        row = self.set_state(unit, "lost")
-        self.record_event(fleet, name, "lost", {"unit": unit, "pid": row.pid})
+        # One transaction, its event only if this call closed it: several
+        # processes taking the spool in at once record one "lost".
+        row = self.by_unit(unit)
+        pid = row.pid if row is not None else None
+        self.set_state(
+            unit, "lost", event="lost", detail={"unit": unit, "pid": pid}, only_on_change=True
+        )
 
     def _row_by_unit(self, conn: sqlite3.Connection, unit: str) -> AgentRecord:
         row = conn.execute(
@@ -775,6 +830,7 @@ class Registry:
         exited: float | None = None,
         event: str | None = None,
         detail: Mapping[str, Any] | None = None,
+        only_on_change: bool = False,
     ) -> AgentRecord:
         """Move the row of ``unit`` to ``state`` and return the row as stored.
 
@@ -783,7 +839,9 @@ class Registry:
         lost) stores ``exit_status`` and ``exited`` (default: now).
         ``event`` (with ``detail``) also records that event about the row's
         agent, in the same transaction: a launch or an exit is then one
-        commit instead of two.
+        commit instead of two. With ``only_on_change`` the event is recorded
+        only if this call moved the row: of several processes closing one
+        row, one records it.
 
         Raises:
             InvalidTransition: the lifecycle forbids the move, e.g. a closed
@@ -800,7 +858,8 @@ class Registry:
 
         def body(conn: sqlite3.Connection) -> AgentRecord:
             rec = self._row_by_unit(conn, unit)
-            if rec.state != state:
+            changed = rec.state != state
+            if changed:
                 if state not in _TRANSITIONS[rec.state]:
                     raise InvalidTransition(self.path, unit, rec.state, state)
                 if closing:
@@ -812,7 +871,7 @@ class Registry:
                 else:
                     conn.execute("UPDATE agents SET state = ? WHERE id = ?", (state, rec.id))
                 rec = self._row_by_unit(conn, unit)
-            if event is not None:
+            if event is not None and (changed or not only_on_change):
                 _insert_event(conn, time.time(), rec.fleet, rec.name, event, detail_json)
             return rec
 
@@ -1042,6 +1101,20 @@ class Registry:
             args.append(limit)
         rows = self._transaction(lambda c: c.execute(sql, args).fetchall(), write=False)
         return [_event_from_row(r) for r in rows]
+
+
+def _unlink_same(path: str, ino: int) -> None:
+    """Remove ``path`` only if it is still the file read (inode ``ino``).
+
+    An exec may have claimed the name meanwhile (the entry read was freed
+    to its unit's name and a new one linked): that claim must stay.
+    """
+    try:
+        if os.stat(path).st_ino != ino:
+            return
+    except FileNotFoundError:
+        return
+    _unlink(path)
 
 
 def _unlink(path: str) -> None:

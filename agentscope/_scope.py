@@ -112,6 +112,6 @@ def manager_cgroup(manager: str, uid: int | None = None, root: str = CGROUP_ROOT
     return f"{root}/user.slice/user-{uid}.slice/user@{uid}.service"
 
 
-def slice_cgroup(manager: str, slice: str, uid: int | None = None) -> str:
+def slice_cgroup(manager: str, slice: str, uid: int | None = None, root: str = CGROUP_ROOT) -> str:
     """Where the manager puts the agents slice (before it is asked where it is)."""
-    return f"{manager_cgroup(manager, uid)}/{slice_relpath(slice)}"
+    return f"{manager_cgroup(manager, uid, root)}/{slice_relpath(slice)}"

@@ -316,8 +316,7 @@ class Connection:
             raise self._unavailable(_reason(exc, f"no reply to {method}")) from exc
         msg = self._replies.pop(serial)
         if msg.kind == _ERROR:
-            text = str(msg.body[0]) if msg.body and isinstance(msg.body[0], str) else ""
-            raise BusError(method, msg.error or "unknown", text)
+            raise BusError.from_reply(method, msg.error, msg.body)
         return msg.body
 
     def call(self, member: str, signature: str = "", body: Sequence[Any] = ()) -> list[Any]:

@@ -610,6 +610,10 @@ def _monitor_loop(
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
             notifier.send(WATCHDOG=1, STATUS=_sample(fleet, face))
+            if face is not None:  # the watch's own failures, logged by the library
+                face.watch(
+                    getattr(stream, "failures", 0), getattr(stream, "consecutive_failures", 0)
+                )
     finally:
         stop.set()
 

@@ -178,7 +178,7 @@ def _adopt(opts: Options, name: str, cmd: list[str], size: int | None) -> str:
     except _exec.SlowPath as exc:
         slow = str(exc)
     from . import _fleet
-    from .main import setup_logging
+    from ._logging import setup_logging
 
     setup_logging(opts.debug)
     if opts.debug:
@@ -191,5 +191,5 @@ def _adopt(opts: Options, name: str, cmd: list[str], size: int | None) -> str:
 
 
 def _warn(message: str) -> None:
-    # The format of the "agentscope" logger's handler (cli.main.setup_logging).
+    # The format of the "agentscope" logger's handler (cli._logging.setup_logging).
     sys.stderr.write(f"agentscope: WARNING: {message}\n")

@@ -82,6 +82,13 @@ class _Counters:
     last_error_ts: float | None = None
     events: dict[str, int] = field(default_factory=dict)
     last_event: Mapping[str, Any] | None = None
+    # The OOM watch's own samples (Monitor.failures, .consecutive_failures).
+    watch_failures: int = 0
+    watch_failing: int = 0
+
+
+#: Failed OOM-watch samples in a row that make /health report an error.
+WATCH_FAILING = 3
 
 
 class FaceState:
@@ -122,6 +129,12 @@ class FaceState:
             self._counters.last_error = str(error)
             self._counters.last_error_ts = time.time() if now is None else now
 
+    def watch(self, failures: int, in_a_row: int) -> None:
+        """Record the OOM watch's failed samples: in all, and in a row now."""
+        with self._lock:
+            self._counters.watch_failures = failures
+            self._counters.watch_failing = in_a_row
+
     def event(self, data: Mapping[str, Any]) -> None:
         """Count one monitor event (its ``to_dict()``); the last one shows in /health."""
         kind = str(data.get("kind", "unknown"))
@@ -142,7 +155,8 @@ def health(state: FaceState, *, now: float | None = None) -> tuple[int, dict[str
 
     ``status`` is ``ok`` (200) while samples come in on time; ``starting``
     before the first, ``stale`` when the last is too old, ``error`` when the
-    last attempt failed (503 for all three).
+    last attempt failed or the OOM watch failed its last 3 samples (503 for
+    all three).
     """
     now = time.time() if now is None else now
     sample, counters = state.read()
@@ -150,7 +164,9 @@ def health(state: FaceState, *, now: float | None = None) -> tuple[int, dict[str
     for agent in sample.agents if sample else ():
         key = str(agent.get("state"))
         states[key] = states.get(key, 0) + 1
-    if sample is None:
+    if counters.watch_failing >= WATCH_FAILING:
+        status = "error"  # the OOM watch itself fails: kills would go unseen
+    elif sample is None:
         status = "error" if counters.last_error else "starting"
     elif counters.last_error_ts is not None and counters.last_error_ts > sample.ts:
         status = "error"
@@ -172,6 +188,8 @@ def health(state: FaceState, *, now: float | None = None) -> tuple[int, dict[str
         "samples": counters.samples,
         "sample_errors": counters.errors,
         "last_error": counters.last_error,
+        "watch_sample_failures": counters.watch_failures,
+        "watch_failures_in_a_row": counters.watch_failing,
         "events": dict(sorted(counters.events.items())),
         "last_event": counters.last_event,
     }
@@ -217,6 +235,13 @@ def metric_families(state: FaceState) -> Iterable[Any]:
     )
     errors.add_metric([fleet], counters.errors)
     yield errors
+    watch = CounterMetricFamily(
+        "agentscope_monitor_watch_sample_failures",
+        "Samples of the OOM watch (memory.events, cgroup.procs) that failed.",
+        labels=["fleet"],
+    )
+    watch.add_metric([fleet], counters.watch_failures)
+    yield watch
     events = CounterMetricFamily(
         "agentscope_monitor_events",
         "Monitor events by kind (oom_kill, throttled, pressure, ...) since it started.",

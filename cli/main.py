@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # annotations only: collections and typing cost imports
     from collections.abc import Sequence
     from typing import NoReturn
 
-__all__ = ["hoist_globals", "main", "setup_logging", "split_globals"]
+__all__ = ["hoist_globals", "main", "split_globals"]
 
 _VALUED = ("--manager", "--fleet")
 _FLAGS = ("--json", "--debug")
@@ -118,24 +118,6 @@ def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] 
     return opts, command, list(args[i + 1 :])
 
 
-def setup_logging(debug: bool) -> None:
-    """Send the library's log (stale slice limits, no OOMPolicy...) to stderr."""
-    import logging
-
-    class StderrHandler(logging.Handler):
-        """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
-
-        def emit(self, record: logging.LogRecord) -> None:
-            sys.stderr.write(self.format(record) + "\n")
-
-    logger = logging.getLogger("agentscope")
-    if not any(type(h).__name__ == "StderrHandler" for h in logger.handlers):
-        handler = StderrHandler()
-        handler.setFormatter(logging.Formatter("agentscope: %(levelname)s: %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
-
-
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the agentscope command line and exit with its status."""
     args = hoist_globals(sys.argv[1:] if argv is None else argv)
@@ -156,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
             sys.exit(report_error(exc, json_mode=opts.json, debug=opts.debug))
         sys.exit(0)  # reached only with a stand-in exec
+    from ._logging import setup_logging
+
     setup_logging(opts.debug)
     from ._app import run_app
 

@@ -124,3 +124,31 @@ async def test_direct_connection_sends_begin_before_any_answer(tmp_path: Path) -
         bus.disconnect()
         server.close()
         await asyncio.wait_for(asyncio.gather(*served), 10)
+
+
+async def test_the_dbus_fast_internals_the_direct_connection_uses_are_still_there() -> None:
+    """_DirectBus (the private socket, no Hello) reuses these dbus-fast internals.
+
+    They are not public API: an upgrade that renames or reshapes one must
+    fail here, loudly, rather than on a user's private socket.
+    """
+    import inspect
+
+    from dbus_fast.aio import MessageBus
+    from dbus_fast.aio.message_bus import _MessageWriter
+    from dbus_fast.aio.message_reader import build_message_reader
+
+    bus = MessageBus(bus_address="unix:path=/nonexistent", negotiate_unix_fd=True)
+    for attr in ("_bus_address", "_loop", "_negotiate_unix_fd", "_sock", "_stream", "_fd"):
+        assert hasattr(bus, attr), attr
+    for method in ("_create_socket_for_transport", "_process_message", "_finalize"):
+        assert callable(getattr(bus, method, None)), method
+    assert bus._bus_address == [("unix", {"path": "/nonexistent"})]
+    assert list(inspect.signature(build_message_reader).parameters)[:4] == [
+        "sock",
+        "process",
+        "finalize",
+        "negotiate_unix_fd",
+    ]
+    assert callable(getattr(_MessageWriter, "schedule_write", None))
+    assert list(inspect.signature(_MessageWriter).parameters) == ["bus"]

@@ -105,6 +105,19 @@ def test_health_states() -> None:
     json.dumps(body)  # JSON-ready
 
 
+def test_an_oom_watch_whose_samples_keep_failing_is_not_healthy() -> None:
+    state = FaceState("default", "user", period=2.0)
+    state.sampled(AGENTS, REPORT, "fleet default: 2 agents", now=1000.0)
+    state.watch(2, 2)
+    assert health(state, now=1000.5)[1]["status"] == "ok"  # two in a row: not yet
+    state.watch(3, 3)
+    code, body = health(state, now=1000.5)
+    assert (code, body["status"], body["watch_failures_in_a_row"]) == (503, "error", 3)
+    state.watch(3, 0)  # a good sample again
+    code, body = health(state, now=1000.5)
+    assert (code, body["status"], body["watch_sample_failures"]) == (200, "ok", 3)
+
+
 @pytest.fixture
 def face() -> Iterator[tuple[HttpFace, FaceState]]:
     state = FaceState("default", "user", period=2.0, version="1.0")
@@ -150,6 +163,7 @@ def test_metrics_parse_and_carry_the_sample(face: tuple[HttpFace, FaceState]) ->
     assert states[(("fleet", "default"), ("state", "running"))] == 1
     assert states[(("fleet", "default"), ("state", "frozen"))] == 1
     assert samples(got["agentscope_monitor_sample_errors"]) == {(("fleet", "default"),): 1}
+    assert samples(got["agentscope_monitor_watch_sample_failures"]) == {(("fleet", "default"),): 0}
     events = samples(got["agentscope_monitor_events"])
     assert events == {(("fleet", "default"), ("kind", "oom_kill")): 1}
     pressure = samples(got["agentscope_memory_pressure_ratio"])

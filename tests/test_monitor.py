@@ -763,6 +763,31 @@ async def test_async_iteration_and_lifecycle(tree: Tree) -> None:
         await mon.start()
 
 
+async def test_a_monitor_iterated_before_it_started_says_so(tree: Tree) -> None:
+    mon, _ = monitor(tree, on_event=None)
+    # Before: an iteration here waited for good, without a word.
+    with pytest.raises(AgentscopeError, match="not started"):
+        aiter(mon)
+
+
+async def test_samples_failing_in_a_row_make_the_monitor_unhealthy(
+    tree: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mon, _ = monitor(tree, on_event=None)
+    async with mon:
+        assert mon.healthy
+
+        async def broken() -> None:
+            raise OSError("a reader bug")
+
+        monkeypatch.setattr(mon, "_sample", broken)
+        await wait_for(lambda: mon.consecutive_failures >= 3)
+        assert not mon.healthy
+        monkeypatch.undo()
+        await wait_for(lambda: mon.consecutive_failures == 0)
+        assert mon.healthy
+
+
 async def test_callback_error_does_not_stop_monitor(tree: Tree) -> None:
     scope = tree.scope("alice", {101: ("sh", 100), 102: ("python3", 9000)})
 

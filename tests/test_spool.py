@@ -175,6 +175,47 @@ def test_a_file_that_is_not_an_entry_is_dropped(registry: Registry) -> None:
     assert _spool.pending(str(spool)) == []
 
 
+def test_an_exec_claiming_the_name_during_a_take_in_keeps_its_claim(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = spool_of(registry)
+    first = entry(tmp_path, pid=_dead_pid(), start=1)  # it ended: the name is free
+    assert _spool.claim(spool, first) is not None
+    second = entry(tmp_path, unit="agentscope-f-builder-def456.scope")
+    claimed: list[str | None] = []
+    real_state = _spool.Entry.state
+
+    def state(self: _spool.Entry) -> str:
+        # The take-in has read the first entry; a second exec claims the
+        # name now (freeing the first under its unit's name).
+        if not claimed:
+            claimed.append(_spool.claim(spool, second))
+        return real_state(self)
+
+    monkeypatch.setattr(_spool.Entry, "state", state)
+    registry.agents("f")
+    assert claimed == [f"{spool}/f+builder"]
+    held = _spool.read(f"{spool}/f+builder")
+    assert held is not None
+    assert held.unit == second.unit  # the second claim holds the name
+    # A third exec of the name is refused while the second runs.
+    third = entry(tmp_path, unit="agentscope-f-builder-aaaaaa.scope")
+    assert _spool.claim(spool, third) is None
+
+
+def test_concurrent_take_ins_record_one_lost_event(tmp_path: Path, registry: Registry) -> None:
+    other = Registry(registry.path)
+    try:
+        e = entry(tmp_path, pid=_dead_pid(), start=1)
+        _spool.claim(spool_of(registry), e)
+        assert [r.state for r in registry.agents("f", include_closed=True)] == ["lost"]
+        # Another process that read the same entry closes the same row too.
+        other._close_stale("f", "builder", e.unit)
+        assert [ev.kind for ev in registry.events("f")] == ["adopted", "lost"]
+    finally:
+        other.close()
+
+
 # -- what the exec fast path checks before it goes ahead -------------------------------
 
 

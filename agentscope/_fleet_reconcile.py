@@ -1,0 +1,157 @@
+"""The fleet's reconciliation with systemd when it opens.
+
+:class:`ReconcileGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin):
+the fleet's live scopes in one listing (by Description), and ``open()``'s
+reconciliation of the registry's rows with them: adopt, record what was
+found, close what is gone, finish the launches of a manager that died,
+stop scopes that hold nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+
+from . import _names
+from ._agent import Agent
+from ._errors import AgentExists, RegistryError
+from ._registry import AgentRecord, LiveScope, Registry, in_flight, reconcile
+from ._scopefiles import read_scopes
+
+if TYPE_CHECKING:
+    from ._fleet import AsyncFleet
+    from ._systemd import Scopes
+
+__all__ = ["ReconcileGlue"]
+
+log = logging.getLogger("agentscope")
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class ReconcileGlue:
+    """The reconciling half of AsyncFleet; what it uses of the fleet is declared here."""
+
+    if TYPE_CHECKING:
+        name: str
+        policy: str
+        _agents: dict[str, Agent]
+        _foreign: set[str]
+        _registry: Registry | None
+        _scopes: Scopes
+        _terminals: dict[str, str]
+        _unit_names: dict[str, str]
+
+        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
+        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
+        async def _close_gone(self, rec: AgentRecord) -> AgentRecord: ...
+        async def slice_cgroup(self) -> Path: ...
+
+    def _fleet(self) -> AsyncFleet:
+        """This object as the AsyncFleet it is a part of."""
+        return cast("AsyncFleet", self)
+
+    async def _live(self) -> dict[str, tuple[str, str]]:
+        """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
+        live: dict[str, tuple[str, str]] = {}
+        for unit, desc, _load, active, *_ in await self._scopes.list_units():
+            parsed = _names.parse_description(desc)
+            if parsed is not None and parsed[0] == self.name:
+                live[str(unit)] = (parsed[1], str(active))
+                self._unit_names.setdefault(str(unit), parsed[1])
+            else:  # the pattern of fleet a also matches fleet a-b's scopes
+                self._foreign.add(str(unit))
+        return live
+
+    async def _reconcile(self) -> None:
+        assert self._registry is not None
+        # Rows before units: a row is written before its scope starts, so every
+        # row read here whose scope runs is in the listing taken after it (the
+        # other order closed launches that finished in between as lost).
+        rows = await self._db(self._registry.agents, self.name)
+        live = await self._live()
+        slice_dir = await self.slice_cgroup()
+        # A launch in flight (here or in another process) may show its scope
+        # before the child is in it (the start job is still running): leave
+        # such rows to their launcher.
+        flying = await asyncio.to_thread(lambda: {r.unit for r in rows if in_flight(r)})
+        rows = [r for r in rows if r.unit not in flying]
+        # A tmux agent whose scope is gone ended in its window: exited, not lost.
+        for rec in [r for r in rows if r.unit in self._terminals and r.unit not in live]:
+            await self._close_gone(rec)
+        rows = [r for r in rows if r.unit not in self._terminals or r.unit in live]
+        scopes = await asyncio.to_thread(read_scopes, slice_dir, live)
+        # Their launcher records them: not "found" here.
+        scopes = {u: s for u, s in scopes.items() if u not in flying}
+        # Rows of live scopes that could not be read are left as they are.
+        rows = [r for r in rows if r.unit not in live or r.unit in scopes]
+        plan = reconcile(rows, scopes)
+        closed = await self._db(self._registry.apply_closures, plan)
+        for rec in closed:
+            log.info("agent %s (%s) is gone: closed as %s", rec.name, rec.unit, rec.state)
+        for rec in plan.adopt:
+            if rec.state == "starting":
+                # Its launcher died after the exec, before the row said so:
+                # the launch happened, and is recorded once.
+                rec = await self._db(
+                    self._registry.set_state,
+                    rec.unit,
+                    "running",
+                    event="launched",
+                    detail={"unit": rec.unit, "pid": rec.pid, "argv": list(rec.argv)},
+                    only_on_change=True,
+                )
+                log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
+            self._agents[rec.name] = Agent._from_record(self._fleet(), rec)
+            self._unit_names[rec.unit] = rec.name
+        # A scope that holds no process and no open row claims (the child of
+        # a manager that died mid-start exited before systemd moved it: such
+        # a scope never empties, so it stays active) is stopped, once.
+        headless = {r.unit for r in plan.headless}
+        empty = [s for s in plan.unknown if not s.pids]
+        empty += [s for s in scopes.values() if s.unit in headless and not s.pids]
+        for scope in empty:
+            log.info("stopping %s: a scope of fleet %s with no process", scope.unit, self.name)
+            await self._scopes.stop_unit(scope.unit, 10)
+        found: list[tuple[str, LiveScope]] = []
+        for scope in plan.unknown:
+            if not scope.pids:
+                continue
+            name = live[scope.unit][0]
+            found.append((name, scope))
+            log.warning("found agent %s (%s) that the registry did not know", name, scope.unit)
+            await self._event(name, "found", unit=scope.unit, pids=list(scope.pids))
+        if self.policy == "stop":
+            units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
+            units += [r.unit for r in plan.headless]
+            await asyncio.gather(*(self._scopes.stop_unit(u, 10) for u in units))
+            for rec in plan.adopt:
+                await self._db(self._registry.set_state, rec.unit, "exited")
+                await self._event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
+            self._agents.clear()
+            return
+        for name, scope in found:
+            if not scope.pids:
+                continue
+            pid = min(scope.pids)
+            try:
+                rec = await self._db(
+                    self._registry.record_launch,
+                    self.name,
+                    name,
+                    scope.unit,
+                    pid,
+                    scope.start_times.get(pid, 0),
+                    [],
+                    "",
+                    "running",
+                )
+            except (AgentExists, RegistryError) as exc:
+                # Its row was closed meanwhile, or the name is taken by another
+                # row: report it, and let the fleet open all the same.
+                log.warning("cannot record found agent %s (%s): %s", name, scope.unit, exc)
+                continue
+            self._agents[name] = Agent._from_record(self._fleet(), rec)

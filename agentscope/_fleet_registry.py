@@ -1,0 +1,106 @@
+"""The fleet's registry glue: registry calls off the event loop, and row closing.
+
+:class:`RegistryGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin):
+every :class:`._registry.Registry` call runs in a worker thread
+(:meth:`_db`), events are recorded with the fleet's name, and a row whose
+scope is gone is closed as ``exited`` (seen here) or ``lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from ._registry import AgentRecord, EventRecord, InvalidTransition, Registry
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+
+__all__ = ["RegistryGlue"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class RegistryGlue:
+    """The registry half of AsyncFleet; what it uses of the fleet is declared here."""
+
+    if TYPE_CHECKING:
+        name: str
+        _agents: dict[str, Agent]
+        _registry: Registry | None
+        _terminals: dict[str, str]
+
+        def _check_open(self) -> None: ...
+
+    async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run one registry call off the event loop."""
+        assert self._registry is not None, "fleet not open"
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _event(self, agent: str | None, kind: str, **detail: Any) -> None:
+        assert self._registry is not None
+        await self._db(self._registry.record_event, self.name, agent, kind, detail)
+
+    def _mark_running(self, unit: str, **event: dict[str, Any]) -> None:
+        """Row to running, and the event that says why: one transaction."""
+        assert self._registry is not None
+        ((kind, detail),) = event.items()
+        self._registry.set_state(unit, "running", event=kind, detail={"unit": unit, **detail})
+
+    async def events(
+        self,
+        *,
+        agent: str | None = None,
+        since: float | None = None,
+        kind: str | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[EventRecord]:
+        """The fleet's recorded events, oldest first (``after_id`` for following)."""
+        self._check_open()
+        assert self._registry is not None
+        return await self._db(
+            self._registry.events,
+            self.name,
+            agent=agent,
+            since=since,
+            kind=kind,
+            after_id=after_id,
+            limit=limit,
+        )
+
+    async def gc(self, retention_seconds: float = 7 * 86400) -> int:
+        """Prune exited agents older than the retention, and their events."""
+        self._check_open()
+        assert self._registry is not None
+        return await self._db(self._registry.gc, retention_seconds)
+
+    async def _close_gone(self, rec: AgentRecord) -> AgentRecord:
+        """Close the row of an agent whose scope is gone: exited if seen, else lost."""
+        assert self._registry is not None
+        if rec.unit in self._terminals:  # it ended in (or with) its tmux window
+            try:
+                closed = await self._db(self._registry.set_state, rec.unit, "exited")
+            except InvalidTransition:
+                return await self._db(self._registry.by_unit, rec.unit) or rec
+            await self._event(rec.name, "exited", unit=rec.unit, pid=rec.pid, status=None)
+            return closed
+        agent = self._agents.get(rec.name)
+        if agent is not None and agent.unit == rec.unit and agent.popen is not None:
+            status = agent.popen.poll()
+            if status is not None:
+                agent.state = "exited"
+                try:
+                    return await self._db(
+                        self._registry.set_state, rec.unit, "exited", exit_status=status
+                    )
+                except InvalidTransition:
+                    return await self._db(self._registry.by_unit, rec.unit) or rec
+        try:
+            closed = await self._db(self._registry.set_state, rec.unit, "lost")
+        except InvalidTransition:
+            return await self._db(self._registry.by_unit, rec.unit) or rec
+        await self._event(rec.name, "lost", unit=rec.unit, pid=rec.pid)
+        return closed

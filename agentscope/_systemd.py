@@ -1,0 +1,236 @@
+"""The systemd verbs of a fleet: start a scope, stop and kill it, list, probe.
+
+:class:`Scopes` holds what one fleet asks of its manager over a
+:class:`._bus.SystemdBus`: a scope started with its properties (and the
+OOMPolicy fallback of systemds that refuse it, remembered per fleet), the
+stop job with its SIGKILL escalation, KillUnit, ListUnitsByPatterns, the
+agents slice's limits. :func:`probe` tells what the manager can do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal as _signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import _names, _scope
+from ._bus import INFINITY, SystemdBus
+from ._cgroup import cgroup_v2_mounted, memory_controller_enabled
+from ._errors import AgentscopeError, BusError, LaunchError
+
+__all__ = ["Capabilities", "Scopes", "probe", "slice_limits"]
+
+log = logging.getLogger("agentscope")
+
+SLICE_IFACE = "org.freedesktop.systemd1.Slice"
+_UNIT_IFACE = "org.freedesktop.systemd1.Unit"
+_SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
+_LIMITS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
+# systemd < 253 (and vanilla 252.0-252.4) refuse OOMPolicy on a scope with one of these.
+# KillUnit on a scope that stopped meanwhile: unloaded, or loaded with no process left.
+_STOPPED_MEANWHILE = (
+    "org.freedesktop.systemd1.NoSuchUnit",
+    "org.freedesktop.systemd1.NoSuchProcess",
+)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the systemd manager in reach can do (see :func:`probe`)."""
+
+    manager: str
+    systemd_version: str
+    bus_address: str
+    cgroup_v2: bool
+    memory_controller: bool
+    scope_oom_policy: bool
+    pidfds: bool
+    slice: str
+    slice_limits: dict[str, int | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class Scopes:
+    """One fleet's verbs on its manager's scopes (no registry, no state but the fallback)."""
+
+    def __init__(self, bus: SystemdBus, fleet: str, slice: str) -> None:
+        self._bus = bus
+        self.fleet = fleet
+        self.slice = slice
+        self.manager = bus.manager
+        self._oom_policy: bool | None = None  # None: not tried yet
+
+    async def unit_active(self, unit: str) -> bool:
+        try:
+            (path,) = await self._bus.call("GetUnit", "s", [unit])
+        except BusError as exc:
+            if exc.dbus_name == "org.freedesktop.systemd1.NoSuchUnit":
+                return False
+            raise
+        state = await self._bus.get_property(str(path), _UNIT_IFACE, "ActiveState")
+        return state in ("active", "activating", "deactivating", "reloading")
+
+    async def list_units(self, agent: str | None = None) -> list[list[Any]]:
+        (units,) = await self._bus.call(
+            "ListUnitsByPatterns",
+            "asas",
+            [
+                ["active", "activating", "deactivating", "reloading"],
+                [_names.scope_pattern(self.fleet, agent)],
+            ],
+        )
+        return list(units)
+
+    async def start_scope(
+        self,
+        unit: str,
+        name: str,
+        pids: list[int],
+        memory_max: int | None,
+        description: str | None = None,
+    ) -> None:
+        props = _scope.scope_properties(self.fleet, name, self.slice, memory_max, description)
+        fds: list[int] = []
+        await self._bus.connect()  # the version decides PIDs or PIDFDs
+        try:
+            if self._bus.version_major >= 255:
+                # A pidfd names the process itself, not a number that may be reused.
+                fds = [os.pidfd_open(p) for p in pids]
+                props["PIDFDs"] = ("ah", list(range(len(fds))))
+            else:
+                props["PIDs"] = ("au", pids)
+            await self.start_transient(unit, props, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    async def start_transient(
+        self, unit: str, props: dict[str, tuple[str, Any]], fds: list[int]
+    ) -> None:
+        if self._oom_policy is not False:
+            try:
+                await self.run_start(unit, {**props, "OOMPolicy": ("s", "continue")}, fds)
+                self._oom_policy = True
+                return
+            except BusError as exc:
+                if not _scope.refuses_oom_policy(exc.dbus_name, exc.message):
+                    raise
+                self._oom_policy = False
+                log.warning(_scope.OOMPOLICY_WARNING, self._bus.version)
+        await self.run_start(unit, props, fds)
+
+    async def run_start(self, unit: str, props: dict[str, tuple[str, Any]], fds: list[int]) -> None:
+        result = await self._bus.run_job(
+            unit,
+            "StartTransientUnit",
+            "ssa(sv)a(sa(sv))",
+            [unit, "fail", SystemdBus.props(props), []],
+            unix_fds=fds,
+            timeout=60,
+        )
+        if result != "done":
+            raise LaunchError(_scope.job_failed_message(unit, result, self.manager))
+
+    async def stop_unit(self, unit: str, timeout: float) -> str:
+        """Stop ``unit``, SIGKILL after ``timeout``; the stop job's result (``done``...).
+
+        ``done`` too when the unit was gone already or went meanwhile.
+        """
+        try:
+            return await self._bus.run_job(
+                unit, "StopUnit", "ss", [unit, "replace"], timeout=timeout
+            )
+        except TimeoutError:
+            log.info("%s did not stop within %ss: sending SIGKILL", unit, timeout)
+            fut = self._bus.expect_job(unit)
+            try:
+                try:
+                    await self.kill_unit(unit, _signal.SIGKILL)
+                except BusError as exc:
+                    if exc.dbus_name in _STOPPED_MEANWHILE:
+                        return "done"  # the stop job finished between the timeout and the kill
+                    raise
+                # The stop job ends once the processes are gone; it may also have
+                # ended just before the future was registered, so look too.
+                for _ in range(30):
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await asyncio.shield(fut)
+                    if fut.done():
+                        return fut.result()
+                    if not await self.unit_active(unit):
+                        return "done"
+                raise AgentscopeError(
+                    f"{unit} did not stop within {timeout + 30:.0f}s, even after SIGKILL; "
+                    f"see systemctl {'--user ' if self.manager == 'user' else ''}status {unit}"
+                )
+            finally:
+                self._bus.forget_job(unit)
+        except BusError as exc:
+            if exc.dbus_name != "org.freedesktop.systemd1.NoSuchUnit":
+                raise
+            return "done"
+
+    async def kill_unit(self, unit: str, sig: int) -> None:
+        await self._bus.call("KillUnit", "ssi", [unit, "all", int(sig)])
+
+    async def slice_limits(self) -> dict[str, int | None]:
+        """The agents slice's MemoryHigh/MemoryMax/MemorySwapMax; None means infinity."""
+        return await slice_limits(self._bus, self.slice)
+
+    async def clear_limits(self, stale: dict[str, int]) -> None:
+        """Set each of ``stale`` to infinity on the agents slice, until reboot."""
+        await self._bus.call(
+            "SetUnitProperties",
+            "sba(sv)",
+            [self.slice, True, SystemdBus.props({k: ("t", INFINITY) for k in stale})],
+        )
+
+
+async def slice_limits(bus: SystemdBus, slice: str) -> dict[str, int | None]:
+    path = await bus.unit_path(slice)
+    props = await bus.get_all(path, SLICE_IFACE)
+    return {k: (None if props.get(k, INFINITY) == INFINITY else props[k]) for k in _LIMITS}
+
+
+async def probe(manager: str = "auto", *, slice: str = _names.DEFAULT_SLICE) -> Capabilities:
+    """What the systemd manager in reach can do.
+
+    Connects, asks for the version, looks at the cgroup tree, and checks
+    whether scopes accept OOMPolicy (their D-Bus interface lists it) and
+    PIDFDs (systemd 255+). Creates nothing.
+
+    Raises:
+        SystemdUnavailable: no manager reachable.
+    """
+    bus = SystemdBus(manager)
+    try:
+        await bus.connect()
+        root = Path(_scope.manager_cgroup(bus.manager))
+        init_path = await bus.unit_path("init.scope")
+        xml = await bus.call(
+            "Introspect", path=init_path, interface="org.freedesktop.DBus.Introspectable"
+        )
+        scope_section = str(xml[0]).split(f'<interface name="{_SCOPE_IFACE}">', 1)[-1]
+        scope_section = scope_section.split("</interface>", 1)[0]
+        limits = await slice_limits(bus, slice)
+        return Capabilities(
+            manager=bus.manager,
+            systemd_version=bus.version,
+            bus_address=bus.address,
+            cgroup_v2=cgroup_v2_mounted(),
+            memory_controller=memory_controller_enabled(root),
+            scope_oom_policy='name="OOMPolicy"' in scope_section,
+            pidfds=bus.version_major >= 255,
+            slice=slice,
+            slice_limits=limits,
+        )
+    finally:
+        bus.close()

@@ -1,0 +1,155 @@
+"""Crash consistency: a manager SIGKILLed at any instant of concurrent launches.
+
+Each round a manager process opens the fleet, starts 10 launches at once
+(``asyncio.gather``) and 2 ``agentscope exec`` runs, and is SIGKILLed at a
+random moment 0-2.5 s later. After the rounds a fresh manager must see the
+world as it is: every live scope of the fleet has a running row with its
+PID (no ghost scope), every running row has its live scope (no phantom
+row), no gated child of a dead manager lingers, every transition is
+recorded once, and stopping every running row leaves no scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+from conftest import systemctl
+
+from agentscope import AsyncFleet
+
+ROUNDS = int(os.environ.get("AGENTSCOPE_CHAOS_ROUNDS", "20"))
+CLI = shutil.which("agentscope") or "agentscope"
+
+MANAGER = textwrap.dedent(
+    """
+    import asyncio, subprocess, sys
+    import agentscope
+
+    async def main(fleet, prefix, cli):
+        async with agentscope.AsyncFleet(fleet) as f:
+            execs = [
+                subprocess.Popen([cli, "--fleet", fleet, "exec", f"{prefix}x{i}", "--",
+                                  "sleep", "900"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for i in range(2)
+            ]
+            print("ready", flush=True)
+            await asyncio.gather(*(
+                f.launch(f"{prefix}a{i}", ["sleep", "900"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for i in range(10)), return_exceptions=True)
+            await asyncio.sleep(600)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+    """
+)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _live_scopes(fleet: str) -> set[str]:
+    out = systemctl(
+        "list-units",
+        "--plain",
+        "--no-legend",
+        "--type=scope",
+        "--state=active,activating,deactivating",
+        f"agentscope-{fleet}-*",
+    )
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+async def test_a_manager_killed_anywhere_in_launches_leaves_nothing_behind() -> None:
+    fleet = f"c{uuid.uuid4().hex[:6]}"
+    marker = f"chaos-{fleet}"
+    rng = random.Random(os.environ.get("AGENTSCOPE_CHAOS_SEED"))
+    t0 = time.monotonic()
+    for k in range(ROUNDS):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", MANAGER, fleet, f"r{k}", CLI, marker],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        await asyncio.sleep(rng.uniform(0, 2.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    killed = time.monotonic()
+    # The manager's own cmdline (with the marker) is what a gated child has
+    # until it execs: none may outlive its manager for long.
+    lingering: list[int] = []
+    for _ in range(50):
+        lingering = [
+            int(p)
+            for p in os.listdir("/proc")
+            if p.isdigit() and marker.encode() in _cmdline(int(p)) and _alive(int(p))
+        ]
+        if not lingering:
+            break
+        await asyncio.sleep(0.1)
+    assert lingering == [], "gated children of a dead manager still run"
+    # The exec runs the manager started finish on their own.
+    await asyncio.sleep(2)
+
+    async with AsyncFleet(fleet) as f:
+        running = {a.unit: a for a in await f.agents() if a.state == "running"}
+        live = _live_scopes(fleet)
+        ghosts = sorted(live - set(running))
+        phantoms = sorted(u for u, a in running.items() if u not in live or not _alive(a.pid))
+        events = await f.events()
+        per_unit: dict[tuple[str, str], int] = {}
+        for e in events:
+            unit = e.detail.get("unit")
+            if e.kind in ("launched", "adopted", "lost", "exited") and isinstance(unit, str):
+                kind = "start" if e.kind in ("launched", "adopted") else "end"
+                per_unit[(unit, kind)] = per_unit.get((unit, kind), 0) + 1
+        doubled = sorted(k for k, n in per_unit.items() if n > 1)
+        print(
+            f"chaos: {ROUNDS} kills in {killed - t0:.1f}s, {len(live)} live scopes, "
+            f"{len(running)} running rows, {len(events)} events"
+        )
+        if ghosts or phantoms:  # what the registry says of them, for the log
+            for rec in await f.agents(all=True):
+                if rec.unit in ghosts or rec.unit in phantoms:
+                    print("chaos: row", rec.to_dict())
+            for e in events:
+                if e.detail.get("unit") in ghosts or e.detail.get("unit") in phantoms:
+                    print("chaos: event", e.to_dict())
+            for unit in ghosts:
+                print(
+                    "chaos: scope",
+                    unit,
+                    systemctl("show", "-p", "ControlGroup,ActiveState,Description", unit),
+                )
+        assert ghosts == [], "live scopes without a running row"
+        assert phantoms == [], "running rows without their scope or process"
+        assert doubled == [], "transitions recorded twice"
+        # The exec's ran on after their manager died: each is a running row.
+        execs = sorted(a.name for a in running.values() if "x" in a.name)
+        assert len(execs) == 2 * ROUNDS, execs
+        await asyncio.gather(*(f.stop(a.name, timeout=5) for a in running.values()))
+    assert _live_scopes(fleet) == set()
+    print(f"chaos: whole test {time.monotonic() - t0:.1f}s")

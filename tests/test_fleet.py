@@ -1,0 +1,392 @@
+"""Real AsyncFleets over a fake systemd manager (tests/fakesystemd.py).
+
+The processes are real children of the test; their scopes are directories
+of a fake cgroup tree. These test the fleet's own logic: launch, adopt,
+stop escalation, reconcile, listing, the OOMPolicy fallback, slice limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from agentscope import AgentExists, AgentNotFound, AgentscopeError, BusError, LaunchError
+from agentscope._fleet import AsyncFleet
+from agentscope._registry import Registry
+from tests.fakesystemd import FakeSystemd
+
+
+@pytest.fixture(autouse=True)
+def _reap_agents() -> Iterator[None]:
+    """Agents outlive a closed fleet by design: kill and reap what a test left."""
+    yield
+    for obj in gc.get_objects():
+        if isinstance(obj, subprocess.Popen) and obj.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                obj.kill()
+            obj.wait()
+
+
+# Ignores SIGTERM, so only the SIGKILL of the stop escalation ends it.
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+]
+
+
+def make_fleet(tmp_path: Path, bus: FakeSystemd, name: str = "t") -> AsyncFleet:
+    return AsyncFleet(
+        name,
+        registry=tmp_path / "registry.db",
+        manager_oom_score_adj=None,
+        tmux_dir=tmp_path / "tmux",
+        _bus=bus,
+    )
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> FakeSystemd:
+    return FakeSystemd(tmp_path / "cgroup")
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path, bus: FakeSystemd) -> AsyncIterator[AsyncFleet]:
+    async with make_fleet(tmp_path, bus) as f:
+        yield f
+    await stop_everything(bus)
+
+
+async def stop_everything(bus: FakeSystemd) -> None:
+    await bus.connect()
+    for unit in list(bus.units):
+        with contextlib.suppress(BusError):  # it ended meanwhile
+            await bus.call("KillUnit", "ssi", [unit, "all", 9])
+    for _ in range(200):
+        if not bus.units:
+            break
+        await asyncio.sleep(0.01)
+    bus.close()
+    # Agents outlive a closed fleet, which no longer reaps them: reap them here.
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+async def test_launch_puts_the_child_in_its_scope_and_records_it(
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path
+) -> None:
+    agent = await fleet.launch("a", ["sleep", "30"])
+    assert bus.scope_pids(agent.unit) == [agent.pid]
+    start = next(c for c in bus.calls if c.member == "StartTransientUnit")
+    props = {k: v.value for k, v in start.body[2]}
+    assert props["OOMPolicy"] == "continue"
+    assert props["Description"] == "agentscope agent a of fleet t"
+    assert "PIDFDs" in props  # systemd 257: the process by pidfd
+    with Registry(tmp_path / "registry.db") as reg:
+        rec = reg.get("t", "a")
+        assert rec is not None
+        assert rec.state == "running"
+        assert rec.pid == agent.pid
+        assert [e.kind for e in reg.events("t", agent="a")] == ["launched"]
+    assert Path(f"/proc/{agent.pid}/oom_score_adj").read_text().strip() == "800"
+
+
+async def test_a_second_launch_of_a_running_name_is_refused(fleet: AsyncFleet) -> None:
+    await fleet.launch("a", ["sleep", "30"])
+    with pytest.raises(AgentExists):
+        await fleet.launch("a", ["sleep", "30"])
+
+
+async def test_a_failed_start_job_leaves_no_row_and_no_process(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    bus.start_results["a"] = "failed"
+    with pytest.raises(LaunchError, match="job result 'failed'"):
+        await fleet.launch("a", ["sleep", "30"])
+    assert bus.units == {}
+    assert await fleet.agents(all=True) == []
+
+
+async def test_old_systemd_refuses_oompolicy_once_then_launches_without(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = FakeSystemd(tmp_path / "cgroup", version="252")
+    caplog.set_level(logging.WARNING, "agentscope")
+    async with make_fleet(tmp_path, bus) as fleet:
+        a = await fleet.launch("a", ["sleep", "30"])
+        b = await fleet.launch("b", ["sleep", "30"])
+    starts = [c for c in bus.calls if c.member == "StartTransientUnit"]
+    with_policy = ["OOMPolicy" in {k for k, _ in c.body[2]} for c in starts]
+    assert with_policy == [True, False, False]  # refused once, then never asked again
+    assert "PIDs" in {k for k, _ in starts[-1].body[2]}  # before 255: PIDs
+    assert bus.scope_pids(a.unit) == [a.pid]
+    assert bus.scope_pids(b.unit) == [b.pid]
+    assert sum("refuses OOMPolicy" in r.getMessage() for r in caplog.records) == 1
+    await stop_everything(bus)
+
+
+async def test_stop_escalates_to_sigkill_after_the_timeout(
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path
+) -> None:
+    agent = await fleet.launch("a", STUBBORN)
+    await asyncio.sleep(0.3)  # the SIGTERM handler is set
+    await fleet.stop("a", timeout=0.5)
+    assert agent.unit not in bus.units
+    assert [c.body[2] for c in bus.calls if c.member == "KillUnit"] == [9]
+    assert agent.returncode == -9
+    with Registry(tmp_path / "registry.db") as reg:
+        rec = reg.by_unit(agent.unit)
+        assert rec is not None
+        assert rec.state == "exited"
+        assert rec.exit_status == -9
+
+
+async def test_stop_of_an_unknown_agent_raises(fleet: AsyncFleet) -> None:
+    with pytest.raises(AgentNotFound):
+        await fleet.stop("nobody")
+
+
+async def test_listing_closes_a_row_whose_scope_went_as_exited(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    agent = await fleet.launch("a", ["sleep", "0.1"])
+    assert await agent.wait() == 0
+    for _ in range(100):
+        if agent.unit not in bus.units:
+            break
+        await asyncio.sleep(0.01)
+    assert await fleet.agents() == []
+    (rec,) = await fleet.agents(all=True)
+    assert (rec.state, rec.returncode) == ("exited", 0)
+
+
+async def test_listing_reads_figures_from_the_scope_files(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    agent = await fleet.launch("a", ["sleep", "30"])
+    (bus.units[agent.unit].cgroup / "memory.current").write_text("12345\n")
+    (listed,) = await fleet.agents()
+    assert (listed.name, listed.state, listed.memory_current) == ("a", "running", 12345)
+
+
+async def test_adopt_moves_a_process_and_its_children(fleet: AsyncFleet, bus: FakeSystemd) -> None:
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30; wait"])
+    try:
+        for _ in range(100):  # both its children are forked
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if len(children) == 2:
+                break
+            await asyncio.sleep(0.01)
+        agent = await fleet.adopt(proc.pid, "adopted")
+        assert sorted(bus.scope_pids(agent.unit)) == sorted([proc.pid, *map(int, children)])
+        (listed,) = await fleet.agents()
+        assert (listed.name, listed.state, listed.pid) == ("adopted", "running", proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_adopt_of_no_process_raises(fleet: AsyncFleet) -> None:
+    with pytest.raises(LaunchError, match="no process"):
+        await fleet.adopt(2**22 + 1, "x")
+
+
+async def test_reopen_adopts_running_agents_and_closes_gone_ones(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    async with make_fleet(tmp_path, bus) as first:
+        keep = await first.launch("keep", ["sleep", "30"])
+        gone = await first.launch("gone", ["sleep", "30"])
+    await bus.call("KillUnit", "ssi", [gone.unit, "all", 9])
+    assert gone.popen is not None
+    gone.popen.wait()
+    for _ in range(100):
+        if gone.unit not in bus.units:
+            break
+        await asyncio.sleep(0.01)
+    async with make_fleet(tmp_path, bus) as second:
+        listed = {a.name: a for a in await second.agents(all=True)}
+        assert listed["keep"].state == "running"
+        assert listed["keep"].pid == keep.pid
+        assert listed["gone"].state == "lost"
+    await stop_everything(bus)
+
+
+async def test_reopen_records_a_scope_the_registry_does_not_know(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        bus.crash_scope("agentscope-t-x-abcdef.scope", "t", "x", [proc.pid])
+        async with make_fleet(tmp_path, bus) as fleet:
+            (agent,) = await fleet.agents()
+            assert (agent.name, agent.pid, agent.state) == ("x", proc.pid, "running")
+            assert [e.kind for e in await fleet.events(agent="x")] == ["found"]
+    finally:
+        proc.kill()
+        proc.wait()
+        await stop_everything(bus)
+
+
+async def test_stale_slice_limits_are_cleared_before_the_first_launch(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    bus.slice_props["MemoryHigh"] = 1 << 30
+    await fleet.launch("a", ["sleep", "30"])
+    assert await fleet.slice_limits() == {
+        "MemoryHigh": None,
+        "MemoryMax": None,
+        "MemorySwapMax": None,
+    }
+    events = await fleet.events(kind="limits_cleared")
+    assert [e.detail["limits"] for e in events] == [{"MemoryHigh": 1 << 30}]
+
+
+def orphan(argv: list[str]) -> tuple[int, int]:
+    """A process whose parent died (as an agent whose manager died): (pid, start time)."""
+    out = subprocess.run(
+        ["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 & echo $!', "sh", *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(out.stdout)
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return pid, int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+async def test_a_row_left_starting_by_a_dead_manager_is_running_at_the_next_open(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    # A manager died after its child exec'd in the scope, before the row said
+    # running: the child lives on, reparented.
+    pid, start = orphan(["sleep", "30"])
+    unit = "agentscope-t-a-abcdef.scope"
+    try:
+        with Registry(tmp_path / "registry.db") as reg:
+            reg.record_launch("t", "a", unit, pid, start, ["sleep", "30"], "/")
+        bus.crash_scope(unit, "t", "a", [pid])
+        async with make_fleet(tmp_path, bus) as fleet:
+            (agent,) = await fleet.agents()
+            assert (agent.state, agent.pid) == ("running", pid)
+            assert [e.kind for e in await fleet.events(agent="a")] == ["launched"]
+        async with make_fleet(tmp_path, bus) as fleet:  # once
+            assert [e.kind for e in await fleet.events(agent="a")] == ["launched"]
+            await fleet.stop("a", timeout=2)
+            assert bus.units == {}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+        await stop_everything(bus)
+
+
+async def test_fleet_a_does_not_claim_the_agents_of_fleet_a_b(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    async with make_fleet(tmp_path, bus, "a-b") as ab, make_fleet(tmp_path, bus, "a") as a:
+        agent = await ab.launch("c", ["sleep", "30"])
+        # agentscope-a-b-c-XXXXXX.scope reads as fleet a's agent "b-c" by prefix.
+        assert ab.unit_agent(agent.unit) == "c"
+        assert a.unit_agent(agent.unit) is None
+        assert await a.agents() == []
+        (report,) = [r for r in (await ab.agents()) if r.unit == agent.unit]
+        assert report.name == "c"
+    await stop_everything(bus)
+
+
+@pytest.mark.parametrize("result", ["canceled", "failed"])
+async def test_a_stop_job_that_did_not_finish_is_not_recorded_as_exited(
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path, result: str
+) -> None:
+    agent = await fleet.launch("a", ["sleep", "30"])
+    bus.stop_results["a"] = result
+    with pytest.raises(AgentscopeError, match=f"ended '{result}'"):
+        await fleet.stop("a", timeout=2)
+    (listed,) = await fleet.agents()
+    assert (listed.state, listed.pid) == ("running", agent.pid)
+    kinds = [e.kind for e in await fleet.events(agent="a")]
+    assert kinds == ["launched", "stop_failed"]
+    await fleet.stop("a", timeout=2)  # the next stop does it
+    assert [a.state for a in await fleet.agents(all=True)] == ["exited"]
+
+
+async def test_out_of_fds_for_the_exit_watch_the_launch_still_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = FakeSystemd(tmp_path / "cgroup", version="252")  # PIDs: no pidfd for the start
+
+    real = os.pidfd_open
+
+    def emfile(pid: int, flags: int = 0) -> int:
+        if pid == os.getpid():  # the gate's pidfd of its parent: not the one under test
+            return real(pid, flags)
+        raise OSError(24, "Too many open files")
+
+    async with make_fleet(tmp_path, bus) as fleet:
+        monkeypatch.setattr(os, "pidfd_open", emfile)
+        agent = await fleet.launch("a", ["sleep", "0.2"])
+        assert await agent.wait() == 0
+        for _ in range(100):
+            if [a.state for a in await fleet.agents(all=True)] == ["exited"]:
+                break
+            await asyncio.sleep(0.05)
+        (listed,) = await fleet.agents(all=True)
+        assert (listed.state, listed.returncode) == ("exited", 0)
+    await stop_everything(bus)
+
+
+def test_a_closed_blocking_fleet_keeps_no_pidfd(tmp_path: Path) -> None:
+    from agentscope._blocking import Fleet
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    launched: list[subprocess.Popen[bytes]] = []
+
+    def one_cycle(i: int) -> None:
+        fleet = Fleet(
+            "t",
+            registry=tmp_path / "registry.db",
+            manager_oom_score_adj=None,
+            tmux_dir=tmp_path / "tmux",
+            _bus=FakeSystemd(tmp_path / "cgroup"),
+        )
+        try:
+            popen = fleet.launch(f"a{i}", ["sleep", "30"])._agent.popen
+            assert popen is not None
+            launched.append(popen)
+        finally:
+            fleet.close()
+
+    try:
+        one_cycle(0)
+        before = fds()
+        for i in range(1, 6):
+            one_cycle(i)
+        assert fds() - before < 5  # one pidfd per agent kept, before: +5
+    finally:
+        for popen in launched:
+            popen.kill()
+            popen.wait()
+
+
+async def test_an_empty_scope_a_dead_manager_left_is_stopped_at_open(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    # Its child exited before systemd moved it in: no process, no row, active.
+    bus.crash_scope("agentscope-t-x-abcdef.scope", "t", "x", [])
+    async with make_fleet(tmp_path, bus) as fleet:
+        assert bus.units == {}
+        assert await fleet.agents(all=True) == []
+        assert [e.kind for e in await fleet.events()] == []
+    await stop_everything(bus)
