@@ -401,17 +401,33 @@ def events(
     since: Annotated[
         str | None, typer.Option(help="Unix seconds, ISO 8601, or ago like 10m, 2h, 1d.")
     ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only events before this (same forms as --since).")
+    ] = None,
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only events of this agent.")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Only the newest N events that match.", min=0)
+    ] = None,
 ) -> None:
     """Print the fleet's recorded events (OOM kills, throttling, starts, exits)."""
     opts = _opts(ctx)
-    start = parse_since(since, time.time()) if since is not None else None
+    now = time.time()
+    start = parse_since(since, now) if since is not None else None
+    end = parse_since(until, now) if until is not None else None
+    filters: dict[str, Any] = {"kind": kind, "agent": agent}
     with _fleet_of(ctx) as fleet:
-        last = _print_events(fleet.events(since=start, kind=kind), opts.json)
+        shown = fleet.events(since=start, until=end, last=limit, **filters)
+        last = _print_events(shown, opts.json)
+        if follow and last is None:
+            # Follow from the newest event of any kind: a poll then costs the
+            # new events only, never a rescan of the history.
+            newest = fleet.events(last=1)
+            last = newest[0].id if newest else 0
         try:
             while follow:
                 time.sleep(1.0)
-                last = _print_events(fleet.events(kind=kind, after_id=last), opts.json) or last
+                last = _print_events(fleet.events(after_id=last, **filters), opts.json) or last
         except KeyboardInterrupt:
             return
 

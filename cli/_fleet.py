@@ -87,10 +87,13 @@ class FleetLike(Protocol):
     def events(
         self,
         *,
+        agent: str | None = ...,
         since: float | None = ...,
+        until: float | None = ...,
         kind: str | None = ...,
         after_id: int | None = ...,
         limit: int | None = ...,
+        last: int | None = ...,
     ) -> Sequence[EventLike]: ...
 
     def gc(self, retention_seconds: float = ...) -> int: ...

@@ -173,17 +173,26 @@ class FakeFleet:
     def events(
         self,
         *,
+        agent: str | None = None,
         since: float | None = None,
+        until: float | None = None,
         kind: str | None = None,
         after_id: int | None = None,
         limit: int | None = None,
+        last: int | None = None,
     ) -> list[FakeRecord]:
         self._op("events", since, kind, after_id, limit)
+        self._op("events-more", agent, until, last)
         out = [
             e
             for e in EVENTS
-            if (kind is None or e["kind"] == kind) and (after_id is None or e["id"] > after_id)
+            if (kind is None or e["kind"] == kind)
+            and (after_id is None or e["id"] > after_id)
+            and (agent is None or e["agent"] == agent)
+            and (since is None or e["ts"] >= since)
+            and (until is None or e["ts"] < until)
         ]
+        out = out[-last:] if last else out
         return [FakeRecord(e, id=e["id"]) for e in out]
 
     def gc(self, retention_seconds: float = 7 * 86400) -> int:
@@ -668,6 +677,30 @@ def test_events_follow_polls_after_the_last_id(
     assert result.code == 0
     assert len(result.stdout.splitlines()) == 2
     assert ("events", None, None, 2, None) in fleet.calls
+
+
+def test_events_filters_go_to_the_query(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.time", lambda: NOW)
+    argv = ("events", "--agent", "builder-1", "--until", "1m", "--limit", "5")
+    assert run("--json", *argv).code == 0
+    assert ("events-more", "builder-1", NOW - 60, 5) in fleet.calls
+
+
+def test_events_follow_with_nothing_yet_starts_after_the_newest(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No match at first: the poll must still not ask for the whole history.
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("time.sleep", sleep)
+    assert run("--json", "events", "--follow", "--kind", "nothing-like-it").code == 0
+    polls = [c for c in fleet.calls if c[0] == "events" and c[1:] != (None, None, None, None)]
+    assert polls and all(c[3] == max(e["id"] for e in EVENTS) for c in polls[1:])
 
 
 def test_gc(fleet: FakeFleet) -> None:
