@@ -895,7 +895,8 @@ def test_a_follow_poll_costs_the_same_on_a_long_history(db: Path) -> None:
         def fill(n: int) -> int:
             conn.execute("BEGIN")
             conn.executemany(
-                "INSERT INTO events (ts, fleet, agent, kind, detail) VALUES (?, 'ci', 'a', 'k', '{}')",
+                "INSERT INTO events (ts, fleet, agent, kind, detail)"
+                " VALUES (?, 'ci', 'a', 'k', '{}')",
                 [(float(i),) for i in range(n)],
             )
             conn.execute("COMMIT")
