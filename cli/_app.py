@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from . import _doctor, _fleet, _render
@@ -279,7 +280,7 @@ def _stop_all(
     with Progress(console=_console(stderr=True), disable=not progress, transient=True) as bar:
         task = bar.add_task("stopping", total=len(names))
         for name in names:
-            bar.update(task, description=f"stopping {name}")
+            bar.update(task, description=f"stopping {escape(name)}")
             try:
                 fleet.stop(name, timeout=timeout)
             except AgentNotFound:

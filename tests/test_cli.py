@@ -1162,3 +1162,18 @@ def test_uninstall_without_install_fails_clearly(
     result = run("uninstall", "--user")
     assert result.code == 1
     assert "nothing to uninstall" in result.stderr
+
+
+@pytest.mark.parametrize("comm", ["[/]", "[bold red]FAKE", "[link=http://x]y"])
+def test_process_names_are_shown_as_text_not_markup(comm: str) -> None:
+    report = {
+        **REPORT,
+        "agents": [{**REPORT["agents"][0], "name": "a", "unit": "[/u]"}],
+        "processes": [{**REPORT["processes"][0], "comm": comm, "agent": "[b]x"}],
+    }
+    text = _render.render_text(_render.report_view(report), width=200)
+    assert comm in text
+    assert "[/u]" in text
+    assert "[b]x" in text
+    ls = _render.render_text(_render.ls_table([{"name": comm, "unit": comm}]), width=200)
+    assert ls.count(comm) == 2
