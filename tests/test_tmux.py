@@ -179,4 +179,4 @@ def test_shim_never_takes_argv_for_variables(tmp_path: Path, argv0: str) -> None
     finally:
         os.close(fd)
     assert out.read_text() == "ran touch FOO=unset\n"
-    assert not _tmux.exec_done(list(_tmux._SAFE_EXEC) + [argv0])
+    assert not _tmux.exec_done([*_tmux._SAFE_EXEC, argv0])
