@@ -723,7 +723,12 @@ class Registry:
             self._spool_lock.release()
 
     def _take_entry(self, path: str) -> None:
-        entry = _spool.read(path)
+        try:
+            entry = _spool.read(path)
+        except OSError as exc:
+            # Unreadable for now (out of fds, a permission): kept for next time.
+            logging.getLogger("agentscope").warning("spool entry %s not read: %s", path, exc)
+            return
         state = entry.state() if entry is not None else "bad"
         if entry is None or state == "starting":  # "starting": its exec still waits
             if entry is None and os.path.exists(path):

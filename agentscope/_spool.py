@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # annotations only: collections and typing cost imports
     from collections.abc import Mapping, Sequence
 
 __all__ = [
+    "DRAFT_MAX_AGE",
     "MAX_PENDING",
     "OWN_DIR_NAME",
     "Entry",
@@ -160,7 +161,10 @@ def claim(spool: str, entry: Entry) -> str | None:
                 os.link(draft, path)
                 return path
             except FileExistsError:
-                holder = read(path)
+                try:
+                    holder = read(path)
+                except OSError:
+                    return None  # unreadable now (EMFILE, EACCES): the slow path decides
                 if holder is not None and holder.alive():
                     return None
                 freed = holder.unit if holder is not None else f"{entry.fleet}+{entry.name}.bad"
@@ -174,18 +178,43 @@ def claim(spool: str, entry: Entry) -> str | None:
 
 
 def read(path: str) -> Entry | None:
-    """The entry at ``path``; None when it is gone or not an entry."""
+    """The entry at ``path``; None when it is gone or not an entry.
+
+    Raises:
+        OSError: it exists but cannot be read now (EMFILE, EACCES, EIO...):
+            not a reason to take it for corrupt and delete it.
+    """
     try:
         with open(path, "rb") as f:
             return Entry.decode(f.read())
-    except OSError:
+    except FileNotFoundError:
         return None
 
 
-def pending(spool: str) -> list[str]:
-    """The paths of the entries waiting in ``spool``, oldest name first."""
+# A claim holds its draft for microseconds; one this old was left by an exec
+# killed (SIGKILL, power loss) between writing it and unlinking it.
+DRAFT_MAX_AGE = 300.0
+
+
+def pending(spool: str, now: float | None = None) -> list[str]:
+    """The paths of the entries waiting in ``spool``, oldest name first.
+
+    Drafts that a killed exec left behind are removed on the way.
+    """
     try:
         names = os.listdir(spool)
     except OSError:  # no spool yet: nothing was ever exec'd
         return []
+    drafts = [n for n in names if n.startswith(".")]
+    if drafts:
+        import time
+
+        cutoff = (time.time() if now is None else now) - DRAFT_MAX_AGE
+        for name in drafts:
+            draft = os.path.join(spool, name)
+            try:
+                if os.lstat(draft).st_mtime < cutoff:
+                    os.unlink(draft)
+            except OSError:
+                pass  # gone meanwhile, or not ours to remove
     return [os.path.join(spool, n) for n in sorted(names) if not n.startswith(".")]
