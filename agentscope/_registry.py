@@ -34,6 +34,7 @@ Lifecycle of a row (``set_state``)::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -438,22 +439,37 @@ def _prepare_files(path: Path) -> None:
         probe = probe.parent
     for d in reversed(missing):
         d.mkdir(mode=_DIR_MODE, exist_ok=True)  # exist_ok: a concurrent opener
-    if missing or directory.name == _spool.OWN_DIR_NAME:
-        _fix_mode(directory, _DIR_MODE)
+    if (missing or directory.name == _spool.OWN_DIR_NAME) and not directory.is_symlink():
+        # (A directory the user linked elsewhere is the user's choice: left alone.)
+        _fix_mode(directory, _DIR_MODE, os.O_RDONLY | os.O_DIRECTORY)
     # Create the file ourselves so it never exists with umask's mode.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
-    os.close(fd)
-    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        _fix_mode(p, _FILE_MODE)
+    _fix_mode(path, _FILE_MODE, os.O_RDWR | os.O_CREAT)
+    for p in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+        _fix_mode(p, _FILE_MODE, os.O_RDONLY)
 
 
-def _fix_mode(path: Path, mode: int) -> None:
+def _fix_mode(path: Path, mode: int, flags: int) -> None:
+    """Open ``path`` without following a symlink and narrow its mode if it is ours.
+
+    Through the descriptor: with ``registry=`` in a shared directory, a link
+    another user plants there must not make us chmod its target.
+    """
     try:
-        st = path.stat()
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except FileNotFoundError:
         return
-    if stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():
-        os.chmod(path, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(
+                errno.ELOOP, "it is a symbolic link; agentscope does not follow one"
+            ) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------ sqlite errors

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -1177,3 +1178,43 @@ def test_process_names_are_shown_as_text_not_markup(comm: str) -> None:
     assert "[b]x" in text
     ls = _render.render_text(_render.ls_table([{"name": comm, "unit": comm}]), width=200)
     assert ls.count(comm) == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "../../../../x", "--", "true"],
+        ["run", "a" * 300, "--", "true"],
+        ["run", "a/b", "--", "true"],
+        ["stop", "../x"],
+        ["kill", "x y"],
+        ["--fleet", "x/../../../p", "run", "a", "--", "true"],
+        ["--fleet", "x/../../../p", "ls"],
+    ],
+)
+def test_a_bad_name_is_exit_2_before_any_file_or_connection(
+    fleet: FakeFleet, tmp_path: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    result = run("--json", *argv, env={"XDG_STATE_HOME": str(tmp_path)})
+    assert result.code == 2, result.stderr
+    assert json.loads(result.stderr)["kind"] == "invalid_name"
+    assert fleet.opened == []  # type: ignore[attr-defined]
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_run_logs_are_private_and_not_reached_through_a_symlink(
+    fleet: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # the user manager's log directory
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    assert run("--json", "--fleet", "ci", "run", "a", "--", "true", env=env).code == 0
+    logs = tmp_path / "agentscope" / "logs"
+    assert stat.S_IMODE((logs / "ci").stat().st_mode) == 0o700
+    assert stat.S_IMODE((logs / "ci" / "a.log").stat().st_mode) == 0o600
+    victim = tmp_path / "victim"
+    victim.write_text("")
+    (logs / "ci" / "b.log").symlink_to(victim)
+    result = run("--json", "--fleet", "ci", "run", "b", "--", "true", env=env)
+    assert (result.code, json.loads(result.stderr)["kind"]) == (1, "failed")
+    assert "cannot open the agent's log" in result.stderr

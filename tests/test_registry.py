@@ -925,3 +925,20 @@ def test_a_row_with_bad_json_is_shown_not_fatal(reg: Registry, db: Path) -> None
     assert rec.argv == ("<unreadable argv>",)
     details = [e.detail for e in reg.events("ci")]
     assert details == [{"ok": 1}, {"unreadable": "{bad"}, {"unreadable": "[1]"}]
+
+
+@pytest.mark.parametrize("which", ["reg.db", "reg.db-wal", "reg.db-shm"])
+def test_a_planted_symlink_is_neither_followed_nor_chmodded(tmp_path: Path, which: str) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    target = tmp_path / "victim"
+    target.write_text("someone else's file\n")
+    target.chmod(0o644)
+    if which != "reg.db":
+        Registry(shared / "reg.db").close()
+        (shared / which).unlink(missing_ok=True)
+    (shared / which).symlink_to(target)
+    with pytest.raises(RegistryError, match="symbolic link"):
+        Registry(shared / "reg.db")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert target.read_text() == "someone else's file\n"
