@@ -206,7 +206,13 @@ class SystemdBus:
             tried: list[str] = []
             for addr in bus_addresses(self.manager, self._env):
                 bus_class = _DirectBus if addr.direct else MessageBus
-                bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
+                try:
+                    # The address is parsed here: a malformed $DBUS_*_ADDRESS
+                    # is an unreachable manager (exit 4), not a bug.
+                    bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
+                except InvalidAddressError as exc:
+                    tried.append(f"{addr.address} (InvalidAddressError: {exc})")
+                    continue
                 try:
                     async with asyncio.timeout(10):
                         await bus.connect()

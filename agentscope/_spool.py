@@ -56,7 +56,17 @@ def state_dir(manager: str, env: Mapping[str, str] = os.environ) -> str:
     if not (state_home and os.path.isabs(state_home)):  # the XDG spec ignores a relative one
         import pwd
 
-        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+        home = env.get("HOME")
+        if not home:
+            try:
+                home = pwd.getpwuid(os.getuid()).pw_dir
+            except KeyError:
+                from ._errors import AgentscopeError
+
+                raise AgentscopeError(
+                    f"uid {os.getuid()} has no passwd entry and HOME is unset, so the "
+                    "user registry has no place: set HOME or XDG_STATE_HOME"
+                ) from None
         state_home = f"{home}/.local/state"
     return f"{state_home}/{OWN_DIR_NAME}"
 

@@ -560,7 +560,9 @@ def monitor(
             face.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        notifier.send(STOPPING=1)
+        # Best effort: a stale socket must not hide why the monitor stopped.
+        with contextlib.suppress(Failed):
+            notifier.send(STOPPING=1)
         if fatal is not None:
             fatal.uninstall()
 
@@ -809,6 +811,8 @@ def install(
     from agentscope import install as inst
 
     scope = _install_scope(ctx, system, user)
+    if scope == "system" and linger:
+        raise BadInput("--linger is for a user install (--user): the system manager runs at boot")
     if scope == "system" and os.geteuid() != 0:
         raise BadInput("install --system needs root; use --user for your own manager")
     plan = inst.plan_install(

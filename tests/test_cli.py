@@ -9,6 +9,7 @@ tests/snapshots/ and docs/cli.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -24,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import agentscope
 from agentscope import _exec as agentscope_exec
 from cli import _docs, _doctor, _fleet, _render
-from cli._errors import BadInput
+from cli._errors import BadInput, Failed
 from cli._exec import parse_exec_args, resolve_command
 from cli._notify import Notifier, format_state
 from cli._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
@@ -955,7 +958,7 @@ def test_notify_abstract_socket() -> None:
 
 def test_notify_unset_and_unsupported() -> None:
     assert not Notifier({}).send(READY=1)
-    with pytest.raises(ValueError, match="unix socket"):
+    with pytest.raises(Failed, match="not a unix socket"):
         Notifier({"NOTIFY_SOCKET": "vsock:2:1234"})
 
 
@@ -1218,3 +1221,95 @@ def test_run_logs_are_private_and_not_reached_through_a_symlink(
     result = run("--json", "--fleet", "ci", "run", "b", "--", "true", env=env)
     assert (result.code, json.loads(result.stderr)["kind"]) == (1, "failed")
     assert "cannot open the agent's log" in result.stderr
+
+
+# -- errors that used to be internal bugs (#16 item 11) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("9007199254740993", 9007199254740993), ("18446744073709551615", 2**64 - 1), ("0.5K", 512)],
+)
+def test_parse_size_is_exact(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["18446744073709551616", "16384P", "9" * 5000, "1" + "0" * 50])
+def test_parse_size_refuses_2_to_the_64_or_more(text: str) -> None:
+    with pytest.raises(BadInput, match="2\\^64 bytes or more"):
+        parse_size(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789.kKmMgGtTpPiIbB -e+", max_size=30) | st.text(max_size=12))
+def test_parse_size_is_a_size_or_bad_input(text: str) -> None:
+    try:
+        value = parse_size(text)
+    except BadInput:
+        return
+    assert isinstance(value, int)
+    assert 1 <= value < 2**64
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789.smhdwSMHDW -:TZ+e", max_size=30) | st.text(max_size=12))
+def test_time_parsers_give_a_number_or_bad_input(text: str) -> None:
+    for parse in (parse_duration, lambda t: parse_since(t, NOW)):
+        try:
+            value = parse(text)
+        except BadInput:
+            continue
+        assert math.isfinite(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=12) | st.integers(min_value=-5, max_value=10**30).map(str))
+def test_parse_signal_is_a_signal_or_bad_input(text: str) -> None:
+    try:
+        sig = parse_signal(text)
+    except BadInput:
+        return
+    assert isinstance(sig, signal.Signals)
+
+
+def test_a_malformed_bus_address_is_exit_4() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", "--json", "ls"],
+        env={
+            **os.environ,
+            "DBUS_SYSTEM_BUS_ADDRESS": "garbage",
+            "DBUS_SESSION_BUS_ADDRESS": "garbage",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 4, result.stderr
+    assert json.loads(result.stderr)["kind"] == "systemd_unavailable"
+
+
+def test_install_system_with_linger_is_bad_input() -> None:
+    result = run("--json", "install", "--system", "--linger")
+    assert (result.code, json.loads(result.stderr)["kind"]) == (2, "bad_input")
+
+
+@pytest.mark.parametrize("address", ["vsock:2:1234", "/nonexistent/notify"])
+def test_a_notify_socket_that_cannot_serve_is_a_one_line_failure(
+    fleet: FakeFleet, address: str
+) -> None:
+    result = run("--json", "monitor", env={"NOTIFY_SOCKET": address})
+    assert (result.code, json.loads(result.stderr)["kind"]) == (1, "failed")
+    assert "NOTIFY_SOCKET" in json.loads(result.stderr)["error"]
+
+
+def test_no_passwd_entry_and_no_home_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentscope import AgentscopeError, _spool
+
+    def no_entry(uid: int) -> None:
+        raise KeyError(uid)
+
+    monkeypatch.setattr("pwd.getpwuid", no_entry)
+    with pytest.raises(AgentscopeError, match="no passwd entry"):
+        _spool.state_dir("user", {})
