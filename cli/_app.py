@@ -669,9 +669,10 @@ def _monitor_loop(
     try:  # from here on, any way out (a signal included) stops the pump
         threading.Thread(target=pump, name="agentscope-monitor", daemon=True).start()
         notifier.send(READY=1, STATUS=_sample(fleet, face))
+        due = time.monotonic() + period
         while True:
             try:
-                item = inbox.get(timeout=period)
+                item = inbox.get(timeout=max(0.0, due - time.monotonic()))
             except queue.Empty:
                 item = None
             if item is _END:
@@ -685,7 +686,11 @@ def _monitor_loop(
                 line = json.dumps(data, default=str) if as_json else _render.event_line(data)
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
-            notifier.send(WATCHDOG=1, STATUS=_sample(fleet, face))
+            # One sample a period, however many events come: a burst of
+            # events must not turn into a burst of full samples.
+            if time.monotonic() >= due:
+                notifier.send(WATCHDOG=1, STATUS=_sample(fleet, face))
+                due = time.monotonic() + period
     finally:
         stop.set()
 

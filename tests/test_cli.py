@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -734,7 +735,22 @@ def test_top_view_renders() -> None:
     assert "oom_kill" in text
 
 
-def test_monitor_prints_events_and_notifies(fleet: FakeFleet, tmp_path: Path) -> None:
+def test_monitor_prints_events_and_notifies(
+    fleet: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = fleet.monitor
+
+    @contextmanager
+    def slow(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+        def spaced(events: Iterator[FakeRecord]) -> Iterator[FakeRecord]:
+            for event in events:
+                time.sleep(0.15)  # more than a period: a WATCHDOG=1 falls between
+                yield event
+
+        with real(interval, top) as events:
+            yield spaced(events)
+
+    monkeypatch.setattr(fleet, "monitor", slow)
     sock_path = tmp_path / "notify"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
         server.bind(str(sock_path))
@@ -1313,3 +1329,18 @@ def test_no_passwd_entry_and_no_home_is_a_clear_error(monkeypatch: pytest.Monkey
     monkeypatch.setattr("pwd.getpwuid", no_entry)
     with pytest.raises(AgentscopeError, match="no passwd entry"):
         _spool.state_dir("user", {})
+
+
+def test_a_burst_of_events_is_not_a_burst_of_samples(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @contextmanager
+    def burst(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+        yield iter([FakeRecord(EVENTS[0], id=i) for i in range(500)])
+
+    monkeypatch.setattr(fleet, "monitor", burst)
+    result = run("--json", "monitor", "--interval", "5")
+    assert result.code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 500
+    samples = [c for c in fleet.calls if c[0] == "agents"]
+    assert len(samples) <= 2  # the first one, and at most one more period
