@@ -721,8 +721,26 @@ class Registry:
         self._pruned = time.monotonic()
         if self.retention_seconds <= 0:
             return
+        cutoff = time.time() - self.retention_seconds
+
+        def due(conn: sqlite3.Connection) -> bool:
+            # Read first: most opens have nothing to prune and must not queue
+            # behind another writer for the write lock.
+            low, high, oldest = conn.execute(
+                "SELECT min(id), max(id), min(ts) FROM events"
+            ).fetchone()
+            closed = conn.execute(
+                "SELECT 1 FROM agents WHERE state IN ('exited', 'failed', 'lost')"
+                " AND coalesce(exited, created) < ? LIMIT 1",
+                (cutoff,),
+            ).fetchone()
+            return bool(closed) or (
+                oldest is not None and (oldest < cutoff or high - low >= MAX_EVENTS)
+            )
+
         try:
-            self.gc(self.retention_seconds, max_events=MAX_EVENTS)
+            if self._transaction(due, write=False):
+                self.gc(self.retention_seconds, max_events=MAX_EVENTS)
         except RegistryError as exc:
             logging.getLogger("agentscope").debug("registry not pruned: %s", exc)
 
