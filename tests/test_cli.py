@@ -1344,3 +1344,13 @@ def test_a_burst_of_events_is_not_a_burst_of_samples(
     assert len(result.stdout.splitlines()) == 500
     samples = [c for c in fleet.calls if c[0] == "agents"]
     assert len(samples) <= 2  # the first one, and at most one more period
+
+
+def test_a_stale_notify_socket_does_not_hide_why_the_monitor_stopped(
+    fleet: FakeFleet, tmp_path: Path
+) -> None:
+    import agentscope
+
+    fleet.fail = agentscope.SystemdUnavailable("user", "unix:path=/x", "the connection was lost")
+    result = run("--json", "monitor", env={"NOTIFY_SOCKET": str(tmp_path / "gone")})
+    assert (result.code, json.loads(result.stderr)["kind"]) == (4, "systemd_unavailable")
