@@ -447,8 +447,20 @@ def events(
     end = parse_since(until, now) if until is not None else None
     filters: dict[str, Any] = {"kind": kind, "agent": agent}
     with _fleet_of(ctx) as fleet:
-        shown = fleet.events(since=start, until=end, last=limit, **filters)
-        last = _print_events(shown, opts.json)
+        if limit is not None:
+            last = _print_events(
+                fleet.events(since=start, until=end, last=limit, **filters), opts.json
+            )
+        else:
+            # Page by id: memory stays one page, however long the history.
+            last = None
+            while True:
+                page = fleet.events(
+                    since=start, until=end, after_id=last, limit=_EVENTS_PAGE, **filters
+                )
+                last = _print_events(page, opts.json) or last
+                if len(page) < _EVENTS_PAGE:
+                    break
         if follow and last is None:
             # Follow from the newest event of any kind: a poll then costs the
             # new events only, never a rescan of the history.
@@ -460,6 +472,9 @@ def events(
                 last = _print_events(fleet.events(after_id=last, **filters), opts.json) or last
         except KeyboardInterrupt:
             return
+
+
+_EVENTS_PAGE = 1000
 
 
 def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:

@@ -198,6 +198,7 @@ class FakeFleet:
             and (until is None or e["ts"] < until)
         ]
         out = out[-last:] if last else out
+        out = out[:limit] if limit is not None else out
         return [FakeRecord(e, id=e["id"]) for e in out]
 
     def gc(self, retention_seconds: float = 7 * 86400) -> int:
@@ -662,7 +663,7 @@ def test_events(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
     assert [e["kind"] for e in lines] == ["oom_kill"]
     for event in lines:
         assert {"ts", "kind", "agent", "detail"} <= set(event)
-    assert ("events", NOW - 600, "oom_kill", None, None) in fleet.calls
+    assert ("events", NOW - 600, "oom_kill", None, 1000) in fleet.calls  # one page
     human = run("events")
     assert "oom_kill builder-1 pid=5001 comm=node" in human.stdout
 
@@ -1354,3 +1355,16 @@ def test_a_stale_notify_socket_does_not_hide_why_the_monitor_stopped(
     fleet.fail = agentscope.SystemdUnavailable("user", "unix:path=/x", "the connection was lost")
     result = run("--json", "monitor", env={"NOTIFY_SOCKET": str(tmp_path / "gone")})
     assert (result.code, json.loads(result.stderr)["kind"]) == (4, "systemd_unavailable")
+
+
+def test_events_are_printed_page_by_page(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli import _app
+
+    monkeypatch.setattr(_app, "_EVENTS_PAGE", 1)
+    result = run("--json", "events")
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [
+        e["id"] for e in EVENTS
+    ]
+    pages = [c for c in fleet.calls if c[0] == "events"]
+    assert [c[3] for c in pages] == [None, *[e["id"] for e in EVENTS]]
+    assert all(c[4] == 1 for c in pages)
