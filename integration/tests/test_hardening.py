@@ -140,3 +140,5 @@ async def test_idle_connections_do_not_blind_the_monitor(fleet: AsyncFleet) -> N
         except subprocess.TimeoutExpired:
             monitor.kill()
             monitor.wait()
+        if monitor.stderr is not None:
+            monitor.stderr.close()
