@@ -240,13 +240,23 @@ class Fleet:
         *,
         agent: str | None = None,
         since: float | None = None,
+        until: float | None = None,
         kind: str | None = None,
         after_id: int | None = None,
         limit: int | None = None,
+        last: int | None = None,
     ) -> list[EventRecord]:
         """See :meth:`AsyncFleet.events`."""
         return self._portal.call(
-            self._fleet.events(agent=agent, since=since, kind=kind, after_id=after_id, limit=limit)
+            self._fleet.events(
+                agent=agent,
+                since=since,
+                until=until,
+                kind=kind,
+                after_id=after_id,
+                limit=limit,
+                last=last,
+            )
         )
 
     def gc(self, retention_seconds: float = 7 * 86400) -> int:

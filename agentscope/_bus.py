@@ -144,6 +144,21 @@ class _DirectBus(MessageBus):
         return line[:-2]
 
 
+_DBUS = "org.freedesktop.DBus"
+
+
+def _daemon_call(member: str, arg: str) -> Message:
+    """A call to the bus daemon itself taking one string."""
+    return Message(
+        destination=_DBUS,
+        path="/org/freedesktop/DBus",
+        interface=_DBUS,
+        member=member,
+        signature="s",
+        body=[arg],
+    )
+
+
 def _check(method: str, reply: Message | None) -> list[Any]:
     """The body of a method return; every D-Bus error becomes a BusError here."""
     if reply is None:
@@ -166,6 +181,10 @@ class SystemdBus:
         self._jobs: dict[str, asyncio.Future[str]] = {}
         #: Where the manager's cgroup paths (ControlGroup) are mounted.
         self.cgroup_root = Path(CGROUP_ROOT)
+        # Who may send JobRemoved (see _wire.from_systemd): the unique name of
+        # the manager on a bus, nobody's name on a direct connection.
+        self._owner: str | None = None
+        self._direct = False
 
     @property
     def version_major(self) -> int:
@@ -186,7 +205,13 @@ class SystemdBus:
             tried: list[str] = []
             for addr in bus_addresses(self.manager, self._env):
                 bus_class = _DirectBus if addr.direct else MessageBus
-                bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
+                try:
+                    # The address is parsed here: a malformed $DBUS_*_ADDRESS
+                    # is an unreachable manager (exit 4), not a bug.
+                    bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
+                except InvalidAddressError as exc:
+                    tried.append(f"{addr.address} (InvalidAddressError: {exc})")
+                    continue
                 try:
                     async with asyncio.timeout(10):
                         await bus.connect()
@@ -214,22 +239,18 @@ class SystemdBus:
             )
 
     async def _subscribe(self, bus: MessageBus, direct: bool) -> None:
+        self._owner, self._direct = None, direct
         bus.add_message_handler(self._on_message)
         if not direct:
-            rule = f"type='signal',sender='{SD}',interface='{SD_MANAGER}',member='JobRemoved'"
-            _check(
-                "AddMatch",
-                await bus.call(
-                    Message(
-                        destination="org.freedesktop.DBus",
-                        path="/org/freedesktop/DBus",
-                        interface="org.freedesktop.DBus",
-                        member="AddMatch",
-                        signature="s",
-                        body=[rule],
-                    )
-                ),
+            rules = (
+                f"type='signal',sender='{SD}',interface='{SD_MANAGER}',member='JobRemoved'",
+                # A manager that re-executes comes back under a new unique name.
+                f"type='signal',sender='{_DBUS}',member='NameOwnerChanged',arg0='{SD}'",
             )
+            for rule in rules:
+                _check("AddMatch", await bus.call(_daemon_call("AddMatch", rule)))
+            (owner,) = _check("GetNameOwner", await bus.call(_daemon_call("GetNameOwner", SD)))
+            self._owner = str(owner)
         # Subscribe() makes the manager emit JobRemoved at all; on a direct
         # connection it is also what routes the signals to us.
         _check(
@@ -255,7 +276,18 @@ class SystemdBus:
         self._jobs.clear()
 
     def _on_message(self, msg: Message) -> bool:
-        if msg.message_type == MessageType.SIGNAL and msg.member == "JobRemoved":
+        if msg.message_type != MessageType.SIGNAL:
+            return False
+        if msg.member == "NameOwnerChanged" and msg.sender == _DBUS and not self._direct:
+            # Sent by the bus daemon itself: nobody else can use its name.
+            if len(msg.body) == 3 and msg.body[0] == SD:
+                self._owner = str(msg.body[2]) or None
+            return False
+        if (
+            msg.member == "JobRemoved"
+            and msg.signature == "uoss"
+            and _wire.from_systemd(msg.sender, msg.path, msg.interface, self._owner, self._direct)
+        ):
             _id, _job, unit, result = msg.body
             fut = self._jobs.get(unit)
             if fut is not None and not fut.done():

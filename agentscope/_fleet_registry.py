@@ -54,11 +54,14 @@ class RegistryGlue:
         *,
         agent: str | None = None,
         since: float | None = None,
+        until: float | None = None,
         kind: str | None = None,
         after_id: int | None = None,
         limit: int | None = None,
+        last: int | None = None,
     ) -> list[EventRecord]:
-        """The fleet's recorded events, oldest first (``after_id`` for following)."""
+        """The fleet's recorded events, oldest first (``after_id`` for following,
+        ``last`` for the newest few); see :meth:`Registry.events`."""
         self._check_open()
         assert self._registry is not None
         return await self._db(
@@ -66,16 +69,18 @@ class RegistryGlue:
             self.name,
             agent=agent,
             since=since,
+            until=until,
             kind=kind,
             after_id=after_id,
             limit=limit,
+            last=last,
         )
 
     async def gc(self, retention_seconds: float = 7 * 86400) -> int:
-        """Prune exited agents older than the retention, and their events."""
+        """Prune this fleet's exited agents older than the retention, and their events."""
         self._check_open()
         assert self._registry is not None
-        return await self._db(self._registry.gc, retention_seconds)
+        return await self._db(self._registry.gc, retention_seconds, fleet=self.name)
 
     async def _close_gone(self, rec: AgentRecord) -> AgentRecord:
         """Close the row of an agent whose scope is gone: exited if seen, else lost."""

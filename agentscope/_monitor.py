@@ -477,6 +477,13 @@ def _ancestors(slice_path: Path, cgroup_root: Path) -> list[Path]:
     return result
 
 
+_enospc_logged = False  # an ENOSPC from inotify was logged (once is enough)
+
+
+_MAX_THROTTLED = 1024  # units whose throttling the monitor remembers at once
+_MAX_THROTTLED_PIDS = 64  # pids one throttled event names
+
+
 def _sync_watches(
     inotify: INotify | None, watches: Mapping[Path, int], wanted: Mapping[Path, int]
 ) -> dict[Path, int]:
@@ -498,9 +505,14 @@ def _sync_watches(
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 continue  # vanished since the listing
             if exc.errno == errno.ENOSPC:
-                log.warning(
+                # Once per process: the same paths fail again at every sync.
+                global _enospc_logged
+                level = logging.DEBUG if _enospc_logged else logging.WARNING
+                _enospc_logged = True
+                log.log(
+                    level,
                     "cannot watch %s: fs.inotify.max_user_watches reached; kills there are "
-                    "seen from the slice's counter only",
+                    "seen from the slice's counter only (said once)",
                     path,
                 )
                 continue
@@ -1355,12 +1367,23 @@ class Monitor:
         return f"systemctl{manager} set-property --runtime {holder.unit} MemoryHigh=infinity"
 
     def _report_throttles(self, throttles: Iterable[Throttle], now: float) -> None:
+        # Remember only units throttled within a window, at most _MAX_THROTTLED:
+        # the state is as big as what is throttled now, not all it ever saw.
+        for key, until in list(self._throttle_next.items()):
+            if until <= now and key not in self._throttle_acc:
+                del self._throttle_next[key]
+        while len(self._throttle_next) > _MAX_THROTTLED:
+            oldest = min(self._throttle_next, key=self._throttle_next.__getitem__)
+            del self._throttle_next[oldest]
+            self._throttle_acc.pop(oldest, None)
         for t in throttles:
             limit_unit = None if t.limit is None else t.limit.unit
             key = (t.cgroup.name, limit_unit)
             delta, pids = self._throttle_acc.pop(key, (0, set()))
             delta += t.high_delta
             pids.update(t.pids)
+            if len(pids) > _MAX_THROTTLED_PIDS:
+                pids = set(sorted(pids)[:_MAX_THROTTLED_PIDS])
             if now < self._throttle_next.get(key, 0.0):
                 self._throttle_acc[key] = (delta, pids)  # reported with the next one
                 continue

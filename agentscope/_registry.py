@@ -34,6 +34,7 @@ Lifecycle of a row (``set_state``)::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -53,6 +54,8 @@ from ._errors import AgentExists, RegistryCorrupt, RegistryError
 
 __all__ = [
     "CLOSED_STATES",
+    "DEFAULT_RETENTION",
+    "MAX_EVENTS",
     "OPEN_STATES",
     "REASON_PID_REUSED",
     "REASON_PROCESS_GONE",
@@ -105,6 +108,12 @@ REASON_PROCESS_GONE: Final = "process-gone"
 _APPLICATION_ID: Final = 0x41675363  # "AgSc", PRAGMA application_id (sqlite.org/fileformat.html)
 _DEFAULT_TIMEOUT: Final = 5.0
 _DIR_MODE: Final = 0o700
+DEFAULT_RETENTION: Final = 30 * 86400.0
+"""How long (seconds) the registry keeps closed agents and events by default."""
+MAX_EVENTS: Final = 200_000
+"""Events the registry keeps at most (the oldest go first), whatever their age."""
+_PRUNE_EVERY: Final = 600.0  # seconds between two automatic prunes of one opener
+_RETENTION_ENV: Final = "AGENTSCOPE_RETENTION_DAYS"
 _FILE_MODE: Final = 0o600
 
 # Forward migrations: step i takes a database from user_version i to i + 1.
@@ -155,6 +164,9 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX events_fleet_agent_ts ON events (fleet, agent, ts)",
         "CREATE INDEX events_ts ON events (ts)",
     ),
+    # `events --follow` and `top` poll with (fleet, id > last): an index that
+    # makes each poll cost the new events, not the fleet's whole history.
+    ("CREATE INDEX events_fleet_id ON events (fleet, id)",),
 ]
 SCHEMA_VERSION: Final = len(_MIGRATIONS)
 """The schema version (``PRAGMA user_version``) this code writes."""
@@ -248,7 +260,22 @@ class EventRecord:
         return as_dict(self)
 
 
+def _json_or(raw: Any, fallback: Callable[[Any], _T], kind: type) -> Any:
+    """``raw`` parsed as JSON of ``kind``, or ``fallback(raw)``: one damaged
+    row (another writer, a disk fault) must not make ``ls`` or ``events`` fail."""
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
+        return fallback(raw)
+    return value if isinstance(value, kind) else fallback(raw)
+
+
+def _unreadable(raw: Any) -> dict[str, Any]:
+    return {"unreadable": str(raw)[:200]}
+
+
 def _agent_from_row(row: Sequence[Any]) -> AgentRecord:
+    argv = _json_or(row[6], lambda raw: ["<unreadable argv>"], list)
     return AgentRecord(
         id=row[0],
         fleet=row[1],
@@ -256,7 +283,7 @@ def _agent_from_row(row: Sequence[Any]) -> AgentRecord:
         unit=row[3],
         pid=row[4],
         start_time=row[5],
-        argv=tuple(json.loads(row[6])),
+        argv=tuple(str(a) for a in argv),
         cwd=row[7],
         created=row[8],
         state=cast(AgentState, row[9]),
@@ -270,7 +297,12 @@ def _agent_from_row(row: Sequence[Any]) -> AgentRecord:
 
 def _event_from_row(row: Sequence[Any]) -> EventRecord:
     return EventRecord(
-        id=row[0], ts=row[1], fleet=row[2], agent=row[3], kind=row[4], detail=json.loads(row[5])
+        id=row[0],
+        ts=row[1],
+        fleet=row[2],
+        agent=row[3],
+        kind=row[4],
+        detail=_json_or(row[5], _unreadable, dict),
     )
 
 
@@ -448,22 +480,37 @@ def _prepare_files(path: Path) -> None:
         probe = probe.parent
     for d in reversed(missing):
         d.mkdir(mode=_DIR_MODE, exist_ok=True)  # exist_ok: a concurrent opener
-    if missing or directory.name == _spool.OWN_DIR_NAME:
-        _fix_mode(directory, _DIR_MODE)
+    if (missing or directory.name == _spool.OWN_DIR_NAME) and not directory.is_symlink():
+        # (A directory the user linked elsewhere is the user's choice: left alone.)
+        _fix_mode(directory, _DIR_MODE, os.O_RDONLY | os.O_DIRECTORY)
     # Create the file ourselves so it never exists with umask's mode.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
-    os.close(fd)
-    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        _fix_mode(p, _FILE_MODE)
+    _fix_mode(path, _FILE_MODE, os.O_RDWR | os.O_CREAT)
+    for p in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+        _fix_mode(p, _FILE_MODE, os.O_RDONLY)
 
 
-def _fix_mode(path: Path, mode: int) -> None:
+def _fix_mode(path: Path, mode: int, flags: int) -> None:
+    """Open ``path`` without following a symlink and narrow its mode if it is ours.
+
+    Through the descriptor: with ``registry=`` in a shared directory, a link
+    another user plants there must not make us chmod its target.
+    """
     try:
-        st = path.stat()
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except FileNotFoundError:
         return
-    if stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():
-        os.chmod(path, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(
+                errno.ELOOP, "it is a symbolic link; agentscope does not follow one"
+            ) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------ sqlite errors
@@ -569,9 +616,19 @@ class Registry:
             was written by a newer agentscope.
     """
 
-    def __init__(self, path: os.PathLike[str] | str, *, timeout: float = _DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        path: os.PathLike[str] | str,
+        *,
+        timeout: float = _DEFAULT_TIMEOUT,
+        retention_seconds: float | None = None,
+    ) -> None:
         self.path = Path(path)
         self.timeout = timeout
+        self.retention_seconds = (
+            _retention_from_env(os.environ) if retention_seconds is None else retention_seconds
+        )
+        self._pruned = -_PRUNE_EVERY
         self._lock = threading.Lock()
         self._spool = _spool.spool_dir(self.path)
         self._spool_lock = threading.Lock()
@@ -595,6 +652,7 @@ class Registry:
             conn.close()
             raise
         self._conn = conn
+        self._prune_now()
 
     # -- lifecycle
 
@@ -697,6 +755,36 @@ class Registry:
             except sqlite3.Error as exc:
                 raise _map_error(self.path, exc, self.timeout) from exc
 
+    def _prune_now(self) -> None:
+        """Keep the history bounded without anyone running ``gc``: at open, and
+        at most every ten minutes of writes. Best effort: a registry busy with
+        other writers is pruned next time."""
+        self._pruned = time.monotonic()
+        if self.retention_seconds <= 0:
+            return
+        cutoff = time.time() - self.retention_seconds
+
+        def due(conn: sqlite3.Connection) -> bool:
+            # Read first: most opens have nothing to prune and must not queue
+            # behind another writer for the write lock.
+            low, high, oldest = conn.execute(
+                "SELECT min(id), max(id), min(ts) FROM events"
+            ).fetchone()
+            closed = conn.execute(
+                "SELECT 1 FROM agents WHERE state IN ('exited', 'failed', 'lost')"
+                " AND coalesce(exited, created) < ? LIMIT 1",
+                (cutoff,),
+            ).fetchone()
+            return bool(closed) or (
+                oldest is not None and (oldest < cutoff or high - low >= MAX_EVENTS)
+            )
+
+        try:
+            if self._transaction(due, write=False):
+                self.gc(self.retention_seconds, max_events=MAX_EVENTS)
+        except RegistryError as exc:
+            logging.getLogger("agentscope").debug("registry not pruned: %s", exc)
+
     def _take_spool(self) -> None:
         """Record the launches ``agentscope exec`` left in the spool (see :mod:`._spool`)."""
         paths = _spool.pending(self._spool)
@@ -716,8 +804,12 @@ class Registry:
             with open(path, "rb") as f:
                 ino = os.fstat(f.fileno()).st_ino
                 entry = _spool.Entry.decode(f.read())
-        except OSError:
+        except FileNotFoundError:
             return  # taken in meanwhile by another process
+        except OSError as exc:
+            # Unreadable for now (out of fds, a permission): kept for next time.
+            logging.getLogger("agentscope").warning("spool entry %s not read: %s", path, exc)
+            return
         state = entry.state() if entry is not None else "bad"
         if entry is None or state == "starting":  # "starting": its exec still waits
             if entry is None:
@@ -940,7 +1032,10 @@ class Registry:
             event_id = _insert_event(conn, when, fleet, agent, kind, detail_json)
             return EventRecord(event_id, when, fleet, agent, kind, json.loads(detail_json))
 
-        return self._transaction(body, write=True)
+        record = self._transaction(body, write=True)
+        if time.monotonic() - self._pruned >= _PRUNE_EVERY:
+            self._prune_now()
+        return record
 
     def apply_closures(self, plan: ReconcilePlan, *, now: float | None = None) -> list[AgentRecord]:
         """Close the rows a :class:`ReconcilePlan` found dead, as ``lost``.
@@ -978,29 +1073,49 @@ class Registry:
 
         return self._transaction(body, write=True)
 
-    def gc(self, retention_seconds: float = 7 * 86400, now: float | None = None) -> int:
+    def gc(
+        self,
+        retention_seconds: float = 7 * 86400,
+        now: float | None = None,
+        *,
+        fleet: str | None = None,
+        max_events: int | None = None,
+    ) -> int:
         """Prune closed rows that closed more than ``retention_seconds`` ago.
 
         Their events go with them: an event belongs to the latest launch of
         its (fleet, agent) created at or before it, so once those rows are
         gone, the events older than the cutoff that no remaining launch
         claims are deleted (fleet-wide ones included). Open rows are never
-        pruned. Returns the number of agent rows deleted.
+        pruned. ``fleet`` limits all this to one fleet (None: every fleet);
+        ``max_events`` also drops the oldest events past that many. Returns
+        the number of agent rows deleted.
         """
         cutoff = (time.time() if now is None else now) - retention_seconds
+        scope, args = ("", ()) if fleet is None else (" AND fleet = ?", (fleet,))
 
         def body(conn: sqlite3.Connection) -> int:
             cur = conn.execute(
                 "DELETE FROM agents WHERE state IN ('exited', 'failed', 'lost')"
-                " AND coalesce(exited, created) < ?",
-                (cutoff,),
+                f" AND coalesce(exited, created) < ?{scope}",
+                (cutoff, *args),
             )
             conn.execute(
-                "DELETE FROM events WHERE ts < ? AND NOT EXISTS ("
+                f"DELETE FROM events WHERE ts < ?{scope} AND NOT EXISTS ("
                 " SELECT 1 FROM agents a WHERE a.fleet = events.fleet"
                 " AND a.name = events.agent AND a.created <= events.ts)",
-                (cutoff,),
+                (cutoff, *args),
             )
+            if max_events is not None:
+                # ids only grow (AUTOINCREMENT): the span is a cheap upper
+                # bound of the count, checked before any scan.
+                low, high = conn.execute("SELECT min(id), max(id) FROM events").fetchone()
+                if low is not None and high - low >= max_events:
+                    conn.execute(
+                        "DELETE FROM events WHERE id <= (SELECT id FROM events"
+                        " ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                        (max_events,),
+                    )
             return cur.rowcount
 
         return self._transaction(body, write=True)
@@ -1073,15 +1188,19 @@ class Registry:
         *,
         agent: str | None = None,
         since: float | None = None,
+        until: float | None = None,
         kind: str | None = None,
         after_id: int | None = None,
         limit: int | None = None,
+        last: int | None = None,
     ) -> list[EventRecord]:
         """Events in the order recorded (by id), filtered.
 
-        ``since`` keeps events with ``ts >= since``; ``after_id`` those with a
-        greater id, so ``events --follow`` polls with the last id it saw;
-        ``limit`` keeps the first ones.
+        ``since`` keeps events with ``ts >= since`` and ``until`` those with
+        ``ts < until``; ``after_id`` those with a greater id, so ``events
+        --follow`` polls with the last id it saw; ``limit`` keeps the first
+        ones and ``last`` the newest ones (still oldest first). Every filter
+        runs in SQL: the cost is the rows returned, not the history's size.
         """
         sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE 1"
         args: list[Any] = []
@@ -1089,13 +1208,18 @@ class Registry:
             (" AND fleet = ?", fleet),
             (" AND agent = ?", agent),
             (" AND ts >= ?", since),
+            (" AND ts < ?", until),
             (" AND kind = ?", kind),
             (" AND id > ?", after_id),
         ):
             if value is not None:
                 sql += clause
                 args.append(value)
-        sql += " ORDER BY id"
+        if last is not None:
+            sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?) ORDER BY id"
+            args.append(last)
+        else:
+            sql += " ORDER BY id"
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
@@ -1115,6 +1239,25 @@ def _unlink_same(path: str, ino: int) -> None:
     except FileNotFoundError:
         return
     _unlink(path)
+
+
+def _retention_from_env(env: Mapping[str, str]) -> float:
+    """``AGENTSCOPE_RETENTION_DAYS`` in seconds (0: keep everything); a bad
+    value falls back to the default rather than break every command."""
+    raw = env.get(_RETENTION_ENV, "").strip()
+    try:
+        days = float(raw) if raw else DEFAULT_RETENTION / 86400
+    except ValueError:
+        days = -1.0
+    if not 0 <= days <= 100_000:
+        logging.getLogger("agentscope").warning(
+            "%s=%r is not a number of days; keeping %g days",
+            _RETENTION_ENV,
+            raw,
+            DEFAULT_RETENTION / 86400,
+        )
+        return DEFAULT_RETENTION
+    return days * 86400
 
 
 def _unlink(path: str) -> None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # annotations only: collections and typing cost imports
     from collections.abc import Mapping, Sequence
 
 __all__ = [
+    "DRAFT_MAX_AGE",
     "MAX_PENDING",
     "OWN_DIR_NAME",
     "Entry",
@@ -55,7 +56,17 @@ def state_dir(manager: str, env: Mapping[str, str] = os.environ) -> str:
     if not (state_home and os.path.isabs(state_home)):  # the XDG spec ignores a relative one
         import pwd
 
-        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+        home = env.get("HOME")
+        if not home:
+            try:
+                home = pwd.getpwuid(os.getuid()).pw_dir
+            except KeyError:
+                from ._errors import AgentscopeError
+
+                raise AgentscopeError(
+                    f"uid {os.getuid()} has no passwd entry and HOME is unset, so the "
+                    "user registry has no place: set HOME or XDG_STATE_HOME"
+                ) from None
         state_home = f"{home}/.local/state"
     return f"{state_home}/{OWN_DIR_NAME}"
 
@@ -160,7 +171,10 @@ def claim(spool: str, entry: Entry) -> str | None:
                 os.link(draft, path)
                 return path
             except FileExistsError:
-                holder = read(path)
+                try:
+                    holder = read(path)
+                except OSError:
+                    return None  # unreadable now (EMFILE, EACCES): the slow path decides
                 if holder is not None and holder.alive():
                     return None
                 freed = holder.unit if holder is not None else f"{entry.fleet}+{entry.name}.bad"
@@ -174,18 +188,43 @@ def claim(spool: str, entry: Entry) -> str | None:
 
 
 def read(path: str) -> Entry | None:
-    """The entry at ``path``; None when it is gone or not an entry."""
+    """The entry at ``path``; None when it is gone or not an entry.
+
+    Raises:
+        OSError: it exists but cannot be read now (EMFILE, EACCES, EIO...):
+            not a reason to take it for corrupt and delete it.
+    """
     try:
         with open(path, "rb") as f:
             return Entry.decode(f.read())
-    except OSError:
+    except FileNotFoundError:
         return None
 
 
-def pending(spool: str) -> list[str]:
-    """The paths of the entries waiting in ``spool``, oldest name first."""
+# A claim holds its draft for microseconds; one this old was left by an exec
+# killed (SIGKILL, power loss) between writing it and unlinking it.
+DRAFT_MAX_AGE = 300.0
+
+
+def pending(spool: str, now: float | None = None) -> list[str]:
+    """The paths of the entries waiting in ``spool``, oldest name first.
+
+    Drafts that a killed exec left behind are removed on the way.
+    """
     try:
         names = os.listdir(spool)
     except OSError:  # no spool yet: nothing was ever exec'd
         return []
+    drafts = [n for n in names if n.startswith(".")]
+    if drafts:
+        import time
+
+        cutoff = (time.time() if now is None else now) - DRAFT_MAX_AGE
+        for name in drafts:
+            draft = os.path.join(spool, name)
+            try:
+                if os.lstat(draft).st_mtime < cutoff:
+                    os.unlink(draft)
+            except OSError:
+                pass  # gone meanwhile, or not ours to remove
     return [os.path.join(spool, n) for n in sorted(names) if not n.startswith(".")]

@@ -64,6 +64,10 @@ __all__ = [
 GO_TIMEOUT = 90  # seconds a shim waits for "go" (StartTransientUnit itself times out at 60)
 SHIM_TAG = "agentscope-shim"
 ENV_TAG = "agentscope-env"
+# env(1) takes every leading NAME=VALUE word as a variable, so an argv[0]
+# holding "=" would be set, and argv[1] run. Such a command goes through sh,
+# which never takes an expanded word for an assignment.
+_SAFE_EXEC = ("/bin/sh", "-c", 'exec "$0" "$@"')
 # $1: the launch FIFO, $2: the spec file (NUL-separated: oom_score_adj, cwd,
 # number of environment entries, the entries, argv). Builtins only until the
 # exec: nothing of the pane may fork before it is in the agent's scope. The
@@ -76,8 +80,10 @@ exec 3<&-
 echo "${{s[0]}}" >/proc/self/oom_score_adj || exit 1
 cd -- "${{s[1]}}" || exit 1
 n=${{s[2]}}
+set --
+[[ ${{s[3+n]}} == *=* ]] && set -- {" ".join(_SAFE_EXEC[:2])} '{_SAFE_EXEC[2]}'
 exec -a {ENV_TAG} env -i -- "${{s[@]:3:n}}" TERM="$TERM" TMUX="$TMUX" TMUX_PANE="$TMUX_PANE" \\
-  "${{s[@]:3+n}}"
+  "$@" "${{s[@]:3+n}}"
 """
 _FORMAT = "#{window_id}\t#{window_name}\t#{pane_pid}"
 _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the NUL
@@ -158,6 +164,8 @@ def spec_bytes(oom_score_adj: int, cwd: str, env: Mapping[str, str], argv: Seque
 def exec_done(cmdline: Sequence[str]) -> bool:
     """Whether a pane process has exec'd the agent (it is neither the shim nor its env)."""
     if len(cmdline) > 3 and cmdline[3] == SHIM_TAG:
+        return False
+    if tuple(cmdline[:3]) == _SAFE_EXEC:
         return False
     return not (cmdline and cmdline[0] == ENV_TAG)
 

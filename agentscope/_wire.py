@@ -24,7 +24,16 @@ if TYPE_CHECKING:  # annotations only: collections and typing cost imports
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-__all__ = ["Connection", "Unsupported", "addresses", "marshal", "unmarshal"]
+__all__ = [
+    "Connection",
+    "Malformed",
+    "Unsupported",
+    "addresses",
+    "check_signature",
+    "from_systemd",
+    "marshal",
+    "unmarshal",
+]
 
 SD = "org.freedesktop.systemd1"
 SD_PATH = "/org/freedesktop/systemd1"
@@ -45,6 +54,60 @@ _FIXED.update({"d": "d", "h": "I"})
 
 class Unsupported(Exception):
     """An address this client does not speak (not a plain unix socket): use dbus-fast."""
+
+
+class Malformed(ValueError):
+    """Bytes that are not a valid D-Bus message or body (what it is, in the message)."""
+
+
+# Limits of the D-Bus specification ("Valid Signatures", "Message Format"),
+# the message size much lower: systemd's answers to exec are a few hundred
+# bytes, and a peer's declared length must not make us buffer gigabytes.
+_MAX_MESSAGE = 8 << 20
+_MAX_ARRAY = 1 << 26
+_MAX_SIGNATURE = 255
+_MAX_DEPTH = 32
+
+
+def check_signature(signature: str) -> str:
+    """``signature`` if it is a valid D-Bus signature, else raise :class:`Malformed`."""
+    if len(signature) > _MAX_SIGNATURE:
+        raise Malformed(f"signature longer than {_MAX_SIGNATURE}")
+    i = 0
+    while i < len(signature):
+        i = _check_type(signature, i, 0, 0)
+    return signature
+
+
+def _check_type(signature: str, i: int, arrays: int, structs: int) -> int:
+    """The end of the complete type at ``i``, checked."""
+    if i >= len(signature):
+        raise Malformed(f"signature {signature!r} ends inside a type")
+    c = signature[i]
+    if c == "a":
+        if arrays >= _MAX_DEPTH:
+            raise Malformed(f"signature {signature!r} nests arrays too deep")
+        if signature[i + 1 : i + 2] == "{":
+            key = signature[i + 2 : i + 3]
+            if key not in _FIXED and key not in ("s", "o", "g"):
+                raise Malformed(f"signature {signature!r}: a dict key must be a basic type")
+            end = _check_type(signature, i + 3, arrays + 1, structs + 1)
+            if signature[end : end + 1] != "}":
+                raise Malformed(f"signature {signature!r}: a dict entry holds two types")
+            return end + 1
+        return _check_type(signature, i + 1, arrays + 1, structs)
+    if c == "(":
+        if structs >= _MAX_DEPTH:
+            raise Malformed(f"signature {signature!r} nests structs too deep")
+        j = i + 1
+        if signature[j : j + 1] == ")":
+            raise Malformed(f"signature {signature!r} has an empty struct")
+        while signature[j : j + 1] != ")":
+            j = _check_type(signature, j, arrays, structs + 1)
+        return j + 1
+    if c in _FIXED or c in "sogv":
+        return i + 1
+    raise Malformed(f"signature {signature!r}: {c!r} is not a type")
 
 
 def addresses(manager: str, env: Mapping[str, str] = os.environ) -> list[tuple[str, bool]]:
@@ -148,6 +211,7 @@ def marshal(signature: str, body: Sequence[Any]) -> bytes:
 class _Reader:
     def __init__(self, data: bytes, endian: str, pos: int) -> None:
         self.data, self.endian, self.pos = data, endian, pos
+        self.depth = 0
 
     def read(self, t: str) -> Any:
         c = t[0]
@@ -163,45 +227,90 @@ class _Reader:
                 self.pos += 1
             else:
                 n = self.read("u")
+            if self.pos + n >= len(self.data):
+                raise Malformed("a string runs past the end of the message")
             text = self.data[self.pos : self.pos + n].decode()
             self.pos += n + 1
             return text
-        if c == "v":
-            return self.read(self.read("g"))
-        if c == "a":
-            end = self.read("u")
-            self.pos += -self.pos % _ALIGN[t[1]]
-            end += self.pos
-            items = []
-            while self.pos < end:
-                items.append(self.read(t[1:]))
-            return dict(items) if t[1] == "{" else items
-        return [self.read(sub) for sub in _split(t[1:-1])]
+        self.depth += 1
+        try:
+            if self.depth > 2 * _MAX_DEPTH:
+                raise Malformed("values nested too deep")
+            if c == "v":
+                inner = check_signature(self.read("g"))
+                if not inner or _type_end(inner, 0) != len(inner):
+                    raise Malformed(f"a variant of {inner!r}, not one complete type")
+                return self.read(inner)
+            if c == "a":
+                size = self.read("u")
+                self.pos += -self.pos % _ALIGN[t[1]]
+                end = self.pos + size
+                if size > _MAX_ARRAY or end > len(self.data):
+                    raise Malformed("an array runs past the end of the message")
+                items = []
+                while self.pos < end:
+                    items.append(self.read(t[1:]))
+                if self.pos != end:
+                    raise Malformed("an array's items overrun its length")
+                return dict(items) if t[1] == "{" else items
+            return [self.read(sub) for sub in _split(t[1:-1])]
+        finally:
+            self.depth -= 1
 
 
 def unmarshal(signature: str, data: bytes, endian: str = "<", pos: int = 0) -> list[Any]:
-    """The values of a body: a variant becomes its value, a struct a list."""
+    """The values of a body: a variant becomes its value, a struct a list.
+
+    Raises:
+        Malformed: the signature is not valid, or the bytes do not hold it.
+    """
     reader = _Reader(data, endian, pos)
-    return [reader.read(t) for t in _split(signature)]
+    try:
+        return [reader.read(t) for t in _split(check_signature(signature))]
+    except (struct.error, IndexError, UnicodeDecodeError, TypeError) as exc:
+        raise Malformed(f"a body of signature {signature!r} that does not parse ({exc})") from exc
+
+
+def from_systemd(
+    sender: str | None, path: str | None, interface: str | None, owner: str | None, direct: bool
+) -> bool:
+    """Whether a signal comes from the systemd manager, for both D-Bus clients.
+
+    On a bus any local user may send a unicast signal, so only the unique
+    name owning ``org.freedesktop.systemd1`` (``owner``, None while not
+    known) is believed. A direct connection (the manager's private socket)
+    has no sender: the transport itself is the proof.
+    """
+    if path != SD_PATH or interface != SD_MANAGER:
+        return False
+    return direct or (owner is not None and sender == owner)
 
 
 class _Message:
-    __slots__ = ("body", "error", "kind", "member", "path", "reply_to")
+    __slots__ = ("body", "error", "interface", "kind", "member", "path", "reply_to", "sender")
 
     def __init__(self, data: bytes) -> None:
-        endian = "<" if data[:1] == b"l" else ">"
-        self.kind = data[1]
-        fields = dict(unmarshal("a(yv)", data, endian, 12)[0])
+        try:
+            endian = {b"l": "<", b"B": ">"}[data[:1]]
+            self.kind = data[1]
+            fields = dict(unmarshal("a(yv)", data, endian, 12)[0])
+            header_end = 16 + struct.unpack_from(endian + "I", data, 12)[0]
+        except (KeyError, IndexError, struct.error, TypeError) as exc:
+            raise Malformed(f"not a D-Bus message header ({exc})") from exc
         self.path = fields.get(1, "")
+        self.interface = fields.get(2, "")
         self.member = fields.get(3, "")
         self.error = fields.get(4, "")
         self.reply_to = fields.get(5, 0)
-        header_end = 16 + struct.unpack_from(endian + "I", data, 12)[0]
+        self.sender = fields.get(7)
         header_end += -header_end % 8
         self.body: list[Any] = []
         # A private socket gets every signal of the manager: read only ours.
         if self.kind != _SIGNAL or self.member == "JobRemoved":
-            self.body = unmarshal(fields.get(8, ""), data, endian, header_end)
+            signature = fields.get(8, "")
+            if not isinstance(signature, str):
+                raise Malformed("the signature field is not a signature")
+            self.body = unmarshal(signature, data, endian, header_end)
 
 
 class Connection:
@@ -222,6 +331,8 @@ class Connection:
         self._serial = 0
         self._replies: dict[int, _Message] = {}
         self._signals: list[_Message] = []
+        self._owner: str | None = None
+        self._owner_serial = 0
         try:
             self._sock.connect(path)
             # BEGIN goes with AUTH, as sd-bus's own clients send it: it saves
@@ -267,10 +378,16 @@ class Connection:
         body_len, _serial, fields_len = struct.unpack_from(endian + "III", self._buf, 4)
         total = 16 + fields_len
         total += -total % 8 + body_len
+        if total > _MAX_MESSAGE:
+            raise self._unavailable(f"the peer announced a message of {total} bytes")
         while len(self._buf) < total:
             self._fill()
-        msg = _Message(bytes(self._buf[:total]))
-        del self._buf[:total]
+        try:
+            msg = _Message(bytes(self._buf[:total]))
+        except Malformed as exc:
+            raise self._unavailable(f"a malformed message came: {exc}") from exc
+        finally:
+            del self._buf[:total]
         if msg.kind in (_RETURN, _ERROR):
             self._replies[msg.reply_to] = msg
         elif msg.kind == _SIGNAL:
@@ -337,15 +454,33 @@ class Connection:
             rule = f"type='signal',sender='{SD}',interface='{SD_MANAGER}',member='JobRemoved'"
             sent.append((self.send("Hello", **bus), "Hello"))
             sent.append((self.send("AddMatch", "s", [rule], **bus), "AddMatch"))
+            self._owner_serial = self.send("GetNameOwner", "s", [SD], **bus)
         sent.append((self.send("Subscribe"), "Subscribe"))
         return sent
 
+    def _systemd_owner(self) -> str | None:
+        """The unique bus name of the manager (None on a direct connection)."""
+        if self.direct:
+            return None
+        if self._owner is None:
+            if not self._owner_serial:
+                self.greet()
+            (owner,) = self.reply(self._owner_serial, "GetNameOwner")
+            self._owner = str(owner)
+        return self._owner
+
     def job_result(self, job: str) -> str:
         """Wait for ``JobRemoved`` of the job object ``job``; its result (``done``, ...)."""
+        owner = self._systemd_owner()
         try:
             while True:
                 for msg in self._signals:
-                    if msg.member == "JobRemoved" and msg.body[1] == job:
+                    if (
+                        msg.member == "JobRemoved"
+                        and from_systemd(msg.sender, msg.path, msg.interface, owner, self.direct)
+                        and len(msg.body) == 4
+                        and msg.body[1] == job
+                    ):
                         return str(msg.body[3])
                 self._signals.clear()
                 self._receive()

@@ -365,6 +365,9 @@ def _check_watchdog(value: object) -> str | None:
     return None
 
 
+_MAX_CONFIG = 1 << 20  # bytes; a real config is a few hundred
+
+
 def load_config(path: str) -> tuple[Config, list[str]]:
     """Read and validate the config at ``path``: the config, and the problems found.
 
@@ -373,17 +376,22 @@ def load_config(path: str) -> tuple[Config, list[str]]:
     """
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(_MAX_CONFIG + 1)
     except FileNotFoundError:
         return Config(), []
     except OSError as exc:
         return Config(), [f"cannot read {path}: {exc.strerror}; using defaults"]
+    if len(raw) > _MAX_CONFIG:
+        return Config(), [f"{path} is larger than {_MAX_CONFIG} bytes; using defaults"]
     import tomllib  # only when there is a file: it is most of the start-up cost
 
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         return Config(), [f"{path} is not valid TOML ({exc}); using defaults"]
+    except RecursionError:
+        # tomllib recurses once per nesting level: a few KB of "[[[[" is enough.
+        return Config(), [f"{path} nests arrays or tables too deeply; using defaults"]
     config, problems = parse_config(data)
     return config, [f"{path}: {p}" for p in problems]
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from . import _doctor, _fleet, _render
@@ -93,6 +94,20 @@ def _version(ctx: typer.Context, value: bool) -> None:
     raise typer.Exit()
 
 
+def _valid_agent(value: str | None) -> str | None:
+    # Checked as parsed: before any file is created or any bus is reached,
+    # so a bad name is always exit 2 and never leaves a stray log file.
+    from agentscope._names import validate_name
+
+    return None if value is None else validate_name("agent", value)
+
+
+def _valid_fleet(value: str) -> str:
+    from agentscope._names import validate_name
+
+    return validate_name("fleet", value)
+
+
 @app.callback()
 def _globals(
     ctx: typer.Context,
@@ -100,7 +115,9 @@ def _globals(
         Manager | None,
         typer.Option(help="The systemd manager: system when root, else user.", show_default=False),
     ] = None,
-    fleet: Annotated[str, typer.Option(help="The fleet to act on.")] = "default",
+    fleet: Annotated[
+        str, typer.Option(help="The fleet to act on.", callback=_valid_fleet)
+    ] = "default",
     json_: Annotated[
         bool, typer.Option("--json", help="Print JSON only on stdout; errors as JSON on stderr.")
     ] = False,
@@ -144,7 +161,7 @@ _CMD = typer.Argument(metavar="-- CMD [ARGS]...", help="The command and its argu
 @app.command()
 def run(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent's name.")],
+    name: Annotated[str, typer.Argument(help="The agent's name.", callback=_valid_agent)],
     cmd: Annotated[list[str], _CMD],
     cwd: Annotated[Path | None, typer.Option(help="The agent's working directory.")] = None,
     env: Annotated[
@@ -184,10 +201,9 @@ def run(
             opts, {"name": agent.name, "unit": agent.unit, "pid": agent.pid, "tmux": agent.name}
         )
         return
-    log_path = log if log is not None else _fleet.default_log_path(opts, name)
     with _fleet_of(ctx) as fleet:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as out:
+        log_path, fd = _open_log(opts, name, log)
+        with open(fd, "ab") as out:
             agent = fleet.launch(
                 name,
                 cmd,
@@ -213,7 +229,7 @@ def _print_launched(opts: Options, result: dict[str, Any]) -> None:
 @app.command("exec")
 def exec_(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent's name.")],
+    name: Annotated[str, typer.Argument(help="The agent's name.", callback=_valid_agent)],
     cmd: Annotated[list[str], _CMD],
     memory_max: Annotated[
         str | None, typer.Option(help="Cap the agent's memory (needs adopt() support).")
@@ -243,7 +259,9 @@ def ls(ctx: typer.Context) -> None:
 @app.command()
 def stop(
     ctx: typer.Context,
-    name: Annotated[str | None, typer.Argument(help="The agent to stop.")] = None,
+    name: Annotated[
+        str | None, typer.Argument(help="The agent to stop.", callback=_valid_agent)
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Stop every agent of the fleet.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds from SIGTERM to SIGKILL.", min=0)] = 10.0,
 ) -> None:
@@ -279,7 +297,7 @@ def _stop_all(
     with Progress(console=_console(stderr=True), disable=not progress, transient=True) as bar:
         task = bar.add_task("stopping", total=len(names))
         for name in names:
-            bar.update(task, description=f"stopping {name}")
+            bar.update(task, description=f"stopping {escape(name)}")
             try:
                 fleet.stop(name, timeout=timeout)
             except AgentNotFound:
@@ -296,7 +314,7 @@ def _stop_all(
 @app.command()
 def kill(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent to signal.")],
+    name: Annotated[str, typer.Argument(help="The agent to signal.", callback=_valid_agent)],
     signal_: Annotated[str, typer.Option("--signal", "-s", help="TERM, SIGKILL, 9, ...")] = "TERM",
 ) -> None:
     """Send a signal to every process of an agent."""
@@ -310,7 +328,10 @@ def kill(
 
 
 @app.command()
-def freeze(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The agent.")]) -> None:
+def freeze(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The agent.", callback=_valid_agent)],
+) -> None:
     """Freeze every process of an agent (cgroup freezer)."""
     with _fleet_of(ctx) as fleet:
         fleet.freeze(name)
@@ -318,7 +339,10 @@ def freeze(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The age
 
 
 @app.command()
-def thaw(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The agent.")]) -> None:
+def thaw(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The agent.", callback=_valid_agent)],
+) -> None:
     """Thaw a frozen agent."""
     with _fleet_of(ctx) as fleet:
         fleet.thaw(name)
@@ -335,7 +359,9 @@ def _said(ctx: typer.Context, data: dict[str, Any], text: str) -> None:
 @app.command()
 def attach(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent (launched with run --tmux).")],
+    name: Annotated[
+        str, typer.Argument(help="The agent (launched with run --tmux).", callback=_valid_agent)
+    ],
     read_only: Annotated[
         bool, typer.Option("--read-only", "-r", help="Watch only: keys are not sent.")
     ] = False,
@@ -353,7 +379,9 @@ def attach(
 @app.command()
 def logs(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent (launched with run --tmux).")],
+    name: Annotated[
+        str, typer.Argument(help="The agent (launched with run --tmux).", callback=_valid_agent)
+    ],
     lines: Annotated[int, typer.Option("--lines", "-n", help="How many lines.", min=0)] = 100,
 ) -> None:
     """Print the last lines of a tmux agent's window."""
@@ -368,7 +396,9 @@ def logs(
 @app.command()
 def send(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent (launched with run --tmux).")],
+    name: Annotated[
+        str, typer.Argument(help="The agent (launched with run --tmux).", callback=_valid_agent)
+    ],
     text: Annotated[str, typer.Argument(help="What to type, literally.")],
     enter: Annotated[bool, typer.Option("--enter", help="Press Enter after the text.")] = False,
 ) -> None:
@@ -401,19 +431,50 @@ def events(
     since: Annotated[
         str | None, typer.Option(help="Unix seconds, ISO 8601, or ago like 10m, 2h, 1d.")
     ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only events before this (same forms as --since).")
+    ] = None,
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only events of this agent.")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Only the newest N events that match.", min=0)
+    ] = None,
 ) -> None:
     """Print the fleet's recorded events (OOM kills, throttling, starts, exits)."""
     opts = _opts(ctx)
-    start = parse_since(since, time.time()) if since is not None else None
+    now = time.time()
+    start = parse_since(since, now) if since is not None else None
+    end = parse_since(until, now) if until is not None else None
+    filters: dict[str, Any] = {"kind": kind, "agent": agent}
     with _fleet_of(ctx) as fleet:
-        last = _print_events(fleet.events(since=start, kind=kind), opts.json)
+        if limit is not None:
+            last = _print_events(
+                fleet.events(since=start, until=end, last=limit, **filters), opts.json
+            )
+        else:
+            # Page by id: memory stays one page, however long the history.
+            last = None
+            while True:
+                page = fleet.events(
+                    since=start, until=end, after_id=last, limit=_EVENTS_PAGE, **filters
+                )
+                last = _print_events(page, opts.json) or last
+                if len(page) < _EVENTS_PAGE:
+                    break
+        if follow and last is None:
+            # Follow from the newest event of any kind: a poll then costs the
+            # new events only, never a rescan of the history.
+            newest = fleet.events(last=1)
+            last = newest[0].id if newest else 0
         try:
             while follow:
                 time.sleep(1.0)
-                last = _print_events(fleet.events(kind=kind, after_id=last), opts.json) or last
+                last = _print_events(fleet.events(after_id=last, **filters), opts.json) or last
         except KeyboardInterrupt:
             return
+
+
+_EVENTS_PAGE = 1000
 
 
 def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:
@@ -514,9 +575,35 @@ def monitor(
             face.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        notifier.send(STOPPING=1)
+        # Best effort: a stale socket must not hide why the monitor stopped.
+        with contextlib.suppress(Failed):
+            notifier.send(STOPPING=1)
         if fatal is not None:
             fatal.uninstall()
+
+
+def _open_log(opts: Options, name: str, log: Path | None) -> tuple[Path, int]:
+    """The agent's log file, opened for appending (0600): where it is, its fd.
+
+    The default one is built by :func:`open_under`, which never leaves the
+    log directory nor follows a symlink planted in it; one named with
+    ``--log`` is where the caller said.
+    """
+    from agentscope._paths import open_under
+
+    try:
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            return log, os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        base, parts = _fleet.log_location(opts, name)
+        return base.joinpath(*parts), open_under(base, parts)
+    except OSError as exc:
+        where = log if log is not None else _fleet.default_log_path(opts, name)
+        raise Failed(
+            f"cannot open the agent's log {where}: {exc.strerror or exc}; "
+            "check that its directory is yours, or pass --log",
+            "failed",
+        ) from exc
 
 
 def _monitor_fatal_log(opts: Options) -> FatalLog | None:
@@ -529,13 +616,17 @@ def _monitor_fatal_log(opts: Options) -> FatalLog | None:
     if not os.environ.get("INVOCATION_ID"):
         return None
     from agentscope import default_registry_path
+    from agentscope._paths import open_under
     from agentscope.watchdog import install_fatal_log
 
     manager = opts.resolved_manager
     state_dir = default_registry_path("system" if manager == "system" else "user").parent
-    path = state_dir / f"monitor-{opts.fleet}.fatal.log"
+    name = f"monitor-{opts.fleet}.fatal.log"
+    path = state_dir / name
+    # Nothing a monitor writes is for other users (rotated logs included).
+    os.umask(0o077)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(open_under(state_dir, (name,)))  # 0600, and not through a symlink
         fatal = install_fatal_log(path)
         # A watchdog kill (SIGABRT) or a crash in C code never reaches the
         # hooks above: faulthandler writes every thread's Python stack, which
@@ -593,9 +684,10 @@ def _monitor_loop(
     try:  # from here on, any way out (a signal included) stops the pump
         threading.Thread(target=pump, name="agentscope-monitor", daemon=True).start()
         notifier.send(READY=1, STATUS=_sample(fleet, face))
+        due = time.monotonic() + period
         while True:
             try:
-                item = inbox.get(timeout=period)
+                item = inbox.get(timeout=max(0.0, due - time.monotonic()))
             except queue.Empty:
                 item = None
             if item is _END:
@@ -609,7 +701,11 @@ def _monitor_loop(
                 line = json.dumps(data, default=str) if as_json else _render.event_line(data)
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
-            notifier.send(WATCHDOG=1, STATUS=_sample(fleet, face))
+            # One sample a period, however many events come: a burst of
+            # events must not turn into a burst of full samples.
+            if time.monotonic() >= due:
+                notifier.send(WATCHDOG=1, STATUS=_sample(fleet, face))
+                due = time.monotonic() + period
             if face is not None:  # the watch's own failures, logged by the library
                 face.watch(
                     getattr(stream, "failures", 0), getattr(stream, "consecutive_failures", 0)
@@ -739,6 +835,8 @@ def install(
     from agentscope import install as inst
 
     scope = _install_scope(ctx, system, user)
+    if scope == "system" and linger:
+        raise BadInput("--linger is for a user install (--user): the system manager runs at boot")
     if scope == "system" and os.geteuid() != 0:
         raise BadInput("install --system needs root; use --user for your own manager")
     plan = inst.plan_install(

@@ -227,7 +227,8 @@ def report_table(
     by_name = {str(a.get("agent")): a for a in agents}
     for name, proc in largest.items():
         a = by_name.get(name, {})
-        table.add_row(
+        _render.add_row(
+            table,
             name,
             _render.format_bytes(a.get("memory_current")),
             _render.format_bytes(a.get("memory_peak")),

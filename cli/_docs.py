@@ -55,6 +55,43 @@ agent's own command line and is left alone.
 
 `exec` starts without importing typer or rich: `main()` hands it to an
 argparse parser when it is the command (after any global options).
+
+Names are checked as they are parsed: a fleet or agent name that is not 1-64
+characters of `[A-Za-z0-9._-]` (not starting with `.` or `-`) is exit 2
+before any file is created or any bus is reached. `run`'s default log is
+`NAME.log` in a 0700 directory per fleet (`/var/log/agentscope/FLEET/` for
+the system manager, `~/.local/state/agentscope/logs/FLEET/` for a user's),
+created 0600 and never reached through a symbolic link.
+
+## The monitor's HTTP face
+
+`monitor --listen HOST:PORT` serves `/health` and `/metrics`, and promises:
+
+- loopback only (127.0.0.1, ::1, localhost) unless `--listen-any`;
+- a request whose `Host` header names another host is answered 421 (a
+  DNS-rebinding page cannot read the figures); allowed are the listen
+  address, `localhost`, `127.0.0.1` and `[::1]`, with any port, and a
+  request without `Host`; with `--listen-any` on a wildcard address any
+  `Host` is served;
+- a client has 5 s to send its request, and each read and write of the
+  answer has 5 s too; then its connection is closed;
+- at most 64 connections at once (a thread and a descriptor each): past
+  that, the connection that has waited longest without sending a request is
+  closed to make room, so idle clients cannot starve a scrape; when all 64
+  are answering, a new one is closed at once;
+- a scrape never waits for the monitor's loop, a D-Bus call or a cgroup
+  read: it reads the last sample. A client that resets its connection
+  leaves no traceback in the journal.
+
+## How long the registry keeps history
+
+Closed agents and events are kept 30 days by default, and at most 200,000
+events (the oldest go first). The registry prunes itself when a command
+opens it and every 10 minutes while a monitor writes; `gc` prunes one
+fleet sooner (`--retention`, default 7 days). `AGENTSCOPE_RETENTION_DAYS`
+sets the days kept (`0` keeps everything). `events --limit N` shows the
+newest N; `events --follow` and `top` ask only for events newer than the
+last one seen, so a poll costs the same on a long history.
 """
 
 

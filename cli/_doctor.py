@@ -94,7 +94,10 @@ def gather(opts: Options) -> Facts:
     from agentscope.lowlevel import read_oom_score_adj
 
     manager = opts.resolved_manager
-    user = pwd.getpwuid(os.getuid()).pw_name
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid with no passwd entry (a container, a deleted user)
+        user = str(os.getuid())
     caps: dict[str, Any] | None = None
     unreachable = policy = policy_error = oomd = None
     try:

@@ -24,6 +24,7 @@ __all__ = [
     "Options",
     "Record",
     "default_log_path",
+    "log_location",
     "open_fleet",
 ]
 
@@ -87,10 +88,13 @@ class FleetLike(Protocol):
     def events(
         self,
         *,
+        agent: str | None = ...,
         since: float | None = ...,
+        until: float | None = ...,
         kind: str | None = ...,
         after_id: int | None = ...,
         limit: int | None = ...,
+        last: int | None = ...,
     ) -> Sequence[EventLike]: ...
 
     def gc(self, retention_seconds: float = ...) -> int: ...
@@ -127,6 +131,14 @@ def default_log_path(opts: Options, name: str, env: Mapping[str, str] = os.envir
     ``$XDG_STATE_HOME/agentscope/logs/<fleet>/<name>.log`` (``~/.local/state``
     without it) for a user manager.
     """
+    base, parts = log_location(opts, name, env)
+    return base.joinpath(*parts)
+
+
+def log_location(
+    opts: Options, name: str, env: Mapping[str, str] = os.environ
+) -> tuple[Path, tuple[str, ...]]:
+    """:func:`default_log_path` as a trusted base and the parts agentscope creates below it."""
     if opts.resolved_manager == "system":
-        return Path("/var/log/agentscope") / opts.fleet / f"{name}.log"
-    return Path(_spool.state_dir("user", env)) / "logs" / opts.fleet / f"{name}.log"
+        return Path("/var/log"), ("agentscope", opts.fleet, f"{name}.log")
+    return Path(_spool.state_dir("user", env)), ("logs", opts.fleet, f"{name}.log")

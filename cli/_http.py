@@ -15,9 +15,12 @@ only when the face is started.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -346,8 +349,17 @@ def _report_families(fleet: str, report: Mapping[str, Any]) -> Iterable[Any]:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    # Applied to the socket by StreamRequestHandler.setup(): a client that
+    # connects and says nothing (or trickles) is dropped after this, so it
+    # holds its slot for seconds, not forever.
+    timeout = 5.0
 
     def do_GET(self) -> None:
+        if not self.server.host_allowed(self.headers.get("Host")):
+            # A DNS-rebinding page reaches us with its own name in Host.
+            self._send(421, "text/plain; charset=utf-8", b"misdirected request: bad Host\n")
+            return
+        self.server.busy(self.request)
         path = self.path.partition("?")[0]
         if path == "/metrics":
             from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -373,16 +385,101 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+_MAX_CONNECTIONS = 64
+"""Connections the face holds at once (each one a thread and a descriptor)."""
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
+def _host_of(header: str) -> str:
+    """The host part of a Host header, lower case, without port or brackets."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    # A client that connects and says nothing holds only its own thread.
-    timeout = 10
+    block_on_close = False
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], state: FaceState, registry: Any) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.state = state
         self.registry = registry
+        self._lock = threading.Lock()
+        self._active = 0
+        # Connections still waiting for their request, oldest first.
+        self._idle: dict[socket.socket, None] = {}
+        self._allowed = _LOOPBACK_HOSTS | {address[0].lower()}
+        self._any_host = address[0] in _WILDCARDS
         super().__init__(address, _Handler)
+
+    def host_allowed(self, header: str | None) -> bool:
+        """Whether a request's Host names this server (absent: not a browser, allowed)."""
+        if header is None or self._any_host:
+            return True
+        return _host_of(header) in self._allowed
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # Out of descriptors: the listening socket stays readable, so
+                # returning at once would spin the accept loop at 100% CPU.
+                time.sleep(0.1)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            if self._active >= _MAX_CONNECTIONS:
+                if not self._idle:
+                    # Every slot is answering a request (a matter of
+                    # milliseconds): this one is closed, not queued.
+                    self.shutdown_request(request)
+                    return
+                # Full of clients that have not sent a request yet: the one
+                # that has waited longest makes room, so idle connections
+                # cannot starve a scrape, and neither threads nor descriptors
+                # grow past the cap.
+                victim = next(iter(self._idle))
+                del self._idle[victim]
+                with contextlib.suppress(OSError):
+                    victim.shutdown(socket.SHUT_RDWR)
+            self._active += 1
+            self._idle[request] = None
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._done(request)
+            raise
+
+    def busy(self, request: socket.socket) -> None:
+        """The request on this connection has arrived: it is no longer evictable."""
+        with self._lock:
+            self._idle.pop(request, None)
+
+    def _done(self, request: Any) -> None:
+        with self._lock:
+            self._idle.pop(request, None)
+            self._active -= 1
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that resets or times out is its own business: no traceback
+        # in the journal. Anything else is still one line, not a traceback.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            return
+        print(f"agentscope monitor: HTTP request failed: {exc!r}", file=sys.stderr)
 
 
 class _StateCollector:

@@ -12,6 +12,8 @@ import os
 import socket
 from collections.abc import Mapping
 
+from ._errors import Failed
+
 __all__ = ["Notifier", "format_state"]
 
 
@@ -47,7 +49,11 @@ class Notifier:
     def __init__(self, env: Mapping[str, str] = os.environ) -> None:
         address = env.get("NOTIFY_SOCKET", "")
         if address and address[0] not in "/@":
-            raise ValueError(f"NOTIFY_SOCKET={address!r}: only unix socket addresses are supported")
+            raise Failed(
+                f"NOTIFY_SOCKET={address!r} is not a unix socket (vsock: is not supported); "
+                "run the monitor as Type=notify over a unix socket, or unset NOTIFY_SOCKET",
+                "failed",
+            )
         self.address = "\0" + address[1:] if address.startswith("@") else address
         #: Seconds within which the manager wants ``WATCHDOG=1``, or None.
         self.watchdog = _watchdog_seconds(env)
@@ -60,7 +66,14 @@ class Notifier:
         """Send one state message; False when there is no socket to send to."""
         if not self.address:
             return False
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            sock.connect(self.address)
-            sock.sendall(format_state(**fields).encode())
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.connect(self.address)
+                sock.sendall(format_state(**fields).encode())
+        except OSError as exc:
+            raise Failed(
+                f"cannot notify the service manager at NOTIFY_SOCKET={self.address!r}: "
+                f"{exc.strerror or exc}; unset NOTIFY_SOCKET when systemd did not start this",
+                "failed",
+            ) from exc
         return True

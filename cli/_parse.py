@@ -6,6 +6,7 @@ Plain functions, no I/O, and only light standard-library imports: the
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 from datetime import datetime
@@ -17,6 +18,7 @@ __all__ = ["parse_duration", "parse_env", "parse_signal", "parse_since", "parse_
 _SIZE = re.compile(r"(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[kmgtp]?)(?:i?b)?", re.IGNORECASE)
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
 _DURATION = re.compile(r"(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>s|m|h|d|w)?", re.IGNORECASE)
+_MAX_DURATION = 100 * 365.25 * 86400
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -35,12 +37,20 @@ def parse_size(text: str) -> int:
             f"size {text!r} is not a size; use bytes or a K/M/G/T suffix "
             "(powers of 1024), like 4096, 512M, 1.5G or 2GiB"
         )
-    value = float(m["num"]) * _UNITS[m["unit"].lower()]
-    if value != int(value):
+    if len(m["num"]) > 40:  # past 2^64 in any unit (and int() caps digits at 4300)
+        raise BadInput(f"size {text!r} is 2^64 bytes or more; systemd takes at most 16 EiB")
+    # Exact integers, never a float: 9007199254740993 must stay itself.
+    whole, _, frac = str(m["num"]).partition(".")
+    scale: int = 10 ** len(frac)
+    scaled = (int(whole or "0") * scale + int(frac or "0")) * _UNITS[m["unit"].lower()]
+    value, rest = divmod(scaled, scale)
+    if rest:
         raise BadInput(f"size {text!r} is not a whole number of bytes")
     if value < 1:
         raise BadInput(f"size {text!r} is zero; give a positive size like 512M or 4G")
-    return int(value)
+    if value >= 2**64:
+        raise BadInput(f"size {text!r} is 2^64 bytes or more; systemd takes at most 16 EiB")
+    return value
 
 
 def parse_duration(text: str) -> float:
@@ -55,7 +65,10 @@ def parse_duration(text: str) -> float:
             f"duration {text!r} is not a duration; "
             "use seconds or a s/m/h/d/w suffix, like 10m or 2h"
         )
-    return float(m["num"]) * _SECONDS[(m["unit"] or "").lower()]
+    seconds = float(m["num"]) * _SECONDS[(m["unit"] or "").lower()]
+    if not seconds <= _MAX_DURATION:
+        raise BadInput(f"duration {text!r} is more than 100 years")
+    return seconds
 
 
 def parse_since(text: str, now: float) -> float:
@@ -68,19 +81,22 @@ def parse_since(text: str, now: float) -> float:
     """
     stripped = text.strip()
     try:
-        return float(stripped)
+        seconds = float(stripped)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):
+            raise BadInput(f"time {text!r} is not a time; give unix seconds like 1714567890")
+        return seconds
     if _DURATION.fullmatch(stripped):
         return now - parse_duration(stripped)
     try:
-        when = datetime.fromisoformat(stripped.replace("Z", "+00:00"))
-    except ValueError:
+        return datetime.fromisoformat(stripped.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError, OSError):
         raise BadInput(
             f"time {text!r} is not a time; use unix seconds, ISO 8601 "
             "(2024-05-01T12:00:00), or a time ago like 10m, 2h or 1d"
         ) from None
-    return when.timestamp()
 
 
 def parse_signal(text: str) -> signal.Signals:

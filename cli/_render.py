@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 __all__ = [
+    "add_row",
     "doctor_view",
     "event_line",
     "format_age",
@@ -97,6 +98,15 @@ def _columns(table: Table, names: Sequence[str]) -> None:
             table.add_column(name, justify=justify, no_wrap=True, min_width=len(name))
 
 
+def add_row(table: Table, *cells: RenderableType) -> None:
+    """``table.add_row`` with every string cell taken as plain text, never markup.
+
+    Cells hold names others chose (agents, processes, units): a comm of
+    ``[/]`` would make rich fail and one of ``[bold red]FAKE`` forge output.
+    """
+    table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells))
+
+
 def _styled(value: str, style: str | None) -> Text:
     return Text(value, style=style or "")
 
@@ -109,7 +119,8 @@ def ls_table(agents: Sequence[Mapping[str, Any]], now: float | None = None) -> T
     for a in agents:
         state = str(a.get("state") or "-")
         started = a.get("started")
-        table.add_row(
+        add_row(
+            table,
             str(a.get("name", "-")),
             _styled(state, _STATE_STYLE.get(state)),
             str(a.get("pid") or "-"),
@@ -143,7 +154,8 @@ def report_view(report: Mapping[str, Any]) -> Group:
     agents = Table(title="agents", title_justify="left", box=None, header_style="bold")
     _columns(agents, ("NAME", "MEMORY", "PEAK", "OOM KILLS", "UNIT"))
     for a in report.get("agents", []):
-        agents.add_row(
+        add_row(
+            agents,
             str(a.get("agent") or "-"),
             format_bytes(a.get("memory_current")),
             format_bytes(a.get("memory_peak")),
@@ -153,7 +165,8 @@ def report_view(report: Mapping[str, Any]) -> Group:
     procs = Table(title="top processes", title_justify="left", box=None, header_style="bold")
     _columns(procs, ("PID", "COMM", "RSS", "AGENT"))
     for p in report.get("processes", []):
-        procs.add_row(
+        add_row(
+            procs,
             str(p.get("pid", "-")),
             str(p.get("comm", "-")),
             format_bytes(p.get("rss")),
@@ -211,7 +224,8 @@ def top_view(
         current = a.get("memory_current") or 0
         state = str(a.get("state") or "-")
         started = a.get("started")
-        table.add_row(
+        add_row(
+            table,
             str(a.get("name", "-")),
             _styled(state, _STATE_STYLE.get(state)),
             format_bytes(a.get("memory_current")),

@@ -28,7 +28,9 @@ def snapshot(fleet: FleetLike, now: float) -> dict[str, Any]:
     """What one screen shows: agents, host pressure and recent events, as plain data."""
     agents = [a.to_dict() for a in fleet.agents()]
     pressure = fleet.report(top=0).to_dict().get("pressure")
-    events = [e.to_dict() for e in fleet.events(since=now - _EVENT_WINDOW)][-_RECENT_EVENTS:]
+    # The newest few, by id: a refresh costs those rows, not the last hour's.
+    recent = fleet.events(last=_RECENT_EVENTS)
+    events = [e for e in (r.to_dict() for r in recent) if e["ts"] >= now - _EVENT_WINDOW]
     return {"agents": agents, "pressure": pressure, "events": events}
 
 

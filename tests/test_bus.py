@@ -6,16 +6,19 @@ import asyncio
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dbus_fast import Message, MessageType
 
 from agentscope import BusError
 from agentscope._bus import (
+    SD,
     SD_MANAGER,
     SD_PATH,
     SYSTEM_BUS,
     BusAddress,
+    SystemdBus,
     _check,
     _DirectBus,
     bus_addresses,
@@ -152,3 +155,56 @@ async def test_the_dbus_fast_internals_the_direct_connection_uses_are_still_ther
     ]
     assert callable(getattr(_MessageWriter, "schedule_write", None))
     assert list(inspect.signature(_MessageWriter).parameters) == ["bus"]
+
+
+def _signal(sender: str | None, member: str, signature: str, body: list[Any], **kw: Any) -> Message:
+    fields = {"path": SD_PATH, "interface": SD_MANAGER, **kw}
+    return Message(
+        message_type=MessageType.SIGNAL,
+        member=member,
+        signature=signature,
+        body=body,
+        sender=sender,
+        **fields,
+    )
+
+
+def _removed(sender: str | None, result: str, **kw: Any) -> Message:
+    return _signal(sender, "JobRemoved", "uoss", [7, f"{SD_PATH}/job/7", "a.scope", result], **kw)
+
+
+async def test_job_removed_is_believed_only_from_the_manager() -> None:
+    bus = SystemdBus("system")
+    bus._owner = ":1.1"
+    fut = bus.expect_job("a.scope")
+    bus._on_message(_removed(":1.99", "done"))  # another local user, unicast
+    bus._on_message(_removed(":1.1", "done", path="/org/freedesktop/systemd1/unit/x"))
+    bus._on_message(_removed(":1.1", "done", interface="org.example.Manager"))
+    assert not fut.done()
+    # The manager re-executed: only the bus daemon may say so.
+    rename = [SD, ":1.1", ":1.5"]
+    bus._on_message(_signal(":1.99", "NameOwnerChanged", "sss", rename, path="/x"))
+    bus._on_message(_removed(":1.5", "done"))
+    assert not fut.done()
+    bus._on_message(
+        _signal(
+            "org.freedesktop.DBus",
+            "NameOwnerChanged",
+            "sss",
+            rename,
+            path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus",
+        )
+    )
+    bus._on_message(_removed(":1.5", "failed"))
+    assert fut.result() == "failed"
+
+
+async def test_on_a_direct_connection_the_transport_is_the_proof() -> None:
+    bus = SystemdBus("user")
+    bus._direct = True
+    fut = bus.expect_job("a.scope")
+    bus._on_message(_removed(None, "done", path="/elsewhere"))
+    assert not fut.done()
+    bus._on_message(_removed(None, "done"))
+    assert fut.result() == "done"

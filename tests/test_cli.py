@@ -9,13 +9,16 @@ tests/snapshots/ and docs/cli.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,13 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import agentscope
 from agentscope import AgentMemory
 from agentscope import _exec as agentscope_exec
 from cli import _docs, _doctor, _fleet, _render
-from cli._errors import BadInput
+from cli._errors import BadInput, Failed
 from cli._exec import parse_exec_args, resolve_command
 from cli._notify import Notifier, format_state
 from cli._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
@@ -183,17 +188,27 @@ class FakeFleet:
     def events(
         self,
         *,
+        agent: str | None = None,
         since: float | None = None,
+        until: float | None = None,
         kind: str | None = None,
         after_id: int | None = None,
         limit: int | None = None,
+        last: int | None = None,
     ) -> list[FakeRecord]:
         self._op("events", since, kind, after_id, limit)
+        self._op("events-more", agent, until, last)
         out = [
             e
             for e in EVENTS
-            if (kind is None or e["kind"] == kind) and (after_id is None or e["id"] > after_id)
+            if (kind is None or e["kind"] == kind)
+            and (after_id is None or e["id"] > after_id)
+            and (agent is None or e["agent"] == agent)
+            and (since is None or e["ts"] >= since)
+            and (until is None or e["ts"] < until)
         ]
+        out = out[-last:] if last else out
+        out = out[:limit] if limit is not None else out
         return [FakeRecord(e, id=e["id"]) for e in out]
 
     def gc(self, retention_seconds: float = 7 * 86400) -> int:
@@ -658,7 +673,7 @@ def test_events(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
     assert [e["kind"] for e in lines] == ["oom_kill"]
     for event in lines:
         assert {"ts", "kind", "agent", "detail"} <= set(event)
-    assert ("events", NOW - 600, "oom_kill", None, None) in fleet.calls
+    assert ("events", NOW - 600, "oom_kill", None, 1000) in fleet.calls  # one page
     human = run("events")
     assert "oom_kill builder-1 pid=5001 comm=node" in human.stdout
 
@@ -678,6 +693,31 @@ def test_events_follow_polls_after_the_last_id(
     assert result.code == 0
     assert len(result.stdout.splitlines()) == 2
     assert ("events", None, None, 2, None) in fleet.calls
+
+
+def test_events_filters_go_to_the_query(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.time", lambda: NOW)
+    argv = ("events", "--agent", "builder-1", "--until", "1m", "--limit", "5")
+    assert run("--json", *argv).code == 0
+    assert ("events-more", "builder-1", NOW - 60, 5) in fleet.calls
+
+
+def test_events_follow_with_nothing_yet_starts_after_the_newest(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No match at first: the poll must still not ask for the whole history.
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("time.sleep", sleep)
+    assert run("--json", "events", "--follow", "--kind", "nothing-like-it").code == 0
+    polls = [c for c in fleet.calls if c[0] == "events" and c[1:] != (None, None, None, None)]
+    assert len(polls) >= 2
+    assert all(c[3] == max(e["id"] for e in EVENTS) for c in polls[1:])
 
 
 def test_gc(fleet: FakeFleet) -> None:
@@ -706,7 +746,22 @@ def test_top_view_renders() -> None:
     assert "oom_kill" in text
 
 
-def test_monitor_prints_events_and_notifies(fleet: FakeFleet, tmp_path: Path) -> None:
+def test_monitor_prints_events_and_notifies(
+    fleet: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = fleet.monitor
+
+    @contextmanager
+    def slow(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+        def spaced(events: Iterator[FakeRecord]) -> Iterator[FakeRecord]:
+            for event in events:
+                time.sleep(0.15)  # more than a period: a WATCHDOG=1 falls between
+                yield event
+
+        with real(interval, top) as events:
+            yield spaced(events)
+
+    monkeypatch.setattr(fleet, "monitor", slow)
     sock_path = tmp_path / "notify"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
         server.bind(str(sock_path))
@@ -991,7 +1046,7 @@ def test_notify_abstract_socket() -> None:
 
 def test_notify_unset_and_unsupported() -> None:
     assert not Notifier({}).send(READY=1)
-    with pytest.raises(ValueError, match="unix socket"):
+    with pytest.raises(Failed, match="not a unix socket"):
         Notifier({"NOTIFY_SOCKET": "vsock:2:1234"})
 
 
@@ -1229,3 +1284,188 @@ def test_uninstall_without_install_fails_clearly(
     result = run("uninstall", "--user")
     assert result.code == 1
     assert "nothing to uninstall" in result.stderr
+
+
+@pytest.mark.parametrize("comm", ["[/]", "[bold red]FAKE", "[link=http://x]y"])
+def test_process_names_are_shown_as_text_not_markup(comm: str) -> None:
+    report = {
+        **REPORT,
+        "agents": [{**REPORT["agents"][0], "name": "a", "unit": "[/u]"}],
+        "processes": [{**REPORT["processes"][0], "comm": comm, "agent": "[b]x"}],
+    }
+    text = _render.render_text(_render.report_view(report), width=200)
+    assert comm in text
+    assert "[/u]" in text
+    assert "[b]x" in text
+    ls = _render.render_text(_render.ls_table([{"name": comm, "unit": comm}]), width=200)
+    assert ls.count(comm) == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "../../../../x", "--", "true"],
+        ["run", "a" * 300, "--", "true"],
+        ["run", "a/b", "--", "true"],
+        ["stop", "../x"],
+        ["kill", "x y"],
+        ["--fleet", "x/../../../p", "run", "a", "--", "true"],
+        ["--fleet", "x/../../../p", "ls"],
+    ],
+)
+def test_a_bad_name_is_exit_2_before_any_file_or_connection(
+    fleet: FakeFleet, tmp_path: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    result = run("--json", *argv, env={"XDG_STATE_HOME": str(tmp_path)})
+    assert result.code == 2, result.stderr
+    assert json.loads(result.stderr)["kind"] == "invalid_name"
+    assert fleet.opened == []  # type: ignore[attr-defined]
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_run_logs_are_private_and_not_reached_through_a_symlink(
+    fleet: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # the user manager's log directory
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    assert run("--json", "--fleet", "ci", "run", "a", "--", "true", env=env).code == 0
+    logs = tmp_path / "agentscope" / "logs"
+    assert stat.S_IMODE((logs / "ci").stat().st_mode) == 0o700
+    assert stat.S_IMODE((logs / "ci" / "a.log").stat().st_mode) == 0o600
+    victim = tmp_path / "victim"
+    victim.write_text("")
+    (logs / "ci" / "b.log").symlink_to(victim)
+    result = run("--json", "--fleet", "ci", "run", "b", "--", "true", env=env)
+    assert (result.code, json.loads(result.stderr)["kind"]) == (1, "failed")
+    assert "cannot open the agent's log" in result.stderr
+
+
+# -- errors that used to be internal bugs (#16 item 11) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("9007199254740993", 9007199254740993), ("18446744073709551615", 2**64 - 1), ("0.5K", 512)],
+)
+def test_parse_size_is_exact(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["18446744073709551616", "16384P", "9" * 5000, "1" + "0" * 50])
+def test_parse_size_refuses_2_to_the_64_or_more(text: str) -> None:
+    with pytest.raises(BadInput, match="2\\^64 bytes or more"):
+        parse_size(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789.kKmMgGtTpPiIbB -e+", max_size=30) | st.text(max_size=12))
+def test_parse_size_is_a_size_or_bad_input(text: str) -> None:
+    try:
+        value = parse_size(text)
+    except BadInput:
+        return
+    assert isinstance(value, int)
+    assert 1 <= value < 2**64
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789.smhdwSMHDW -:TZ+e", max_size=30) | st.text(max_size=12))
+def test_time_parsers_give_a_number_or_bad_input(text: str) -> None:
+    for parse in (parse_duration, lambda t: parse_since(t, NOW)):
+        try:
+            value = parse(text)
+        except BadInput:
+            continue
+        assert math.isfinite(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=12) | st.integers(min_value=-5, max_value=10**30).map(str))
+def test_parse_signal_is_a_signal_or_bad_input(text: str) -> None:
+    try:
+        sig = parse_signal(text)
+    except BadInput:
+        return
+    assert isinstance(sig, signal.Signals)
+
+
+def test_a_malformed_bus_address_is_exit_4() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", "--json", "ls"],
+        env={
+            **os.environ,
+            "DBUS_SYSTEM_BUS_ADDRESS": "garbage",
+            "DBUS_SESSION_BUS_ADDRESS": "garbage",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 4, result.stderr
+    assert json.loads(result.stderr)["kind"] == "systemd_unavailable"
+
+
+def test_install_system_with_linger_is_bad_input() -> None:
+    result = run("--json", "install", "--system", "--linger")
+    assert (result.code, json.loads(result.stderr)["kind"]) == (2, "bad_input")
+
+
+@pytest.mark.parametrize("address", ["vsock:2:1234", "/nonexistent/notify"])
+def test_a_notify_socket_that_cannot_serve_is_a_one_line_failure(
+    fleet: FakeFleet, address: str
+) -> None:
+    result = run("--json", "monitor", env={"NOTIFY_SOCKET": address})
+    assert (result.code, json.loads(result.stderr)["kind"]) == (1, "failed")
+    assert "NOTIFY_SOCKET" in json.loads(result.stderr)["error"]
+
+
+def test_no_passwd_entry_and_no_home_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentscope import AgentscopeError, _spool
+
+    def no_entry(uid: int) -> None:
+        raise KeyError(uid)
+
+    monkeypatch.setattr("pwd.getpwuid", no_entry)
+    with pytest.raises(AgentscopeError, match="no passwd entry"):
+        _spool.state_dir("user", {})
+
+
+def test_a_burst_of_events_is_not_a_burst_of_samples(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @contextmanager
+    def burst(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+        yield iter([FakeRecord(EVENTS[0], id=i) for i in range(500)])
+
+    monkeypatch.setattr(fleet, "monitor", burst)
+    result = run("--json", "monitor", "--interval", "5")
+    assert result.code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 500
+    samples = [c for c in fleet.calls if c[0] == "agents"]
+    assert len(samples) <= 2  # the first one, and at most one more period
+
+
+def test_a_stale_notify_socket_does_not_hide_why_the_monitor_stopped(
+    fleet: FakeFleet, tmp_path: Path
+) -> None:
+    import agentscope
+
+    fleet.fail = agentscope.SystemdUnavailable("user", "unix:path=/x", "the connection was lost")
+    result = run("--json", "monitor", env={"NOTIFY_SOCKET": str(tmp_path / "gone")})
+    assert (result.code, json.loads(result.stderr)["kind"]) == (4, "systemd_unavailable")
+
+
+def test_events_are_printed_page_by_page(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli import _app
+
+    monkeypatch.setattr(_app, "_EVENTS_PAGE", 1)
+    result = run("--json", "events")
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [
+        e["id"] for e in EVENTS
+    ]
+    pages = [c for c in fleet.calls if c[0] == "events"]
+    assert [c[3] for c in pages] == [None, *[e["id"] for e in EVENTS]]
+    assert all(c[4] == 1 for c in pages)

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentscope import _install, generator
@@ -226,6 +226,11 @@ BROKEN = {
     "exec relative": ('[monitor]\nexec = "agentscope"\n', "must be an absolute path"),
     "exec with a space": ('[monitor]\nexec = "/opt/my tools/agentscope"\n', "contains ' '"),
     "monitor not a table": ("monitor = 3\n", "[monitor] must be a table"),
+    "arrays nested 5000 deep": (
+        "x = " + "[" * 5000 + "]" * 5000 + "\n",
+        "nests arrays or tables too deeply",
+    ),
+    "larger than a megabyte": ("# " + "x" * (1 << 20) + "\n", "larger than"),
 }
 
 
@@ -368,3 +373,38 @@ def test_fleet_name_rule_matches_the_library(name: str) -> None:
 )
 def test_pressure_limit_values(value: str, ok: bool) -> None:
     assert (generator.validate_pressure_limit(value) is None) is ok
+
+
+_TOML_SCALARS = st.one_of(
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+)
+_TOML_KEYS = st.sampled_from(
+    [
+        "fleet",
+        "name",
+        "slice",
+        "monitor",
+        "users",
+        "exec",
+        "watchdog_sec",
+        "oomd_pressure_limit",
+        "listen",
+        "x",
+    ]
+) | st.text(max_size=8)
+_TOML_VALUES = st.recursive(
+    _TOML_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TOML_KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_TOML_KEYS, _TOML_VALUES, max_size=5))
+def test_any_config_gives_a_config_and_problems(data: dict[str, object]) -> None:
+    config, problems = generator.parse_config(data)
+    assert isinstance(config, generator.Config)
+    assert all(isinstance(p, str) for p in problems)

@@ -226,3 +226,92 @@ def test_watchdog_interval_from_the_manager() -> None:
     assert Notifier({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}).watchdog is None
     assert Notifier({"WATCHDOG_USEC": "0"}).watchdog is None
     assert Notifier({}).watchdog is None
+
+
+def test_idle_connections_past_the_cap_neither_pile_up_nor_starve_a_scrape(
+    face: tuple[HttpFace, FaceState],
+) -> None:
+    import threading
+
+    from cli import _http
+
+    server, _ = face
+    idle = [socket.create_connection(server.address) for _ in range(3 * _http._MAX_CONNECTIONS)]
+    try:
+        for conn in idle:
+            conn.sendall(b"GET /metr")
+        t0 = time.monotonic()
+        assert get(server, "/metrics")[0] == 200
+        assert time.monotonic() - t0 < 2
+        # The server closed all but (at most) a cap's worth: they read EOF.
+        deadline = time.monotonic() + 5
+        closed = 0
+        for conn in idle:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                closed += conn.recv(1) == b""
+            except (TimeoutError, ConnectionResetError):
+                closed += isinstance(sys.exc_info()[1], ConnectionResetError)
+        assert closed >= len(idle) - _http._MAX_CONNECTIONS
+        handlers = [t for t in threading.enumerate() if t.name.startswith("Thread-")]
+        assert len(handlers) <= _http._MAX_CONNECTIONS + 1
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_a_silent_client_is_dropped_after_the_timeout(
+    face: tuple[HttpFace, FaceState], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cli import _http
+
+    monkeypatch.setattr(_http._Handler, "timeout", 0.3)
+    server, _ = face
+    with socket.create_connection(server.address) as silent:
+        silent.settimeout(5)
+        t0 = time.monotonic()
+        assert silent.recv(100) == b""
+        assert time.monotonic() - t0 < 3
+
+
+def test_a_reset_connection_prints_no_traceback(
+    face: tuple[HttpFace, FaceState], capfd: pytest.CaptureFixture[str]
+) -> None:
+    import struct
+
+    server, _ = face
+    for _ in range(5):
+        conn = socket.create_connection(server.address)
+        conn.sendall(b"GET /metr")
+        time.sleep(0.05)
+        # SO_LINGER 0: close sends RST while the server reads the request.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+    assert get(server, "/health")[0] == 503
+    time.sleep(0.2)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "code"),
+    [
+        ("evil.example", 421),
+        ("evil.example:9464", 421),
+        ("127.0.0.1.nip.io", 421),
+        ("localhost", 503),
+        ("LOCALHOST:9464", 503),
+        ("127.0.0.1:1", 503),
+        ("[::1]:9464", 503),
+    ],
+)
+def test_the_host_header_must_name_this_host(
+    face: tuple[HttpFace, FaceState], host: str, code: int
+) -> None:
+    server, _ = face
+    request = urllib.request.Request(server.url + "/health", headers={"Host": host})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            got = r.status
+    except urllib.error.HTTPError as exc:
+        got = exc.code
+    assert got == code

@@ -16,8 +16,10 @@ fixed time.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import json
+import logging
 import os
 import shutil
 import time
@@ -816,3 +818,38 @@ def test_kernel_oom_task_line_names_the_cgroup() -> None:
     assert memcg.endswith("/agentscope-f-a-123456.scope")
     assert _parse_oom_task_line("Memory cgroup out of memory: Killed process 1 (x)") is None
     assert _parse_oom_task_line("oom-kill:constraint=CONSTRAINT_NONE,task=x,pid=zz") is None
+
+
+# -- bounded state (#16 item 13) --------------------------------------------------
+
+
+def test_throttle_state_holds_only_what_is_throttled_now(tree: Tree) -> None:
+    from agentscope._attribution import Throttle
+
+    mon, got = monitor(tree)
+    window = mon.pressure_window
+    for i in range(3000):
+        t = Throttle(tree.slice / f"agentscope-ci-a{i}-abc123.scope", 1, tuple(range(200)), None)
+        mon._report_throttles([t], now=1000.0 + i * window * 2)
+    assert len(got) == 3000  # each throttle was still told
+    assert all(len(e.d_state_pids) <= 64 for e in got)  # type: ignore[attr-defined]
+    assert len(mon._throttle_next) <= 2
+    assert len(mon._throttle_acc) <= 2
+
+
+def test_enospc_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Full:
+        def add_watch(self, path: Path, mask: int) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def rm_watch(self, wd: int) -> None:
+            pass
+
+    monkeypatch.setattr(_monitor, "_enospc_logged", False)
+    wanted = {tmp_path / f"s{i}" / "memory.events": 1 for i in range(20)}
+    with caplog.at_level(logging.WARNING, logger="agentscope.monitor"):
+        for _ in range(5):
+            assert _monitor._sync_watches(Full(), {}, wanted) == {}  # type: ignore[arg-type]
+    assert len([r for r in caplog.records if "max_user_watches" in r.message]) == 1

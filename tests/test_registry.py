@@ -124,7 +124,7 @@ def test_schema_and_pragmas(reg: Registry, db: Path) -> None:
     conn = raw(db)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
         assert conn.execute("PRAGMA application_id").fetchone()[0] == 0x41675363
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema")}
         assert {"agents", "events", "agents_open_name"} <= names
@@ -222,7 +222,7 @@ def test_forward_migration_steps_run_in_order(db: Path, monkeypatch: pytest.Monk
         assert r.get("ci", "old") is not None
     conn = raw(db)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
         assert conn.execute("SELECT note FROM agents").fetchall() == [("v2",)]
     finally:
         conn.close()
@@ -799,3 +799,146 @@ def test_busy_retries_are_bounded() -> None:
     with pytest.raises(sqlite3.OperationalError):
         _registry._retry_busy(always_busy, time.monotonic() - 1, sleep=lambda _: None)
     assert len(calls) == 1
+
+
+# ------------------------------------------------------- bounded history (#16)
+
+
+def test_gc_of_one_fleet_leaves_the_others_alone(reg: Registry) -> None:
+    now = 100 * DAY
+    for fleet in ("ci", "other"):
+        rec = launch(reg, "old", fleet=fleet, unit=f"u-{fleet}", created=now - 20 * DAY)
+        reg.record_event(fleet, "old", "launched", {}, ts=now - 20 * DAY)
+        reg.record_event(fleet, None, "reconciled", {}, ts=now - 20 * DAY)
+        reg.set_state(rec.unit, "exited", exit_status=0, exited=now - 10 * DAY)
+    assert reg.gc(now=now, fleet="ci") == 1
+    assert reg.agents("ci", include_closed=True) == []
+    assert reg.events("ci") == []
+    assert [r.unit for r in reg.agents("other", include_closed=True)] == ["u-other"]
+    assert [e.kind for e in reg.events("other")] == ["launched", "reconciled"]
+
+
+def test_history_is_pruned_at_open_without_a_gc(db: Path) -> None:
+    now = time.time()
+    with Registry(db, retention_seconds=0) as r:  # 0: keep everything
+        rec = launch(r, "old", unit="u-old", created=now - 40 * DAY)
+        r.set_state(rec.unit, "exited", exit_status=0, exited=now - 40 * DAY)
+        r.record_event("ci", None, "reconciled", {}, ts=now - 40 * DAY)
+        r.record_event("ci", None, "reconciled", {"new": 1}, ts=now - 1 * DAY)
+    with Registry(db, retention_seconds=0) as r:
+        assert len(r.events("ci")) == 2
+    with Registry(db) as r:  # the default retention: 30 days
+        assert r.agents("ci", include_closed=True) == []
+        assert [e.detail for e in r.events("ci")] == [{"new": 1}]
+
+
+def test_retention_comes_from_the_environment(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = time.time()
+    with Registry(db, retention_seconds=0) as r:
+        r.record_event("ci", None, "reconciled", {}, ts=now - 3 * DAY)
+    monkeypatch.setenv("AGENTSCOPE_RETENTION_DAYS", "5")
+    with Registry(db) as r:
+        assert len(r.events("ci")) == 1
+    monkeypatch.setenv("AGENTSCOPE_RETENTION_DAYS", "2")
+    with Registry(db) as r:
+        assert r.events("ci") == []
+    monkeypatch.setenv("AGENTSCOPE_RETENTION_DAYS", "soon")
+    assert Registry(db).retention_seconds == _registry.DEFAULT_RETENTION
+
+
+def test_a_flood_of_events_keeps_only_the_newest(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_registry, "MAX_EVENTS", 50)
+    with Registry(db) as r:
+        for i in range(120):
+            r.record_event("ci", None, "throttled", {"i": i})
+    with Registry(db) as r:
+        kept = r.events("ci")
+    assert [e.detail["i"] for e in kept] == list(range(70, 120))
+
+
+def test_events_until_agent_and_last_are_filters(reg: Registry) -> None:
+    for i in range(10):
+        reg.record_event("ci", "a" if i % 2 else "b", "k", {"i": i}, ts=1000.0 + i)
+    assert [e.detail["i"] for e in reg.events("ci", until=1003.0)] == [0, 1, 2]
+    assert [e.detail["i"] for e in reg.events("ci", agent="a", last=2)] == [7, 9]
+    assert [e.detail["i"] for e in reg.events("ci", since=1002.0, until=1006.0, last=3)] == [
+        3,
+        4,
+        5,
+    ]
+
+
+def _poll_steps(reg: Registry, after_id: int) -> int:
+    """SQLite VM steps (in thousands) one ``--follow`` poll takes."""
+    conn = reg._conn
+    assert conn is not None
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    conn.set_progress_handler(count, 1000)
+    try:
+        reg.events("ci", kind="oom_kill", after_id=after_id)
+        reg.events("ci", after_id=after_id)
+    finally:
+        conn.set_progress_handler(None, 0)
+    return steps[0]
+
+
+def test_a_follow_poll_costs_the_same_on_a_long_history(db: Path) -> None:
+    with Registry(db, retention_seconds=0) as r:
+        conn = r._conn
+        assert conn is not None
+
+        def fill(n: int) -> int:
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO events (ts, fleet, agent, kind, detail)"
+                " VALUES (?, 'ci', 'a', 'k', '{}')",
+                [(float(i),) for i in range(n)],
+            )
+            conn.execute("COMMIT")
+            last = r.events("ci", last=1)[0].id
+            r.record_event("ci", "a", "oom_kill", {})
+            return last
+
+        small = _poll_steps(r, fill(1_000))
+        large = _poll_steps(r, fill(100_000))
+    assert large <= small + 2
+
+
+def test_a_row_with_bad_json_is_shown_not_fatal(reg: Registry, db: Path) -> None:
+    launch(reg, "a", unit="u-a")
+    reg.record_event("ci", "a", "launched", {"ok": 1})
+    conn = raw(db)
+    conn.execute("UPDATE agents SET argv = '[not json'")
+    conn.execute(
+        "INSERT INTO events (ts, fleet, agent, kind, detail) VALUES (1, 'ci', 'a', 'x', '{bad')"
+    )
+    conn.execute(
+        "INSERT INTO events (ts, fleet, agent, kind, detail) VALUES (2, 'ci', 'a', 'y', '[1]')"
+    )
+    conn.close()
+    (rec,) = reg.agents("ci")
+    assert rec.argv == ("<unreadable argv>",)
+    details = [e.detail for e in reg.events("ci")]
+    assert details == [{"ok": 1}, {"unreadable": "{bad"}, {"unreadable": "[1]"}]
+
+
+@pytest.mark.parametrize("which", ["reg.db", "reg.db-wal", "reg.db-shm"])
+def test_a_planted_symlink_is_neither_followed_nor_chmodded(tmp_path: Path, which: str) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    target = tmp_path / "victim"
+    target.write_text("someone else's file\n")
+    target.chmod(0o644)
+    if which != "reg.db":
+        Registry(shared / "reg.db").close()
+        (shared / which).unlink(missing_ok=True)
+    (shared / which).symlink_to(target)
+    with pytest.raises(RegistryError, match="symbolic link"):
+        Registry(shared / "reg.db")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert target.read_text() == "someone else's file\n"

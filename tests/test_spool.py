@@ -294,3 +294,33 @@ def test_a_full_spool_sends_exec_the_slow_way_once(
     registry.agents("f")  # what the slow path's fleet does first
     registry.close()
     assert _spool.pending(str(spool)) == []
+
+
+@pytest.mark.parametrize("errno_", [24, 13])  # EMFILE, EACCES
+def test_an_entry_that_cannot_be_read_now_is_kept(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch, errno_: int
+) -> None:
+    (tmp_path / "slice" / "agentscope-f-builder-abc123.scope").mkdir()
+    path = _spool.claim(spool_of(registry), entry(tmp_path))
+    assert path is not None
+
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr(_spool, "open", unreadable, raising=False)
+    assert registry.agents("f") == []
+    assert os.path.exists(path)  # not taken for corrupt
+    assert _spool.claim(spool_of(registry), entry(tmp_path, unit="u2")) is None
+    monkeypatch.undo()
+    assert [a.name for a in registry.agents("f")] == ["builder"]
+
+
+def test_a_draft_left_by_a_killed_claim_is_removed(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    old, fresh = spool / ".agentscope-f-a-abc123.scope", spool / ".agentscope-f-b-abc123.scope"
+    old.write_bytes(b"half")
+    fresh.write_bytes(b"being written")
+    os.utime(old, (1_000_000.0, 1_000_000.0))
+    assert _spool.pending(str(spool)) == []
+    assert sorted(os.listdir(spool)) == [fresh.name]

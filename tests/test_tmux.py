@@ -154,3 +154,29 @@ def test_shim_waits_for_go_then_execs_with_the_spec(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert out.read_text() == f"a b|tmux-256color|{tmp_path}|{adj}|\n"
+
+
+@pytest.mark.parametrize("argv0", ["A=1", "./x=y"])
+def test_shim_never_takes_argv_for_variables(tmp_path: Path, argv0: str) -> None:
+    # env(1) reads leading NAME=VALUE words as variables: an agent command
+    # holding "=" must still be the command, and argv[1] only its argument.
+    fifo, spec, out = tmp_path / "go", tmp_path / "spec", tmp_path / "out"
+    os.mkfifo(fifo)
+    command = tmp_path / argv0
+    command.parent.mkdir(parents=True, exist_ok=True)
+    command.write_text('#!/bin/sh\necho "ran $1 FOO=${A-unset}" > "$2"\n')
+    command.chmod(0o755)
+    adj = max(int(Path("/proc/self/oom_score_adj").read_text()), 500)
+    env = {"PATH": f"{tmp_path}:{os.defpath}"}
+    spec.write_bytes(_tmux.spec_bytes(adj, str(tmp_path), env, [argv0, "touch", str(out)]))
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        proc = subprocess.Popen(
+            ["bash", "-c", _tmux.SHIM, _tmux.SHIM_TAG, str(fifo), str(spec)], env=env
+        )
+        os.write(fd, b"go\n")
+        proc.wait(10)
+    finally:
+        os.close(fd)
+    assert out.read_text() == "ran touch FOO=unset\n"
+    assert not _tmux.exec_done([*_tmux._SAFE_EXEC, argv0])

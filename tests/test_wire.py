@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -13,6 +14,8 @@ from typing import Any
 import pytest
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast._private.unmarshaller import Unmarshaller
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentscope import SystemdUnavailable, _scope, _wire
 
@@ -172,3 +175,132 @@ def test_authenticates_as_its_uid(server: Server) -> None:
 def test_nothing_listening_is_systemd_unavailable(tmp_path: Any) -> None:
     with pytest.raises(SystemdUnavailable, match="FileNotFoundError"):
         _wire.Connection("user", f"unix:path={tmp_path}/none", direct=True)
+
+
+# -- hostile peers (#16) --------------------------------------------------------------
+
+JOB = "/org/freedesktop/systemd1/job/42"
+
+
+def _job_removed(sender: str | None, result: str, path: str = _wire.SD_PATH) -> bytes:
+    # Built here: dbus-fast, a client, never writes the sender field a bus adds.
+    payload = _wire.marshal("uoss", [42, JOB, "a.scope", result])
+    fields: list[tuple[int, tuple[str, str]]] = [
+        (1, ("o", path)),
+        (2, ("s", _wire.SD_MANAGER)),
+        (3, ("s", "JobRemoved")),
+        (8, ("g", "uoss")),
+    ]
+    if sender is not None:
+        fields.append((7, ("s", sender)))
+    header = bytearray(struct.pack("<cBBBII", b"l", 4, 0, 1, len(payload), 1))
+    _wire._write(header, "a(yv)", fields)
+    _wire._pad(header, 8)
+    return bytes(header) + payload
+
+
+class Pusher(Server):
+    """A peer that sends ``messages`` right after the handshake."""
+
+    def __init__(self, path: str, messages: list[bytes]) -> None:
+        self.messages = messages
+        super().__init__(path)
+
+    def _serve(self) -> None:
+        conn, _ = self._listener.accept()
+        with conn:
+            while not self.auth.endswith(b"BEGIN\r\n"):
+                self.auth += conn.recv(4096)
+            conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n" + b"".join(self.messages))
+            while conn.recv(4096):
+                pass
+
+
+@pytest.mark.parametrize(
+    ("sender", "path", "owner", "direct", "ok"),
+    [
+        (":1.1", _wire.SD_PATH, ":1.1", False, True),
+        (":1.99", _wire.SD_PATH, ":1.1", False, False),  # another local user
+        (_wire.SD, _wire.SD_PATH, ":1.1", False, False),  # a well-known name is not a sender
+        (":1.1", "/org/freedesktop/systemd1/x", ":1.1", False, False),
+        (":1.1", _wire.SD_PATH, None, False, False),  # owner not known yet
+        (None, _wire.SD_PATH, None, True, True),  # the private socket: the manager only
+        (None, "/elsewhere", None, True, False),
+    ],
+)
+def test_only_the_manager_may_end_a_job(
+    sender: str | None, path: str, owner: str | None, direct: bool, ok: bool
+) -> None:
+    assert _wire.from_systemd(sender, path, _wire.SD_MANAGER, owner, direct) is ok
+    assert not _wire.from_systemd(owner, _wire.SD_PATH, "org.example.Forged", owner, direct)
+
+
+def test_a_forged_job_removed_does_not_end_the_wait(tmp_path: Any) -> None:
+    forged = [_job_removed(":1.99", "done"), _job_removed(":1.1", "done", path="/x")]
+    peer = Pusher(str(tmp_path / "s"), [*forged, _job_removed(":1.1", "failed")])
+    conn = _wire.Connection("system", peer.address, direct=False, timeout=5)
+    conn._owner = ":1.1"  # what GetNameOwner answered
+    try:
+        assert conn.job_result(JOB) == "failed"
+    finally:
+        conn.close()
+        peer.close()
+
+
+def test_a_huge_declared_message_is_refused_unread(tmp_path: Any) -> None:
+    header = struct.pack("<cBBBIII", b"l", 4, 0, 1, 2**31, 1, 0)
+    peer = Pusher(str(tmp_path / "s"), [header])
+    conn = _wire.Connection("user", peer.address, direct=True, timeout=5)
+    try:
+        with pytest.raises(SystemdUnavailable, match="announced a message of"):
+            conn.job_result(JOB)
+    finally:
+        conn.close()
+        peer.close()
+
+
+def test_a_malformed_body_is_a_clean_error(tmp_path: Any) -> None:
+    good = _job_removed(None, "done")
+    bad = good[:-9] + b"\xff\xff\xff\xff" + good[-5:]  # the result's length runs off the end
+    peer = Pusher(str(tmp_path / "s"), [bad])
+    conn = _wire.Connection("user", peer.address, direct=True, timeout=5)
+    try:
+        with pytest.raises(SystemdUnavailable, match="malformed message"):
+            conn.job_result(JOB)
+    finally:
+        conn.close()
+        peer.close()
+
+
+@pytest.mark.parametrize("signature", ["a()", "a", "(", "()", "a{vs}", "a{s}", "z", "a" * 40 + "y"])
+def test_invalid_signatures_are_refused(signature: str) -> None:
+    with pytest.raises(_wire.Malformed):
+        _wire.unmarshal(signature, bytes(64))
+
+
+_SIGNATURES = st.recursive(
+    st.sampled_from(list("ybnqiuxtdsogvh")),
+    lambda inner: (
+        inner.map(lambda t: "a" + t)
+        | st.lists(inner, min_size=1, max_size=3).map(lambda ts: "(" + "".join(ts) + ")")
+        | st.tuples(st.sampled_from(list("ysu")), inner).map(lambda kv: "a{" + "".join(kv) + "}")
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_SIGNATURES, st.text(alphabet="ay(){}sv", max_size=8)), st.binary(max_size=96))
+def test_unmarshal_never_fails_uncleanly(signature: str, data: bytes) -> None:
+    try:
+        values = _wire.unmarshal(signature, data)
+    except _wire.Malformed:
+        return
+    assert isinstance(values, list)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=128))
+def test_a_message_is_parsed_or_refused(data: bytes) -> None:
+    with contextlib.suppress(_wire.Malformed):
+        _wire._Message(b"l\x04\x00\x01" + data)

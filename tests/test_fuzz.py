@@ -1,0 +1,114 @@
+"""Property tests of the parsers of kernel files others control (#16).
+
+A cgroup or /proc file of another user's process, a kmsg line, an event row
+of the registry: each parser gives a value or its documented clean error
+(ValueError), never another exception. max_examples stays modest so
+``make unit`` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentscope import _attribution, _cgroup, _monitor, _proc, _registry
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Text shaped like the kernel's key/value files, plus arbitrary bytes.
+_WORDS = st.sampled_from(
+    [b"low", b"high", b"max", b"oom", b"oom_kill", b"oom_group_kill", b"anon", b"file",
+     b"some", b"full", b"avg10=", b"avg60=", b"avg300=", b"total=", b"MemTotal:",
+     b"MemAvailable:", b"kB", b"-1", b"0", b"18446744073709551615", b"99999999999999999999999",
+     b"1.5", b"nan", b"\xff", b"(", b")", b" ", b"\n", b"\t", b"="]
+)  # fmt: skip
+KERNEL_BYTES = st.lists(_WORDS, max_size=40).map(b"".join) | st.binary(max_size=200)
+
+PARSERS = [
+    _cgroup.parse_memory_events,
+    _cgroup.parse_memory_stat,
+    _cgroup.parse_pressure,
+    _cgroup.parse_procs,
+    _cgroup.parse_limit,
+    _proc.parse_stat,
+    _proc.parse_meminfo,
+]
+
+
+@pytest.mark.parametrize("parse", PARSERS, ids=lambda p: p.__name__)
+@FAST
+@given(data=KERNEL_BYTES)
+def test_kernel_file_parsers_give_a_value_or_value_error(parse: object, data: bytes) -> None:
+    with contextlib.suppress(ValueError):
+        parse(data)  # type: ignore[operator]
+
+
+_KMSG = st.sampled_from(
+    ["Memory cgroup out of memory: Killed process ", "Out of memory: Killed process ",
+     "oom-kill:constraint=CONSTRAINT_MEMCG,", "task_memcg=/", "task=", "pid=", "uid=",
+     "total-vm:", "anon-rss:", "kB", ",", " ", "(", ")", "1234", "-1", "99999999999999999999",
+     "\u00e9", "\x00"]
+)  # fmt: skip
+KMSG_LINES = st.lists(_KMSG, max_size=25).map("".join) | st.text(max_size=120)
+
+
+@FAST
+@given(line=KMSG_LINES)
+def test_kmsg_lines_give_a_kill_or_none(line: str) -> None:
+    kill = _attribution.parse_oom_kill_line(line)
+    assert kill is None or isinstance(kill, _attribution.KernelOomKill)
+    task = _monitor._parse_oom_task_line(line)
+    assert task is None or isinstance(task[0], int)
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=10,
+)
+
+
+@FAST
+@given(detail=st.text(max_size=60) | JSONISH.map(json.dumps), argv=st.text(max_size=40))
+def test_registry_rows_with_any_json_are_read(
+    tmp_path_factory: pytest.TempPathFactory, detail: str, argv: str
+) -> None:
+    event = _registry._event_from_row((1, 2.0, "f", "a", "k", detail))
+    assert isinstance(event.detail, dict)
+    json.dumps(event.to_dict(), default=str)
+    row = (1, "f", "a", "u", 1, 2, argv, "/", 3.0, "running", None, None, 0, None, None)
+    agent = _registry._agent_from_row(row)
+    assert all(isinstance(a, str) for a in agent.argv)
+
+
+def test_a_deeply_nested_detail_is_shown_as_unreadable() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    assert _registry._event_from_row((1, 2.0, "f", "a", "k", deep)).detail == {
+        "unreadable": deep[:200]
+    }
+
+
+@FAST
+@given(data=KERNEL_BYTES)
+def test_stat_lines_with_hostile_comms_parse_or_refuse(data: bytes) -> None:
+    line = b"42 (" + data + b") S 1 42 42 0 -1 4194560 " + b" ".join([b"0"] * 44)
+    try:
+        stat = _proc.parse_stat(line)
+    except ValueError:
+        return
+    assert stat.pid == 42
+
+
+def test_readers_tolerate_a_tree_of_junk(tmp_path: Path) -> None:
+    scope = tmp_path / "agents.slice" / "a.scope"
+    scope.mkdir(parents=True)
+    for name in ("memory.events", "memory.current", "memory.stat", "memory.pressure",
+                 "memory.max", "memory.high", "cgroup.procs", "memory.peak"):  # fmt: skip
+        (scope / name).write_bytes(b"\xff\x00 junk ( ) -1\n")
+    with contextlib.suppress(ValueError):
+        _cgroup.read_cgroup_memory(scope)
