@@ -801,15 +801,14 @@ class Registry:
         # Read from one open file, whose inode says later whether the name
         # still holds this entry (see _unlink_same).
         try:
-            with open(path, "rb") as f:
-                ino = os.fstat(f.fileno()).st_ino
-                entry = _spool.Entry.decode(f.read())
-        except FileNotFoundError:
-            return  # taken in meanwhile by another process
+            taken = _spool.read_held(path)
         except OSError as exc:
             # Unreadable for now (out of fds, a permission): kept for next time.
             logging.getLogger("agentscope").warning("spool entry %s not read: %s", path, exc)
             return
+        if taken is None:
+            return  # taken in meanwhile by another process
+        entry, ino = taken
         state = entry.state() if entry is not None else "bad"
         if entry is None or state == "starting":  # "starting": its exec still waits
             if entry is None:

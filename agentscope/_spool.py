@@ -29,6 +29,7 @@ __all__ = [
     "claim",
     "pending",
     "read",
+    "read_held",
     "spool_dir",
     "start_time",
     "state_dir",
@@ -194,9 +195,22 @@ def read(path: str) -> Entry | None:
         OSError: it exists but cannot be read now (EMFILE, EACCES, EIO...):
             not a reason to take it for corrupt and delete it.
     """
+    held = read_held(path)
+    return None if held is None else held[0]
+
+
+def read_held(path: str) -> tuple[Entry | None, int] | None:
+    """The entry at ``path`` (None: not an entry) and the inode it was read from.
+
+    The inode tells a taker later whether the name still holds this entry (an
+    exec may have claimed the name meanwhile). None when the file is gone.
+
+    Raises:
+        OSError: as :func:`read`.
+    """
     try:
         with open(path, "rb") as f:
-            return Entry.decode(f.read())
+            return Entry.decode(f.read()), os.fstat(f.fileno()).st_ino
     except FileNotFoundError:
         return None
 

@@ -43,6 +43,7 @@ problem; `--debug` adds the traceback.
 | 2 | bad usage or bad input | `usage`, `bad_input`, `invalid_name`, `launch_error` |
 | 3 | no such agent | `not_found` |
 | 4 | systemd unreachable or unsupported here | `systemd_unavailable` |
+| 130 | interrupted (Ctrl-C) | `interrupted` |
 
 SIZE is bytes or a K/M/G/T suffix in powers of 1024 (`512M`, `1.5G`, `2GiB`;
 `KB` and `KiB` both mean 1024). TIME is unix seconds, ISO 8601

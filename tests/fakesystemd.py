@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dbus_fast import Message, Variant
+from dbus_fast import Message, MessageType, Variant
 
 from agentscope._bus import INFINITY, PROPS, SystemdBus
 from agentscope._errors import BusError
@@ -113,10 +113,15 @@ class FakeSystemd(SystemdBus):
 
     # -- the SystemdBus surface ----------------------------------------------
 
+    UNIQUE_NAME = ":1.1"
+
     async def connect(self) -> Any:
         self.connected = True
         self.version = self._version
         self.address = "unix:path=/fake/systemd"
+        # The manager's unique name on the bus: the real JobRemoved filter
+        # (_wire.from_systemd) believes only signals sent under it.
+        self._owner, self._direct = self.UNIQUE_NAME, False
         if self._collector is None or self._collector.done():
             self._collector = asyncio.get_running_loop().create_task(self._collect())
         return self
@@ -180,12 +185,14 @@ class FakeSystemd(SystemdBus):
     def _job_removed(self, unit: str, result: str) -> str:
         self._job += 1
         job_id, path = self._job, f"/org/freedesktop/systemd1/job/{self._job}"
-        signal_msg = Message.new_signal(
-            "/org/freedesktop/systemd1",
-            "org.freedesktop.systemd1.Manager",
-            "JobRemoved",
-            "uoss",
-            [job_id, path, unit, result],
+        signal_msg = Message(
+            message_type=MessageType.SIGNAL,
+            sender=self.UNIQUE_NAME,
+            path="/org/freedesktop/systemd1",
+            interface="org.freedesktop.systemd1.Manager",
+            member="JobRemoved",
+            signature="uoss",
+            body=[job_id, path, unit, result],
         )
         # Sent after the method's reply, as systemd does.
         asyncio.get_running_loop().call_soon(self._on_message, signal_msg)
