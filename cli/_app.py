@@ -730,6 +730,14 @@ def install(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would be written.")
     ] = False,
+    mglru_protection: Annotated[
+        bool,
+        typer.Option(
+            "--mglru-protection",
+            help="Also turn on the kernel's MGLRU thrashing protection at boot "
+            "(min_ttl_ms=1000, a tmpfiles.d line; --system only; uninstall removes it).",
+        ),
+    ] = False,
 ) -> None:
     """Install the agents slice (no memory limits) and the monitor service for --fleet."""
     from agentscope import install as inst
@@ -737,11 +745,14 @@ def install(
     scope = _install_scope(ctx, system, user)
     if scope == "system" and os.geteuid() != 0:
         raise BadInput("install --system needs root; use --user for your own manager")
+    if mglru_protection and scope != "system":
+        raise BadInput("--mglru-protection is host-wide: use it with install --system (root)")
     plan = inst.plan_install(
         scope,  # type: ignore[arg-type]
         systemd_version=inst.detect_systemd_version(),
         linger=linger,
         fleets=[_opts(ctx).fleet],
+        mglru_min_ttl_ms=inst.MGLRU_MIN_TTL_DEFAULT if mglru_protection else None,
     )
     lines = inst.apply_plan(plan, dry_run=dry_run)
     if not dry_run:

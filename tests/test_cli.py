@@ -1120,6 +1120,18 @@ def test_install_both_scopes_is_bad_usage() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_install_mglru_protection_is_for_system_installs_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    result = run("install", "--user", "--mglru-protection", "--dry-run")
+    assert result.code == 2
+    assert "--mglru-protection is host-wide" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.rglob("*")) == []
+
+
 def test_uninstall_without_install_fails_clearly(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -333,3 +333,53 @@ def test_user_install_on_247_says_the_home_drop_in_may_not_apply(tmp_path: Path)
     assert any(f.path.name == "60-agentscope-oom-policy.conf" for f in old.files)
     assert any("247 does not" in note and "--system" in note for note in old.notes)
     assert not any("user.conf.d" in note for note in user_plan(tmp_path, version=252).notes)
+
+
+def test_mglru_protection_is_an_opt_in_that_uninstall_removes(tmp_path: Path) -> None:
+    tmpfiles = tmp_path / "etc/tmpfiles.d/agentscope-mglru.conf"
+    apply_plan(system_plan(tmp_path))
+    assert not tmpfiles.exists(), "not without asking"
+    plan = plan_install(
+        "system",
+        root=tmp_path,
+        systemd_version=257,
+        linger=False,
+        fleets=["default"],
+        agentscope_exec=EXEC,
+        python=sys.executable,
+        mglru_min_ttl_ms=1000,
+    )
+    assert ("systemd-tmpfiles", "--create", "/etc/tmpfiles.d/agentscope-mglru.conf") in (
+        plan.actions
+    )
+    apply_plan(plan)
+    lines = [x for x in tmpfiles.read_text().splitlines() if not x.startswith("#")]
+    assert lines == [
+        "w /sys/kernel/mm/lru_gen/enabled - - - - y",
+        "w /sys/kernel/mm/lru_gen/min_ttl_ms - - - - 1000",
+    ]
+    manifest = _install.load_manifest("system", root=tmp_path)
+    assert manifest is not None
+    uninstall = plan_uninstall(manifest)
+    # The running kernel gets Debian's default (off) back at once, not at the next boot.
+    assert uninstall.actions[-1][:2] == ("sh", "-c")
+    assert "echo 0 > /sys/kernel/mm/lru_gen/min_ttl_ms" in uninstall.actions[-1][2]
+    apply_plan(uninstall)
+    assert tree(tmp_path) == {}
+
+
+def test_mglru_protection_refuses_bad_values_and_user_installs(tmp_path: Path) -> None:
+    for bad in (0, 99, 60_001, True, 1000.0):
+        with pytest.raises(ValueError, match=r"mglru_min_ttl_ms must be an integer 100\.\.60000"):
+            _install.mglru_protection(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="system install only"):
+        plan_install(
+            "user",
+            root=tmp_path,
+            home=HOME,
+            systemd_version=257,
+            linger=False,
+            fleets=[],
+            agentscope_exec=EXEC,
+            mglru_min_ttl_ms=1000,
+        )
