@@ -297,7 +297,7 @@ async def squeeze(name: str, manager: str, give_up: float, ballast_mb: int) -> O
                 out.earlyoom_kills = [
                     line.split(": ", 1)[-1][:160]
                     for line in log.splitlines()
-                    if "sending SIG" in line or "escalating" in line
+                    if " to process " in line or "escalating" in line
                 ]
             with contextlib.suppress(RootHelperError):
                 as_root("earlyoom", "stop")
@@ -440,7 +440,7 @@ def ratios(rows: list[Outcome]) -> list[str]:
             for what in ("runaway_lifetime", "manager_worst_lag", "sibling_worst_gap"):
                 x, y = getattr(by[a], what), getattr(by[b], what)
                 if x is not None and y:
-                    out.append(f"{a}/{b} {what}: {x / y:.2f}x ({x:.2f} / {y:.2f})")
+                    out.append(f"{a}/{b} {what}: {x / y:.3f}x ({x:.2f} / {y:.2f})")
     return out
 
 
