@@ -188,8 +188,41 @@ def _local(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def _guard_kill_text(d: Mapping[str, Any]) -> str:
+    """What a guard kill did and why, in one line (``d``: the event's fields)."""
+    size = format_bytes(int(d.get("rss") or 0) + int(d.get("swap") or 0))
+    if d.get("trigger") == "psi":
+        why = f"PSI full {_num(d.get('psi_full_avg10'))}%"
+    else:
+        why = (
+            f"MemAvailable {_num(d.get('mem_available_percent'))}% "
+            f"SwapFree {_num(d.get('swap_free_percent'))}%"
+        )
+    reaction = d.get("reaction_seconds")
+    took = f"{float(reaction) * 1000:.0f} ms" if isinstance(reaction, int | float) else "-"
+    comm = str(d.get("comm") or "-").translate(_UNPRINTABLE)
+    released = "" if d.get("released") else " (not released)"
+    return f"pid={d.get('pid')} comm={comm} size={size} trigger={why} reaction={took}{released}"
+
+
+#: Control characters in names others chose are shown as '?' in a text line.
+_UNPRINTABLE = {c: "?" for c in range(32)} | {127: "?"}
+
+
 def event_line(event: Mapping[str, Any]) -> str:
-    """``2024-05-01 12:00:00 oom_kill builder-1 pid=123 comm=node``."""
+    """``2024-05-01 12:00:00 oom_kill builder-1 pid=123 comm=node``.
+
+    A guard kill (live, or a registry record with ``detail``) reads as
+    ``... guard_kill builder-1 pid=123 comm=node size=1.2G trigger=...
+    reaction=40 ms``.
+    """
+    if event.get("kind") == "guard_kill":
+        detail = event.get("detail")
+        fields = detail if isinstance(detail, Mapping) else event
+        ts = event.get("ts")
+        stamp = _local(float(ts)) if ts is not None else "-"
+        agent = event.get("agent") or fields.get("unit") or "-"
+        return f"{stamp} guard_kill {agent} {_guard_kill_text(fields)}"
     detail = event.get("detail") or {}
     extra = " ".join(f"{k}={v}" for k, v in detail.items()) if isinstance(detail, Mapping) else ""
     ts = event.get("ts")

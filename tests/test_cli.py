@@ -195,8 +195,10 @@ class FakeFleet:
         return FakeRecord({**REPORT, "processes": REPORT["processes"][:top]})
 
     @contextmanager
-    def monitor(self, interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
-        self._op("monitor", interval, top)
+    def monitor(
+        self, interval: float = 2.0, top: int = 10, *, guard: object = False
+    ) -> Iterator[Iterator[FakeRecord]]:
+        self._op("monitor", interval, top, *([guard] if guard is not False else []))
         yield iter([FakeRecord(e, id=e["id"]) for e in EVENTS])
 
 
@@ -722,7 +724,9 @@ def test_monitor_prints_events_and_notifies(fleet: FakeFleet, tmp_path: Path) ->
 
 def test_monitor_stops_on_sigterm(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
     @contextmanager
-    def endless(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+    def endless(
+        interval: float = 2.0, top: int = 10, *, guard: object = False
+    ) -> Iterator[Iterator[FakeRecord]]:
         def forever() -> Iterator[FakeRecord]:
             os.kill(os.getpid(), signal.SIGTERM)
             while True:
