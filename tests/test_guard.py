@@ -14,13 +14,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from agentscope import GuardConfig, GuardKill, HostUnderPressure, InvalidConfig, _guard
+from agentscope import AsyncFleet, GuardConfig, GuardKill, HostUnderPressure, InvalidConfig, _guard
 from agentscope._guard import Guard, admit, kill_process, run_guard
 from agentscope._guardpolicy import (
     GuardProcess,
@@ -33,6 +33,7 @@ from agentscope._guardpolicy import (
     under_pressure,
 )
 from agentscope._monitor import Event, Monitor
+from agentscope._registry import Registry
 from tests.fakefs import (
     PAGE,
     format_pressure,
@@ -602,3 +603,74 @@ async def test_admission_waits_then_refuses_with_the_figures(tree: Tree) -> None
     finally:
         await asyncio.to_thread(guard.stop)
     assert not guard.running
+
+
+# -- the fleet: protected pids, the registry, admission ---------------------
+
+
+@pytest.fixture
+async def fleet(tree: Tree, tmp_path: Path) -> AsyncIterator[AsyncFleet]:
+    """An AsyncFleet with a registry and no bus (the host has no systemd).
+
+    Only what the guard touches is real: its monitor, the registry, the
+    launch's admission step (which runs before any bus call).
+    """
+    f = AsyncFleet("f", "user", registry=tmp_path / "reg.db", tmux_dir=tmp_path / "tmux")
+    f._registry = await asyncio.to_thread(Registry, f.registry_path)
+    f._slice_cgroup = tree.slice  # where the fake slice is
+    yield f
+    await f.aclose()
+
+
+async def test_a_fleets_guard_kill_is_recorded_even_while_the_loop_stalls(
+    tree: Tree, fleet: AsyncFleet, sleeper: subprocess.Popen[bytes]
+) -> None:
+    make_meminfo(tree.proc)
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("pytest", 900, 200)})
+    mon = fleet.monitor(
+        interval=0.05, guard=FAST, cgroup_root=tree.cg, proc_root=tree.proc, kmsg=None
+    )
+    async with mon:
+        tree.host(5, 1)
+        # The loop stalls (a blocking call on it) through the whole kill.
+        assert sleeper.wait(WAIT) == -signal.SIGKILL
+        tree.host(40, 40)
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if await fleet.events(kind="guard_kill"):
+                break
+    (record,) = await fleet.events(kind="guard_kill")
+    assert record.agent == "a"
+    assert record.detail["pid"] == sleeper.pid
+    assert record.detail["comm"] == "pytest"
+    assert record.detail["trigger"] == "memory"
+    assert record.detail["unit"] == "agentscope-f-a-a1b2c3.scope"
+
+
+async def test_the_fleet_protects_its_own_process_and_tmux_server(fleet: AsyncFleet) -> None:
+    pids, units = fleet._guard_protected()
+    assert os.getpid() in pids
+    assert units == {"agentscope-f-tmux.scope"}
+
+
+async def test_a_launch_under_pressure_is_refused_before_anything_exists(
+    tree: Tree, fleet: AsyncFleet
+) -> None:
+    mon = fleet.monitor(
+        interval=0.05, guard=FAST, cgroup_root=tree.cg, proc_root=tree.proc, kmsg=None
+    )
+    async with mon:
+        tree.host(5, 1)
+        guard = mon.guard
+        assert guard is not None
+        await asyncio.to_thread(wait_until, lambda: guard.trigger == "memory")
+        with pytest.raises(HostUnderPressure) as info:
+            await fleet.launch("b", ["sleep", "60"])
+        assert info.value.swap_free_percent == pytest.approx(1, abs=0.01)
+    assert await asyncio.to_thread(fleet._registry.agents, "f") == []  # type: ignore[union-attr]
+    assert await fleet.events() == []
+
+
+def test_admission_wait_is_validated() -> None:
+    with pytest.raises(InvalidConfig, match="admission_wait"):
+        AsyncFleet("f", "user", admission_wait=-1)
