@@ -38,6 +38,7 @@ __all__ = [
     "read_smaps_rollup",
     "read_stat",
     "read_statm_rss",
+    "read_vm_sizes",
     "read_wchan",
     "top_processes",
 ]
@@ -158,6 +159,23 @@ def read_statm_rss(
         # A task exiting between open and read can give an empty file.
         return None
     return int(fields[1]) * page_size
+
+
+def read_vm_sizes(pid: int, proc_root: Path = PROC_ROOT) -> tuple[int, int] | None:
+    """``(VmRSS, VmSwap)`` of ``pid`` in bytes, from ``/proc/PID/status``.
+
+    What the guard sizes a process by: resident plus swapped-out pages, as
+    cheap as ``statm`` and without ``smaps_rollup``'s page walk. (0, 0) for
+    kernel threads and zombies (no Vm lines); None when the process is gone.
+
+    Raises:
+        OSError: other than the process vanishing.
+    """
+    data = _read_kernel_file(_pid_file(proc_root, pid, "status"))
+    if data is None:
+        return None
+    values = _kb_fields(data)
+    return values.get("VmRSS", 0), values.get("VmSwap", 0)
 
 
 @dataclass(frozen=True, slots=True)

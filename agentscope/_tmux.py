@@ -383,6 +383,11 @@ class TmuxServer:
             return True
         return self.pid() is not None
 
+    @property
+    def known_pid(self) -> int | None:
+        """The server's PID as last seen, without asking tmux (any thread; may be stale)."""
+        return self._pid
+
     def pid(self) -> int | None:
         """The server's PID, None when it does not run."""
         self._pid = None

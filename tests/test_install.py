@@ -150,7 +150,12 @@ def test_system_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
     }
     subprocess.run([str(generated), str(out)], env=env, check=True, timeout=60)
     monitor = (out / "agentscope-monitor@.service").read_text()
-    assert f"\nExecStart={EXEC} --manager system --fleet %i monitor\n" in monitor
+    # The installed config spells out the guard's defaults, so the unit does too.
+    guard = (
+        "--guard --guard-mem-available 10 --guard-swap-free 10 --guard-psi-full 60 "
+        "--guard-psi-seconds 10"
+    )
+    assert f"\nExecStart={EXEC} --manager system --fleet %i monitor {guard}\n" in monitor
     assert (out / "multi-user.target.wants/agentscope-monitor@default.service").is_symlink()
     for path in sorted(out.rglob("*"), reverse=True):  # not part of the install
         path.unlink() if not path.is_dir() or path.is_symlink() else path.rmdir()
@@ -172,7 +177,7 @@ def test_user_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
     link = units / "default.target.wants/agentscope-monitor@ci.service"
     assert os.readlink(link) == "../agentscope-monitor@.service"
     monitor = (units / "agentscope-monitor@.service").read_text()
-    assert f"\nExecStart={EXEC} --manager user --fleet %i monitor\n" in monitor
+    assert f"\nExecStart={EXEC} --manager user --fleet %i monitor --guard\n" in monitor
     assert "\nWantedBy=default.target\n" in monitor
     assert "\nSlice=app-agentscope.slice\n" in monitor
     assert (units / "app-agentscope-agents.slice").is_file()
