@@ -878,17 +878,17 @@ def demo(
         bool,
         typer.Option(
             "--global-oom",
-            help="No cap: let the whole machine run out of memory. Only in a throwaway VM.",
+            help="No cap: let the tool call run the whole machine short, for the guard to "
+            "catch. Only in a throwaway VM.",
         ),
     ] = False,
-    timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for the OOM kill.", min=1)
-    ] = 150.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the kill.", min=1)] = 150.0,
 ) -> None:
-    """Show what agentscope does: a fleet, a runaway agent, the OOM kill named.
+    """Show what agentscope does: a fleet, a runaway agent, its kill named.
 
-    Launches cheap agents (fleet "demo" unless --fleet), starts the monitor,
-    lets one agent's tool call grow until the kernel OOM-kills it, then shows
+    Launches cheap agents (fleet "demo" unless --fleet), starts the monitor
+    with its memory guard, lets one agent's tool call grow until it is killed
+    (by the kernel in its capped scope; with --global-oom by the guard), then shows
     the survivors, the slice's limits and the memory report, and stops every
     agent it started (also on Ctrl-C). Exits 0 only if every outcome happened.
     """
