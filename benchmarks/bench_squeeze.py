@@ -51,6 +51,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -358,7 +359,7 @@ async def idle_cost(manager: str, agents: int, seconds: float, pairs: int) -> di
     fleet = AsyncFleet("sq-idle", manager)
     await fleet.open()
     names = [f"idle-{i}" for i in range(agents)]
-    cpu: dict[str, list[float]] = {"monitor": [], "guard": []}
+    cpu: dict[str, list[float]] = {"monitor": [], "guard": [], "guard_thread": []}
     try:
         for n in names:
             await fleet.launch(n, ["sleep", "3600"], stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL)
@@ -367,21 +368,41 @@ async def idle_cost(manager: str, agents: int, seconds: float, pairs: int) -> di
                 options: dict[str, Any] = {"guard": True} if way == "guard" else {}
                 async with fleet.monitor(interval=2.0, **options):
                     await asyncio.sleep(3.0)  # settle: first samples, watches set
+                    g0 = _guard_thread_cpu()
                     c0, t0 = time.process_time(), time.monotonic()
                     await asyncio.sleep(seconds)
-                    cpu[way].append((time.process_time() - c0) / (time.monotonic() - t0))
+                    wall = time.monotonic() - t0
+                    cpu[way].append((time.process_time() - c0) / wall)
+                    g1 = _guard_thread_cpu()
+                    if way == "guard" and g0 is not None and g1 is not None:
+                        cpu["guard_thread"].append((g1 - g0) / wall)
     finally:
         await asyncio.gather(*(_stop(fleet, n) for n in names))
         await fleet.aclose()
-    monitor = sorted(cpu["monitor"])[len(cpu["monitor"]) // 2]
-    guard = sorted(cpu["guard"])[len(cpu["guard"]) // 2]
+    monitor = statistics.median(cpu["monitor"])
+    guard = statistics.median(cpu["guard"])
+    thread = statistics.median(cpu["guard_thread"]) if cpu["guard_thread"] else None
     return {
         "agents": agents,
         "monitor_cpu_percent": round(monitor * 100, 3),
         "guard_cpu_percent": round(guard * 100, 3),
         "guard_cost_percent_of_a_core": round((guard - monitor) * 100, 3),
+        "guard_thread_percent_of_a_core": None if thread is None else round(thread * 100, 3),
         "samples": {k: [round(v * 100, 3) for v in vs] for k, vs in cpu.items()},
     }
+
+
+def _guard_thread_cpu() -> float | None:
+    """CPU seconds of the guard's thread so far (its /proc task stat), None if not running."""
+    for t in threading.enumerate():
+        if t.name == "agentscope-guard" and t.native_id is not None:
+            try:
+                fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text()
+            except OSError:
+                return None
+            utime, stime = fields.rsplit(")", 1)[1].split()[11:13]
+            return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    return None
 
 
 def _fmt(v: float | None, unit: str = "s") -> str:
@@ -455,7 +476,7 @@ async def main_async(args: argparse.Namespace) -> None:
         flush=True,
     )
     rows = []
-    for name in args.rounds.split(","):
+    for name in [r for r in args.rounds.split(",") if r]:
         if name.startswith("guard") and not has_guard:
             print(f"round {name}: skipped (no guard in this build)", flush=True)
             continue
