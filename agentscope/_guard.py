@@ -22,7 +22,6 @@ freezes: issue #20). So:
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import errno
 import logging
@@ -34,6 +33,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from ._errors import HostUnderPressure
 from ._guardpolicy import (
@@ -50,7 +50,15 @@ from ._guardpolicy import (
 )
 from ._proc import PROC_ROOT, read_cmdline, read_stat
 
-__all__ = ["Guard", "Protected", "admit", "kill_process", "prepare_process", "run_guard"]
+__all__ = [
+    "Guard",
+    "GuardHandle",
+    "Protected",
+    "admit",
+    "kill_process",
+    "prepare_process",
+    "run_guard",
+]
 
 log = logging.getLogger("agentscope.guard")
 
@@ -501,7 +509,23 @@ class Guard:
 # Admission control
 
 
-async def admit(guards: Iterable[Guard], wait: float, *, poll: float = 0.1) -> None:
+class GuardHandle(Protocol):
+    """A running guard as its owner sees it: :class:`Guard`, or a guard process."""
+
+    last_reading: HostReading | None
+    trigger: Trigger | None
+    kills: int
+    notes: list[str]
+
+    @property
+    def running(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = ...) -> None: ...
+
+
+async def admit(guards: Iterable[GuardHandle], wait: float, *, poll: float = 0.1) -> None:
     """Return when no running guard in ``guards`` holds the host under pressure.
 
     Waits up to ``wait`` seconds for the pressure to clear.
@@ -509,6 +533,8 @@ async def admit(guards: Iterable[Guard], wait: float, *, poll: float = 0.1) -> N
     Raises:
         HostUnderPressure: still under pressure after ``wait`` seconds.
     """
+    import asyncio  # here: a guard process of its own never needs it
+
     guards = list(guards)
     start = time.monotonic()
     while True:

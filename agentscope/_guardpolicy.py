@@ -35,9 +35,9 @@ from ._proc import PROC_ROOT, parse_meminfo, read_oom_score_adj, read_stat, read
 __all__ = [
     "GuardConfig",
     "GuardKill",
-    "GuardProcess",
     "HostReading",
     "PressureClock",
+    "SliceProcess",
     "Trigger",
     "Victim",
     "choose_victim",
@@ -86,6 +86,8 @@ class GuardConfig:
     ``lock_memory`` locks the guard's process in RAM where allowed.
     ``oom_score_adj`` (None: leave it) is set on the guard's process at
     start; only a process that runs nothing but the monitor should set it.
+    ``process`` runs the guard in a small process of its own instead of a
+    thread of the caller's (docs/guard.md says when that matters).
 
     Raises:
         InvalidConfig: a value out of its range (the message names it).
@@ -100,6 +102,7 @@ class GuardConfig:
     descendant_share: float = 0.25
     lock_memory: bool = True
     oom_score_adj: int | None = None
+    process: bool = False
 
     def __post_init__(self) -> None:
         pct = "a number from 0 to 100 (percent)"
@@ -121,8 +124,9 @@ class GuardConfig:
                 "max_interval", self.max_interval, f"at least min_interval ({self.min_interval})"
             )
         _check_range("descendant_share", self.descendant_share, 0, 1, "from 0 to 1")
-        if not isinstance(self.lock_memory, bool):
-            raise InvalidConfig("lock_memory", self.lock_memory, "True or False")
+        for name in ("lock_memory", "process"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidConfig(name, getattr(self, name), "True or False")
         adj = self.oom_score_adj
         if adj is not None and (
             isinstance(adj, bool) or not isinstance(adj, int) or not -1000 <= adj <= 1000
@@ -332,7 +336,7 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
 
 
 @dataclass(frozen=True, slots=True)
-class GuardProcess:
+class SliceProcess:
     """One process of an agent scope, as the guard sized it (bytes).
 
     ``unit`` is the scope directly under the agents slice that holds it (at
@@ -358,9 +362,9 @@ class GuardProcess:
 class Victim:
     """The process to kill; ``main`` is its agent's main process (may be the victim itself)."""
 
-    process: GuardProcess
-    main: GuardProcess
-    runaway: GuardProcess
+    process: SliceProcess
+    main: SliceProcess
+    runaway: SliceProcess
 
     @property
     def is_main(self) -> bool:
@@ -390,7 +394,7 @@ def scan_slice_processes(
     *,
     protected_pids: Collection[int] = (),
     protected_units: Collection[str] = (),
-) -> list[GuardProcess]:
+) -> list[SliceProcess]:
     """Every process of every scope under the agents slice, sized, for :func:`choose_victim`.
 
     Reads each ``*.scope`` directly under ``slice_path`` and its sub-cgroups
@@ -412,7 +416,7 @@ def scan_slice_processes(
             return []
         raise
     own = os.getpid()
-    found: list[GuardProcess] = []
+    found: list[SliceProcess] = []
     for unit, path in scopes:
         shielded = unit in protected_units
         for pid in _scope_procs(path):
@@ -429,17 +433,17 @@ def scan_slice_processes(
                 or stat.dying
             )
             found.append(
-                GuardProcess(pid, stat.start_time, stat.comm, unit, sizes[0], sizes[1], eligible)
+                SliceProcess(pid, stat.start_time, stat.comm, unit, sizes[0], sizes[1], eligible)
             )
     return found
 
 
-def _larger(p: GuardProcess) -> tuple[int, int]:
+def _larger(p: SliceProcess) -> tuple[int, int]:
     """Sort key: the larger size first, then the lower pid."""
     return (-p.size, p.pid)
 
 
-def choose_victim(processes: Sequence[GuardProcess], descendant_share: float) -> Victim | None:
+def choose_victim(processes: Sequence[SliceProcess], descendant_share: float) -> Victim | None:
     """The process the guard kills among ``processes``, or None when none is eligible.
 
     The runaway is the largest eligible process (ties: the lower pid); its
