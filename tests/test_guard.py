@@ -22,7 +22,6 @@ import pytest
 
 from agentscope import AsyncFleet, GuardConfig, GuardKill, HostUnderPressure, InvalidConfig, _guard
 from agentscope._guard import Guard, admit, kill_process, run_guard
-from agentscope._guardproc import GuardChild
 from agentscope._guardpolicy import (
     HostReading,
     PressureClock,
@@ -33,6 +32,7 @@ from agentscope._guardpolicy import (
     scan_slice_processes,
     under_pressure,
 )
+from agentscope._guardproc import GuardChild
 from agentscope._monitor import Event, Monitor
 from agentscope._registry import Registry
 from tests.fakefs import (
