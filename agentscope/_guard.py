@@ -151,9 +151,14 @@ def _mrelease(pidfd: int) -> bool:
     if _libc.syscall(SYS_PROCESS_MRELEASE, pidfd, 0) == 0:
         return True
     err = ctypes.get_errno()
-    # ENOSYS: before 5.15; EINVAL: not dying yet or no mm; ESRCH: gone already.
-    if err not in (errno.ENOSYS, errno.EINVAL, errno.ESRCH, errno.EPERM, errno.EINTR):
-        log.debug("process_mrelease failed: %s", os.strerror(err))
+    # ENOSYS: before 5.15; EINVAL: not dying yet, or its memory already
+    # released; ESRCH: exited already. The memory then returns as it exits.
+    key = f"mrelease:{err}"
+    if key not in _said:
+        _said.add(key)
+        log.info(
+            "process_mrelease refused (%s): memory returns as the victim exits", os.strerror(err)
+        )
     return False
 
 
