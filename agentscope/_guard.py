@@ -40,12 +40,12 @@ from ._guardpolicy import (
     CMDLINE_LEN,
     GuardConfig,
     GuardKill,
+    HostReader,
     HostReading,
     PressureClock,
     Trigger,
     choose_victim,
     next_interval,
-    read_host,
     scan_slice_processes,
 )
 from ._proc import PROC_ROOT, read_cmdline, read_stat
@@ -254,13 +254,14 @@ class _Loop:
         self.on_reading = on_reading
         self.clock = PressureClock(config)
         self.prev: HostReading | None = None
+        self.host = HostReader(proc_root)
         # (pid, start time) of the last kills: a victim still listed (a zombie
         # its parent has not reaped, one stuck exiting) is never chosen again.
         self.killed: dict[tuple[int, int], None] = {}
 
     def step(self) -> tuple[float, _Killed | None]:
         """One reading, and a kill if it calls for one: (seconds to sleep, the kill)."""
-        reading = read_host(self.proc_root, now=time.monotonic())
+        reading = self.host.read(time.monotonic())
         trigger = self.clock.update(reading)
         if self.on_reading is not None:
             self.on_reading(reading, trigger)
@@ -399,6 +400,7 @@ def run_guard(
                     os.close(psi_fd)
                     psi_fd = None
     finally:
+        loop.host.close()
         poller.close()
         if psi_fd is not None:
             os.close(psi_fd)

@@ -35,6 +35,7 @@ from ._proc import PROC_ROOT, parse_meminfo, read_oom_score_adj, read_stat, read
 __all__ = [
     "GuardConfig",
     "GuardKill",
+    "HostReader",
     "HostReading",
     "PressureClock",
     "SliceProcess",
@@ -169,8 +170,22 @@ class HostReading:
         }
 
 
+def _reading(meminfo: bytes, psi: bytes | None, now: float) -> HostReading:
+    mem = parse_meminfo(meminfo)
+    pressure = None if psi is None else parse_pressure(psi)
+    return HostReading(
+        ts=now,
+        mem_total=mem.mem_total,
+        mem_available=mem.mem_available,
+        swap_total=mem.swap_total,
+        swap_free=mem.swap_free,
+        psi_some_avg10=None if pressure is None else pressure.some.avg10,
+        psi_full_avg10=None if pressure is None or pressure.full is None else pressure.full.avg10,
+    )
+
+
 def read_host(proc_root: Path = PROC_ROOT, *, now: float = 0.0) -> HostReading:
-    """Read ``/proc/meminfo`` and ``/proc/pressure/memory`` (raw ``os.read``, no file objects).
+    """Read ``/proc/meminfo`` and ``/proc/pressure/memory`` once (see :class:`HostReader`).
 
     ``now`` is stored as the reading's ``ts`` (the guard passes its
     monotonic clock).
@@ -182,18 +197,55 @@ def read_host(proc_root: Path = PROC_ROOT, *, now: float = 0.0) -> HostReading:
     base = os.fspath(proc_root)
     data = _read_kernel_file(base + "/meminfo", frozenset())
     assert data is not None  # nothing tolerated: an error raised
-    mem = parse_meminfo(data)
     psi = _read_kernel_file(base + "/pressure/memory", _GONE_OR_UNSUPPORTED)
-    pressure = None if psi is None else parse_pressure(psi)
-    return HostReading(
-        ts=now,
-        mem_total=mem.mem_total,
-        mem_available=mem.mem_available,
-        swap_total=mem.swap_total,
-        swap_free=mem.swap_free,
-        psi_some_avg10=None if pressure is None else pressure.some.avg10,
-        psi_full_avg10=None if pressure is None or pressure.full is None else pressure.full.avg10,
-    )
+    return _reading(data, psi, now)
+
+
+class HostReader:
+    """:func:`read_host` with both files kept open: what the guard reads at every poll.
+
+    ``pread`` at offset 0 makes the kernel generate a seq file afresh, so an
+    open file gives the same as opening it again, for half the cost and no
+    ``open`` (no path walk, no allocation) in a squeeze. Close it with
+    :meth:`close`.
+
+    Raises:
+        OSError: (on creation) ``/proc/meminfo`` cannot be opened.
+    """
+
+    def __init__(self, proc_root: Path = PROC_ROOT) -> None:
+        base = os.fspath(proc_root)
+        self._meminfo = os.open(base + "/meminfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._psi: int | None = None
+        try:
+            self._psi = os.open(base + "/pressure/memory", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno not in _GONE_OR_UNSUPPORTED:
+                os.close(self._meminfo)
+                raise
+
+    def read(self, now: float) -> HostReading:
+        """A reading now.
+
+        Raises:
+            OSError: meminfo unreadable; ValueError: a file not in its format.
+        """
+        meminfo = os.pread(self._meminfo, 16384, 0)
+        psi = None
+        if self._psi is not None:
+            try:
+                psi = os.pread(self._psi, 4096, 0)
+            except OSError as exc:  # PSI switched off for good (cgroup.pressure, Linux 6.5+)
+                if exc.errno not in _GONE_OR_UNSUPPORTED:
+                    raise
+        return _reading(meminfo, psi, now)
+
+    def close(self) -> None:
+        """Close the files."""
+        for fd in (self._meminfo, self._psi):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self._meminfo, self._psi = -1, None
 
 
 def memory_low(reading: HostReading, config: GuardConfig) -> bool:

@@ -23,6 +23,7 @@ import pytest
 from agentscope import AsyncFleet, GuardConfig, GuardKill, HostUnderPressure, InvalidConfig, _guard
 from agentscope._guard import Guard, admit, kill_process, run_guard
 from agentscope._guardpolicy import (
+    HostReader,
     HostReading,
     PressureClock,
     SliceProcess,
@@ -113,8 +114,8 @@ class Tree:
 @pytest.fixture(autouse=True)
 def kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard's reads see each fakefs change whole (as kernel files are generated)."""
-    for name in ("read_host", "scan_slice_processes"):
-        monkeypatch.setattr(_guard, name, holding_kernel(getattr(_guard, name)))
+    monkeypatch.setattr(_guard, "scan_slice_processes", holding_kernel(_guard.scan_slice_processes))
+    monkeypatch.setattr(HostReader, "read", holding_kernel(HostReader.read))
 
 
 @pytest.fixture
@@ -372,8 +373,18 @@ def test_read_host_reads_meminfo_and_psi(tree: Tree) -> None:
     assert host.mem_available_percent == pytest.approx(7.5, abs=0.01)
     assert host.swap_free_percent == pytest.approx(2.0, abs=0.01)
     assert host.psi_full_avg10 == 12.5
+    reader = HostReader(tree.proc)
+    try:
+        assert reader.read(4.0) == replace(host, ts=4.0)
+        tree.host(3.0, 1.0)  # the kept-open files show the change
+        assert reader.read(5.0).mem_available_percent == pytest.approx(3.0, abs=0.01)
+    finally:
+        reader.close()
     (tree.proc / "pressure" / "memory").unlink()
     assert read_host(tree.proc).psi_full_avg10 is None
+    reader = HostReader(tree.proc)
+    assert reader.read(6.0).psi_full_avg10 is None
+    reader.close()
 
 
 # -- the kill, on real processes ------------------------------------------
