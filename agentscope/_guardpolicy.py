@@ -31,6 +31,7 @@ from ._cgroup import _GONE, _GONE_OR_UNSUPPORTED, _read_kernel_file, parse_press
 from ._dicts import as_dict
 from ._errors import InvalidConfig
 from ._proc import PROC_ROOT, parse_meminfo, read_oom_score_adj, read_stat, read_vm_sizes
+from ._tmux import is_tmux_unit
 
 __all__ = [
     "GuardConfig",
@@ -453,8 +454,9 @@ def scan_slice_processes(
     (``cgroup.procs``), then for each pid ``stat`` and ``status`` (VmRSS,
     VmSwap) and ``oom_score_adj``. Processes and cgroups that vanish
     meanwhile are left out; a missing slice gives ``[]``. Protected pids,
-    scopes in ``protected_units``, the caller's own process, ``oom_score_adj``
-    -1000 and processes already dying are listed with ``eligible=False``
+    scopes in ``protected_units`` and every fleet's tmux server scope, the
+    caller's own process, ``oom_score_adj`` -1000 and processes already
+    dying are listed with ``eligible=False``
     (they still count for which process is an agent's main one).
 
     Raises:
@@ -470,7 +472,7 @@ def scan_slice_processes(
     own = os.getpid()
     found: list[SliceProcess] = []
     for unit, path in scopes:
-        shielded = unit in protected_units
+        shielded = unit in protected_units or is_tmux_unit(unit)
         for pid in _scope_procs(path):
             stat = read_stat(pid, proc_root)
             sizes = read_vm_sizes(pid, proc_root)

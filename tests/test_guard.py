@@ -192,6 +192,9 @@ def test_protected_pids_units_own_process_and_unkillable_are_never_chosen(tree: 
     )
     tmux = tree.scope("tmux", {30: ("tmux", 6000, 50)}, token="ffffff")
     tree.scope("b", {40: ("node", 2000, 100), 41: ("sh", 900, 200)}, token="d4e5f6")
+    # Another fleet's tmux server (its scope has no token): never, even unlisted.
+    make_proc(tree.proc, 60, comm="tmux: server", rss_pages=7000 * MIB_PAGES, oom_score_adj=200)
+    make_cgroup(tree.cg, f"{SLICE}/agentscope-other-tmux.scope", procs=[60])
     # 11 is -1000, own is this process, 30's unit is protected, 40 is protected:
     assert victim_pid(tree, protected_pids={40}, protected_units={tmux}) == 41
     # Ineligible processes still decide which one is the main: own (start 150)
