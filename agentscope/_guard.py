@@ -22,7 +22,6 @@ freezes: issue #20). So:
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import errno
 import logging
@@ -34,23 +33,32 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from ._errors import HostUnderPressure
 from ._guardpolicy import (
     CMDLINE_LEN,
     GuardConfig,
     GuardKill,
+    HostReader,
     HostReading,
     PressureClock,
     Trigger,
     choose_victim,
     next_interval,
-    read_host,
     scan_slice_processes,
 )
 from ._proc import PROC_ROOT, read_cmdline, read_stat
 
-__all__ = ["Guard", "Protected", "admit", "kill_process", "prepare_process", "run_guard"]
+__all__ = [
+    "Guard",
+    "GuardHandle",
+    "Protected",
+    "admit",
+    "kill_process",
+    "prepare_process",
+    "run_guard",
+]
 
 log = logging.getLogger("agentscope.guard")
 
@@ -143,9 +151,14 @@ def _mrelease(pidfd: int) -> bool:
     if _libc.syscall(SYS_PROCESS_MRELEASE, pidfd, 0) == 0:
         return True
     err = ctypes.get_errno()
-    # ENOSYS: before 5.15; EINVAL: not dying yet or no mm; ESRCH: gone already.
-    if err not in (errno.ENOSYS, errno.EINVAL, errno.ESRCH, errno.EPERM, errno.EINTR):
-        log.debug("process_mrelease failed: %s", os.strerror(err))
+    # ENOSYS: before 5.15; EINVAL: not dying yet, or its memory already
+    # released; ESRCH: exited already. The memory then returns as it exits.
+    key = f"mrelease:{err}"
+    if key not in _said:
+        _said.add(key)
+        log.info(
+            "process_mrelease refused (%s): memory returns as the victim exits", os.strerror(err)
+        )
     return False
 
 
@@ -241,13 +254,14 @@ class _Loop:
         self.on_reading = on_reading
         self.clock = PressureClock(config)
         self.prev: HostReading | None = None
+        self.host = HostReader(proc_root)
         # (pid, start time) of the last kills: a victim still listed (a zombie
         # its parent has not reaped, one stuck exiting) is never chosen again.
         self.killed: dict[tuple[int, int], None] = {}
 
     def step(self) -> tuple[float, _Killed | None]:
         """One reading, and a kill if it calls for one: (seconds to sleep, the kill)."""
-        reading = read_host(self.proc_root, now=time.monotonic())
+        reading = self.host.read(time.monotonic())
         trigger = self.clock.update(reading)
         if self.on_reading is not None:
             self.on_reading(reading, trigger)
@@ -386,6 +400,7 @@ def run_guard(
                     os.close(psi_fd)
                     psi_fd = None
     finally:
+        loop.host.close()
         poller.close()
         if psi_fd is not None:
             os.close(psi_fd)
@@ -501,7 +516,23 @@ class Guard:
 # Admission control
 
 
-async def admit(guards: Iterable[Guard], wait: float, *, poll: float = 0.1) -> None:
+class GuardHandle(Protocol):
+    """A running guard as its owner sees it: :class:`Guard`, or a guard process."""
+
+    last_reading: HostReading | None
+    trigger: Trigger | None
+    kills: int
+    notes: list[str]
+
+    @property
+    def running(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = ...) -> None: ...
+
+
+async def admit(guards: Iterable[GuardHandle], wait: float, *, poll: float = 0.1) -> None:
     """Return when no running guard in ``guards`` holds the host under pressure.
 
     Waits up to ``wait`` seconds for the pressure to clear.
@@ -509,6 +540,8 @@ async def admit(guards: Iterable[Guard], wait: float, *, poll: float = 0.1) -> N
     Raises:
         HostUnderPressure: still under pressure after ``wait`` seconds.
     """
+    import asyncio  # here: a guard process of its own never needs it
+
     guards = list(guards)
     start = time.monotonic()
     while True:

@@ -31,13 +31,15 @@ from ._cgroup import _GONE, _GONE_OR_UNSUPPORTED, _read_kernel_file, parse_press
 from ._dicts import as_dict
 from ._errors import InvalidConfig
 from ._proc import PROC_ROOT, parse_meminfo, read_oom_score_adj, read_stat, read_vm_sizes
+from ._tmux import is_tmux_unit
 
 __all__ = [
     "GuardConfig",
     "GuardKill",
-    "GuardProcess",
+    "HostReader",
     "HostReading",
     "PressureClock",
+    "SliceProcess",
     "Trigger",
     "Victim",
     "choose_victim",
@@ -86,6 +88,8 @@ class GuardConfig:
     ``lock_memory`` locks the guard's process in RAM where allowed.
     ``oom_score_adj`` (None: leave it) is set on the guard's process at
     start; only a process that runs nothing but the monitor should set it.
+    ``process`` runs the guard in a small process of its own instead of a
+    thread of the caller's (docs/guard.md says when that matters).
 
     Raises:
         InvalidConfig: a value out of its range (the message names it).
@@ -100,6 +104,7 @@ class GuardConfig:
     descendant_share: float = 0.25
     lock_memory: bool = True
     oom_score_adj: int | None = None
+    process: bool = False
 
     def __post_init__(self) -> None:
         pct = "a number from 0 to 100 (percent)"
@@ -121,8 +126,9 @@ class GuardConfig:
                 "max_interval", self.max_interval, f"at least min_interval ({self.min_interval})"
             )
         _check_range("descendant_share", self.descendant_share, 0, 1, "from 0 to 1")
-        if not isinstance(self.lock_memory, bool):
-            raise InvalidConfig("lock_memory", self.lock_memory, "True or False")
+        for name in ("lock_memory", "process"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidConfig(name, getattr(self, name), "True or False")
         adj = self.oom_score_adj
         if adj is not None and (
             isinstance(adj, bool) or not isinstance(adj, int) or not -1000 <= adj <= 1000
@@ -165,8 +171,22 @@ class HostReading:
         }
 
 
+def _reading(meminfo: bytes, psi: bytes | None, now: float) -> HostReading:
+    mem = parse_meminfo(meminfo)
+    pressure = None if psi is None else parse_pressure(psi)
+    return HostReading(
+        ts=now,
+        mem_total=mem.mem_total,
+        mem_available=mem.mem_available,
+        swap_total=mem.swap_total,
+        swap_free=mem.swap_free,
+        psi_some_avg10=None if pressure is None else pressure.some.avg10,
+        psi_full_avg10=None if pressure is None or pressure.full is None else pressure.full.avg10,
+    )
+
+
 def read_host(proc_root: Path = PROC_ROOT, *, now: float = 0.0) -> HostReading:
-    """Read ``/proc/meminfo`` and ``/proc/pressure/memory`` (raw ``os.read``, no file objects).
+    """Read ``/proc/meminfo`` and ``/proc/pressure/memory`` once (see :class:`HostReader`).
 
     ``now`` is stored as the reading's ``ts`` (the guard passes its
     monotonic clock).
@@ -178,18 +198,55 @@ def read_host(proc_root: Path = PROC_ROOT, *, now: float = 0.0) -> HostReading:
     base = os.fspath(proc_root)
     data = _read_kernel_file(base + "/meminfo", frozenset())
     assert data is not None  # nothing tolerated: an error raised
-    mem = parse_meminfo(data)
     psi = _read_kernel_file(base + "/pressure/memory", _GONE_OR_UNSUPPORTED)
-    pressure = None if psi is None else parse_pressure(psi)
-    return HostReading(
-        ts=now,
-        mem_total=mem.mem_total,
-        mem_available=mem.mem_available,
-        swap_total=mem.swap_total,
-        swap_free=mem.swap_free,
-        psi_some_avg10=None if pressure is None else pressure.some.avg10,
-        psi_full_avg10=None if pressure is None or pressure.full is None else pressure.full.avg10,
-    )
+    return _reading(data, psi, now)
+
+
+class HostReader:
+    """:func:`read_host` with both files kept open: what the guard reads at every poll.
+
+    ``pread`` at offset 0 makes the kernel generate a seq file afresh, so an
+    open file gives the same as opening it again, for half the cost and no
+    ``open`` (no path walk, no allocation) in a squeeze. Close it with
+    :meth:`close`.
+
+    Raises:
+        OSError: (on creation) ``/proc/meminfo`` cannot be opened.
+    """
+
+    def __init__(self, proc_root: Path = PROC_ROOT) -> None:
+        base = os.fspath(proc_root)
+        self._meminfo = os.open(base + "/meminfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._psi: int | None = None
+        try:
+            self._psi = os.open(base + "/pressure/memory", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno not in _GONE_OR_UNSUPPORTED:
+                os.close(self._meminfo)
+                raise
+
+    def read(self, now: float) -> HostReading:
+        """A reading now.
+
+        Raises:
+            OSError: meminfo unreadable; ValueError: a file not in its format.
+        """
+        meminfo = os.pread(self._meminfo, 16384, 0)
+        psi = None
+        if self._psi is not None:
+            try:
+                psi = os.pread(self._psi, 4096, 0)
+            except OSError as exc:  # PSI switched off for good (cgroup.pressure, Linux 6.5+)
+                if exc.errno not in _GONE_OR_UNSUPPORTED:
+                    raise
+        return _reading(meminfo, psi, now)
+
+    def close(self) -> None:
+        """Close the files."""
+        for fd in (self._meminfo, self._psi):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self._meminfo, self._psi = -1, None
 
 
 def memory_low(reading: HostReading, config: GuardConfig) -> bool:
@@ -332,7 +389,7 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
 
 
 @dataclass(frozen=True, slots=True)
-class GuardProcess:
+class SliceProcess:
     """One process of an agent scope, as the guard sized it (bytes).
 
     ``unit`` is the scope directly under the agents slice that holds it (at
@@ -358,9 +415,9 @@ class GuardProcess:
 class Victim:
     """The process to kill; ``main`` is its agent's main process (may be the victim itself)."""
 
-    process: GuardProcess
-    main: GuardProcess
-    runaway: GuardProcess
+    process: SliceProcess
+    main: SliceProcess
+    runaway: SliceProcess
 
     @property
     def is_main(self) -> bool:
@@ -390,15 +447,16 @@ def scan_slice_processes(
     *,
     protected_pids: Collection[int] = (),
     protected_units: Collection[str] = (),
-) -> list[GuardProcess]:
+) -> list[SliceProcess]:
     """Every process of every scope under the agents slice, sized, for :func:`choose_victim`.
 
     Reads each ``*.scope`` directly under ``slice_path`` and its sub-cgroups
     (``cgroup.procs``), then for each pid ``stat`` and ``status`` (VmRSS,
     VmSwap) and ``oom_score_adj``. Processes and cgroups that vanish
     meanwhile are left out; a missing slice gives ``[]``. Protected pids,
-    scopes in ``protected_units``, the caller's own process, ``oom_score_adj``
-    -1000 and processes already dying are listed with ``eligible=False``
+    scopes in ``protected_units`` and every fleet's tmux server scope, the
+    caller's own process, ``oom_score_adj`` -1000 and processes already
+    dying are listed with ``eligible=False``
     (they still count for which process is an agent's main one).
 
     Raises:
@@ -412,9 +470,9 @@ def scan_slice_processes(
             return []
         raise
     own = os.getpid()
-    found: list[GuardProcess] = []
+    found: list[SliceProcess] = []
     for unit, path in scopes:
-        shielded = unit in protected_units
+        shielded = unit in protected_units or is_tmux_unit(unit)
         for pid in _scope_procs(path):
             stat = read_stat(pid, proc_root)
             sizes = read_vm_sizes(pid, proc_root)
@@ -429,17 +487,17 @@ def scan_slice_processes(
                 or stat.dying
             )
             found.append(
-                GuardProcess(pid, stat.start_time, stat.comm, unit, sizes[0], sizes[1], eligible)
+                SliceProcess(pid, stat.start_time, stat.comm, unit, sizes[0], sizes[1], eligible)
             )
     return found
 
 
-def _larger(p: GuardProcess) -> tuple[int, int]:
+def _larger(p: SliceProcess) -> tuple[int, int]:
     """Sort key: the larger size first, then the lower pid."""
     return (-p.size, p.pid)
 
 
-def choose_victim(processes: Sequence[GuardProcess], descendant_share: float) -> Victim | None:
+def choose_victim(processes: Sequence[SliceProcess], descendant_share: float) -> Victim | None:
     """The process the guard kills among ``processes``, or None when none is eligible.
 
     The runaway is the largest eligible process (ties: the lower pid); its

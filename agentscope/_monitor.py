@@ -96,7 +96,7 @@ from ._cgroup import (
 from ._cgroup import Pressure as PsiPressure
 from ._dicts import as_dict
 from ._errors import AgentscopeError
-from ._guard import Guard, Protected
+from ._guard import Guard, GuardHandle, Protected
 from ._guardpolicy import GuardConfig, GuardKill
 from ._proc import (
     PROC_ROOT,
@@ -792,7 +792,7 @@ class Monitor:
         self.guard_config: GuardConfig | None = guard or None
         self._guard_protect = guard_protect
         #: The running guard (None without one, or before start).
-        self.guard: Guard | None = None
+        self.guard: GuardHandle | None = None
         self._guard_killed: set[int] = set()  # pids the guard killed: not OOM victims
         self._state = "new"
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
@@ -876,10 +876,10 @@ class Monitor:
                 loop.add_reader(self._psi[0].fileno(), self._on_psi)
         await self._sample_logged()
         if self.guard_config is not None:
-            self._start_guard(loop, self.guard_config)
+            await self._start_guard(loop, self.guard_config)
         self._task = loop.create_task(self._run(), name="agentscope-monitor")
 
-    def _start_guard(self, loop: asyncio.AbstractEventLoop, config: GuardConfig) -> None:
+    async def _start_guard(self, loop: asyncio.AbstractEventLoop, config: GuardConfig) -> None:
         def deliver(event: GuardKill) -> None:
             # From the guard's thread. A stalled loop runs it when it wakes: the
             # kill is queued, never lost; a closed loop cannot take it any more.
@@ -888,16 +888,30 @@ class Monitor:
             except RuntimeError:
                 log.warning("guard kill after the monitor's loop closed: %r", event)
 
-        self.guard = Guard(
-            config,
-            self.slice_path,
-            on_kill=deliver,
-            unit_agent=self.unit_agent,
-            protected=self._guard_protect or (lambda: ((), ())),
-            proc_root=self.proc_root,
-            psi_trigger=self._psi_wanted,
-        )
-        self.guard.start()
+        protected = self._guard_protect or (lambda: ((), ()))
+        if config.process:
+            from ._guardproc import GuardChild
+
+            self.guard = GuardChild(
+                config,
+                self.slice_path,
+                on_kill=deliver,
+                unit_agent=self.unit_agent,
+                protected=protected,
+                proc_root=self.proc_root,
+            )
+        else:
+            self.guard = Guard(
+                config,
+                self.slice_path,
+                on_kill=deliver,
+                unit_agent=self.unit_agent,
+                protected=protected,
+                proc_root=self.proc_root,
+                psi_trigger=self._psi_wanted,
+            )
+        # mlockall, or spawning the guard process, are not for the loop's thread.
+        await asyncio.to_thread(self.guard.start)
 
     def _emit_guard_kill(self, event: GuardKill) -> None:
         self._guard_killed.add(event.pid)

@@ -141,6 +141,15 @@ def tmux_unit(fleet: str) -> str:
     return f"agentscope-{fleet}-tmux.scope"
 
 
+def is_tmux_unit(unit: str) -> bool:
+    """Whether ``unit`` is some fleet's tmux server scope (:func:`tmux_unit`).
+
+    Never an agent's: an agent scope's name ends in ``-`` and six hex
+    digits before ``.scope`` (``_names.scope_unit_name``).
+    """
+    return unit.startswith("agentscope-") and unit.endswith("-tmux.scope")
+
+
 def tmux_description(fleet: str) -> str:
     """The server scope's Description; unlike an agent's, listings do not parse it."""
     return f"agentscope tmux server of fleet {fleet}"

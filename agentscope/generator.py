@@ -104,6 +104,7 @@ _KNOWN = {
     "fleet": {"name", "manager", "users"},
     "guard": {
         "enabled",
+        "process",
         "mem_available_percent",
         "swap_free_percent",
         "psi_full_percent",
@@ -385,6 +386,11 @@ def _guard(table: dict[str, object], problems: list[str]) -> tuple[bool, tuple[s
         problems.append(f"[guard] enabled = {enabled!r} must be true or false; using true")
         enabled = True
     args: list[str] = []
+    process = table.get("process", False)
+    if process is True:
+        args.append("--guard-process")
+    elif process is not False:
+        problems.append(f"[guard] process = {process!r} must be true or false; using false")
     for key, (option, low, high) in GUARD_OPTIONS.items():
         if key not in table:
             continue

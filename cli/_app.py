@@ -511,6 +511,14 @@ def monitor(
             envvar="AGENTSCOPE_GUARD_PSI_SECONDS",
         ),
     ] = 10.0,
+    guard_process: Annotated[
+        bool,
+        typer.Option(
+            "--guard-process",
+            help="Guard: run in a small process of its own, not a thread of the monitor.",
+            envvar="AGENTSCOPE_GUARD_PROCESS",
+        ),
+    ] = False,
 ) -> None:
     """Run the monitor in the foreground, recording and printing its events.
 
@@ -527,7 +535,13 @@ def monitor(
     opts = _opts(ctx)
     address = parse_listen(listen, any_address=listen_any) if listen is not None else None
     guard_config = (
-        _guard_config(guard_mem_available, guard_swap_free, guard_psi_full, guard_psi_seconds)
+        _guard_config(
+            guard_mem_available,
+            guard_swap_free,
+            guard_psi_full,
+            guard_psi_seconds,
+            process=guard_process,
+        )
         if guard
         else False
     )
@@ -571,7 +585,9 @@ def monitor(
             fatal.uninstall()
 
 
-def _guard_config(mem_available: float, swap_free: float, psi_full: str, psi_seconds: float) -> Any:
+def _guard_config(
+    mem_available: float, swap_free: float, psi_full: str, psi_seconds: float, *, process: bool
+) -> Any:
     """The GuardConfig of ``monitor --guard``'s options.
 
     Raises:
@@ -598,6 +614,7 @@ def _guard_config(mem_available: float, swap_free: float, psi_full: str, psi_sec
         psi_full_percent=psi,
         psi_full_seconds=psi_seconds,
         oom_score_adj=-1000 if os.geteuid() == 0 else None,
+        process=process,
     )
 
 

@@ -756,6 +756,7 @@ def test_monitor_guard_options_make_its_config(fleet: FakeFleet) -> None:
         "off",
         "--guard-psi-seconds",
         "30",
+        "--guard-process",
     )
     assert result.code == 0, result.stderr
     (call,) = [c for c in fleet.calls if c[0] == "monitor"]
@@ -763,6 +764,7 @@ def test_monitor_guard_options_make_its_config(fleet: FakeFleet) -> None:
     assert isinstance(config, GuardConfig)
     assert (config.mem_available_percent, config.swap_free_percent) == (5, 2.5)
     assert (config.psi_full_percent, config.psi_full_seconds) == (None, 30)
+    assert config.process
     assert config.oom_score_adj == (-1000 if os.geteuid() == 0 else None)
     # Without --guard there is none.
     fleet.calls.clear()

@@ -379,13 +379,13 @@ def _exec_start(out: Path) -> str:
 def test_the_guard_is_configured_in_its_own_table(tmp_path: Path) -> None:
     out = tmp_path / "out"
     config = (
-        "[guard]\nmem_available_percent = 5\nswap_free_percent = 2.5\n"
+        "[guard]\nprocess = true\nmem_available_percent = 5\nswap_free_percent = 2.5\n"
         'psi_full_percent = "off"\npsi_full_seconds = 20\n'
     )
     result = run(tmp_path, "--system", str(out), config=config)
     assert (result.returncode, result.stderr) == (0, "")
     assert _exec_start(out).endswith(
-        " monitor --guard --guard-mem-available 5 --guard-swap-free 2.5 "
+        " monitor --guard --guard-process --guard-mem-available 5 --guard-swap-free 2.5 "
         "--guard-psi-full off --guard-psi-seconds 20"
     )
     off = tmp_path / "off"

@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -23,15 +23,17 @@ import pytest
 from agentscope import AsyncFleet, GuardConfig, GuardKill, HostUnderPressure, InvalidConfig, _guard
 from agentscope._guard import Guard, admit, kill_process, run_guard
 from agentscope._guardpolicy import (
-    GuardProcess,
+    HostReader,
     HostReading,
     PressureClock,
+    SliceProcess,
     choose_victim,
     next_interval,
     read_host,
     scan_slice_processes,
     under_pressure,
 )
+from agentscope._guardproc import GuardChild
 from agentscope._monitor import Event, Monitor
 from agentscope._registry import Registry
 from tests.fakefs import (
@@ -105,15 +107,15 @@ class Tree:
         )
         make_host_pressure(self.proc, format_pressure((psi_full, 0, 0, 0), (psi_full, 0, 0, 0)))
 
-    def scan(self, **kw: object) -> list[GuardProcess]:
+    def scan(self, **kw: object) -> list[SliceProcess]:
         return scan_slice_processes(self.slice, self.proc, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)
 def kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard's reads see each fakefs change whole (as kernel files are generated)."""
-    for name in ("read_host", "scan_slice_processes"):
-        monkeypatch.setattr(_guard, name, holding_kernel(getattr(_guard, name)))
+    monkeypatch.setattr(_guard, "scan_slice_processes", holding_kernel(_guard.scan_slice_processes))
+    monkeypatch.setattr(HostReader, "read", holding_kernel(HostReader.read))
 
 
 @pytest.fixture
@@ -190,6 +192,9 @@ def test_protected_pids_units_own_process_and_unkillable_are_never_chosen(tree: 
     )
     tmux = tree.scope("tmux", {30: ("tmux", 6000, 50)}, token="ffffff")
     tree.scope("b", {40: ("node", 2000, 100), 41: ("sh", 900, 200)}, token="d4e5f6")
+    # Another fleet's tmux server (its scope has no token): never, even unlisted.
+    make_proc(tree.proc, 60, comm="tmux: server", rss_pages=7000 * MIB_PAGES, oom_score_adj=200)
+    make_cgroup(tree.cg, f"{SLICE}/agentscope-other-tmux.scope", procs=[60])
     # 11 is -1000, own is this process, 30's unit is protected, 40 is protected:
     assert victim_pid(tree, protected_pids={40}, protected_units={tmux}) == 41
     # Ineligible processes still decide which one is the main: own (start 150)
@@ -218,8 +223,8 @@ def test_ties_go_to_the_lower_pid_and_the_older_main(tree: Tree) -> None:
     assert victim_pid(tree) == 12
     # Two processes started in the same tick: the lower pid is the main.
     procs = [
-        GuardProcess(21, 100, "a", "u", 500, 0),
-        GuardProcess(20, 100, "b", "u", 100, 0),
+        SliceProcess(21, 100, "a", "u", 500, 0),
+        SliceProcess(20, 100, "b", "u", 100, 0),
     ]
     victim = choose_victim(procs, 0.25)
     assert victim is not None
@@ -371,8 +376,18 @@ def test_read_host_reads_meminfo_and_psi(tree: Tree) -> None:
     assert host.mem_available_percent == pytest.approx(7.5, abs=0.01)
     assert host.swap_free_percent == pytest.approx(2.0, abs=0.01)
     assert host.psi_full_avg10 == 12.5
+    reader = HostReader(tree.proc)
+    try:
+        assert reader.read(4.0) == replace(host, ts=4.0)
+        tree.host(3.0, 1.0)  # the kept-open files show the change
+        assert reader.read(5.0).mem_available_percent == pytest.approx(3.0, abs=0.01)
+    finally:
+        reader.close()
     (tree.proc / "pressure" / "memory").unlink()
     assert read_host(tree.proc).psi_full_avg10 is None
+    reader = HostReader(tree.proc)
+    assert reader.read(6.0).psi_full_avg10 is None
+    reader.close()
 
 
 # -- the kill, on real processes ------------------------------------------
@@ -668,9 +683,64 @@ async def test_a_launch_under_pressure_is_refused_before_anything_exists(
             await fleet.launch("b", ["sleep", "60"])
         assert info.value.swap_free_percent == pytest.approx(1, abs=0.01)
     assert await asyncio.to_thread(fleet._registry.agents, "f") == []  # type: ignore[union-attr]
-    assert await fleet.events() == []
+    assert await fleet.events(agent="b") == []  # (the monitor's pressure window may be there)
 
 
 def test_admission_wait_is_validated() -> None:
     with pytest.raises(InvalidConfig, match="admission_wait"):
         AsyncFleet("f", "user", admission_wait=-1)
+
+
+# -- the guard as a process of its own ------------------------------------
+
+
+async def test_a_guard_process_kills_and_reports_through_the_monitor(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    make_meminfo(tree.proc)
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("pytest", 900, 200)})
+    got: list[Event] = []
+    mon = Monitor(
+        slice_path=tree.slice,
+        unit_agent=unit_agent,
+        interval=0.05,
+        cgroup_root=tree.cg,
+        proc_root=tree.proc,
+        kmsg=None,
+        on_event=got.append,
+        guard=replace(FAST, process=True),
+    )
+    async with mon:
+        child = mon.guard
+        assert isinstance(child, GuardChild)
+        assert child.running
+        assert child.pid != os.getpid()
+        tree.host(5, 1)
+        await asyncio.to_thread(sleeper.wait, WAIT)
+        tree.host(40, 40)
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if any(isinstance(e, GuardKill) for e in got):
+                break
+        assert child.trigger in ("memory", None)  # the state lines arrive too
+    kills = [e for e in got if isinstance(e, GuardKill)]
+    assert [(k.pid, k.agent, k.comm) for k in kills] == [(sleeper.pid, "a", "pytest")]
+    assert sleeper.returncode == -signal.SIGKILL
+    assert not child.running  # stopped with the monitor
+
+
+def test_a_guard_process_protects_its_parent_and_ends_with_its_stdin(tree: Tree) -> None:
+    # The parent (this test) is in the slice and the largest: never chosen.
+    tree.scope("a", {os.getpid(): ("python3", 900, 100)})
+    tree.host(5, 1)
+    child = GuardChild(FAST, tree.slice, on_kill=lambda k: None, proc_root=tree.proc)
+    child.start()
+    try:
+        wait_until(lambda: child.trigger == "memory")
+        assert child.last_reading is not None
+        assert child.last_reading.mem_available_percent == pytest.approx(5, abs=0.01)
+        time.sleep(0.2)
+        assert child.kills == 0
+    finally:
+        child.stop()
+    assert not child.running
