@@ -21,7 +21,11 @@ The rounds (``--rounds``):
     Debian's earlyoom package at its defaults (its own unit, masked in the
     images, unmasked for this round only through integration/roothelper.py);
 ``guard``
-    agentscope's guard: ``fleet.monitor(guard=True)``, default GuardConfig;
+    agentscope's guard: ``fleet.monitor(guard=True)``, default GuardConfig,
+    the guard a thread of the manager's process;
+``guardproc``
+    the same guard as a process of its own (``GuardConfig(process=True)``):
+    whether the thread suffices or the guard needs its own process;
 ``earlyoom-big``, ``guard-big``
     the same with the manager holding ``--ballast-mb`` (default 320 MiB)
     so that it is the host's largest process.
@@ -237,6 +241,8 @@ async def squeeze(name: str, manager: str, give_up: float, ballast_mb: int) -> O
         options: dict[str, Any] = {"pressure_some_avg10": 100.0, "available_fraction": 1e-9}
         if way == "guard":
             options["guard"] = True
+        elif way == "guardproc":
+            options["guard"] = agentscope.GuardConfig(process=True)
         ticker = Ticker()
         crossing = Crossing()
         kills_before = vmstat_oom_kills()
@@ -453,6 +459,9 @@ def ratios(rows: list[Outcome]) -> list[str]:
     out = []
     for a, b in (
         ("guard", "earlyoom"),
+        ("guardproc", "earlyoom"),
+        ("guardproc", "guard"),
+        ("guardproc-big", "earlyoom-big"),
         ("guard", "kernel"),
         ("earlyoom", "kernel"),
         ("guard-big", "earlyoom-big"),
@@ -505,7 +514,9 @@ def _read(path: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", default="kernel,earlyoom,guard,earlyoom-big,guard-big")
+    p.add_argument(
+        "--rounds", default="kernel,earlyoom,guard,guardproc,earlyoom-big,guard-big,guardproc-big"
+    )
     p.add_argument("--give-up", type=float, default=300.0, help="seconds for the kernel alone")
     p.add_argument("--ballast-mb", type=int, default=320)
     p.add_argument("--manager", default="auto")
