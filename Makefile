@@ -10,7 +10,7 @@ VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K)
 .PHONY: help venv host-deps check lint typecheck unit integration images test demo bench clean-vm
 
 help:
-	@echo "make demo          the main job: a fleet in a VM, a runaway agent, the OOM kill named"
+	@echo "make demo          the main job: a fleet in a VM, a runaway agent, the guard's kill named"
 	@echo "make test          checks, host tests and the whole VM matrix (what CI runs)"
 	@echo "make check         ruff, ruff format --check, mypy --strict"
 	@echo "make unit          host tests"
@@ -65,7 +65,8 @@ integration: host-deps venv
 test: host-deps check unit integration
 
 # The demo boots trixie (building its image on first use) and runs
-# `agentscope demo` there as the lingering user, with a global OOM.
+# `agentscope demo` there as the lingering user, the runaway uncapped, on
+# Debian's kernel defaults: the guard's catch.
 demo: host-deps $(VM_STAMP)
 	$(VM_PY) integration/vm.py -d trixie -m user --timeout 600 --run "agentscope demo --global-oom"
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from ._errors import AgentNotFound as AgentNotFound
     from ._errors import AgentscopeError as AgentscopeError
     from ._errors import BusError as BusError
+    from ._errors import HostUnderPressure as HostUnderPressure
+    from ._errors import InvalidConfig as InvalidConfig
     from ._errors import InvalidName as InvalidName
     from ._errors import LaunchError as LaunchError
     from ._errors import RegistryCorrupt as RegistryCorrupt
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from ._fleet import DEVNULL as DEVNULL
     from ._fleet import PIPE as PIPE
     from ._fleet import AsyncFleet as AsyncFleet
+    from ._guardpolicy import GuardConfig as GuardConfig
+    from ._guardpolicy import GuardKill as GuardKill
     from ._install import InstallError as InstallError
     from ._monitor import AgentExited as AgentExited
     from ._monitor import AgentMemory as AgentMemory
@@ -63,6 +67,8 @@ _LAZY = {
     "AgentNotFound": "._errors",
     "AgentscopeError": "._errors",
     "BusError": "._errors",
+    "HostUnderPressure": "._errors",
+    "InvalidConfig": "._errors",
     "InvalidName": "._errors",
     "LaunchError": "._errors",
     "RegistryCorrupt": "._errors",
@@ -74,6 +80,8 @@ _LAZY = {
     "AsyncFleet": "._fleet",
     "Capabilities": "._systemd",
     "probe": "._systemd",
+    "GuardConfig": "._guardpolicy",
+    "GuardKill": "._guardpolicy",
     "InstallError": "._install",
     "AgentExited": "._monitor",
     "AgentMemory": "._monitor",
@@ -110,7 +118,11 @@ __all__ = [
     "Capabilities",
     "EventRecord",
     "Fleet",
+    "GuardConfig",
+    "GuardKill",
+    "HostUnderPressure",
     "InstallError",
+    "InvalidConfig",
     "InvalidName",
     "LaunchError",
     "LimitFound",

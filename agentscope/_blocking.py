@@ -18,6 +18,7 @@ from . import _names
 from ._bus import SystemdBus
 from ._errors import AgentscopeError
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
+from ._guardpolicy import GuardConfig
 from ._monitor import Event as MonitorEvent
 from ._monitor import MemoryReport, Monitor
 from ._registry import EventRecord
@@ -133,6 +134,7 @@ class Fleet:
         env: Mapping[str, str] | None = None,
         tmux_dir: str | os.PathLike[str] | None = None,
         _bus: SystemdBus | None = None,
+        admission_wait: float = 0.0,
     ) -> None:
         self._portal = _LoopThread()
         try:
@@ -148,6 +150,7 @@ class Fleet:
                     env=env,
                     tmux_dir=tmux_dir,
                     _bus=_bus,
+                    admission_wait=admission_wait,
                 )
             )
         except BaseException:
@@ -271,9 +274,16 @@ class Fleet:
         """See :meth:`AsyncFleet.report`."""
         return self._portal.call(self._fleet.report(top))
 
-    def monitor(self, interval: float = 2.0, top: int = 10, **options: Any) -> BlockingMonitor:
+    def monitor(
+        self,
+        interval: float = 2.0,
+        top: int = 10,
+        *,
+        guard: bool | GuardConfig = False,
+        **options: Any,
+    ) -> BlockingMonitor:
         """See :meth:`AsyncFleet.monitor`; iterate it (blocking) or pass ``on_event``."""
-        mon = self._portal.call(_call(self._fleet.monitor, interval, top, **options))
+        mon = self._portal.call(_call(self._fleet.monitor, interval, top, guard=guard, **options))
         return BlockingMonitor(self._portal, mon)
 
     def slice_limits(self) -> dict[str, int | None]:
@@ -319,6 +329,11 @@ class BlockingMonitor:
     def consecutive_failures(self) -> int:
         """Samples that failed in a row; 0 after a good one."""
         return self._monitor.consecutive_failures
+
+    def guard_running(self) -> bool:
+        """The monitor's memory guard runs (False without one, or once it stopped)."""
+        guard = self._monitor.guard
+        return guard is not None and guard.running
 
     def __enter__(self) -> BlockingMonitor:
         self._portal.call(self._monitor.start())

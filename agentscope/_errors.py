@@ -5,7 +5,9 @@ caller can act differently on them::
 
     AgentscopeError
     ├── InvalidName          a fleet or agent name that systemd or we refuse
+    ├── InvalidConfig        a setting out of its range (names the field and the range)
     ├── LaunchError          the agent could not be started (binary, cwd, env, exec)
+    │   └── HostUnderPressure  refused: the guard holds the host short of memory
     ├── AgentNotFound        no running agent of that name in this fleet
     ├── AgentExists          an agent of that name is already running
     ├── SystemdUnavailable   no systemd manager reachable on the bus we tried
@@ -28,6 +30,8 @@ __all__ = [
     "AgentNotFound",
     "AgentscopeError",
     "BusError",
+    "HostUnderPressure",
+    "InvalidConfig",
     "InvalidName",
     "LaunchError",
     "RegistryCorrupt",
@@ -60,8 +64,45 @@ class InvalidName(AgentscopeError, ValueError):
         super().__init__(f"invalid {kind} name {name!r}: {reason}; {hint}")
 
 
+class InvalidConfig(AgentscopeError, ValueError):
+    """A setting is out of its range; ``field``, ``value`` and ``allowed`` say which and why."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field} = {value!r} is out of range: it must be {allowed}")
+
+
 class LaunchError(AgentscopeError):
     """The agent could not be started; nothing was left behind."""
+
+
+class HostUnderPressure(LaunchError):
+    """A launch was refused: the fleet's guard sees the host short of memory.
+
+    ``mem_available_percent`` and ``swap_free_percent`` are of MemTotal and
+    SwapTotal, ``psi_full_avg10`` the host's PSI memory ``full`` avg10 (None
+    without PSI), ``waited`` the seconds the launch waited for it to clear.
+    """
+
+    def __init__(
+        self,
+        mem_available_percent: float,
+        swap_free_percent: float,
+        psi_full_avg10: float | None,
+        waited: float,
+    ) -> None:
+        self.mem_available_percent = mem_available_percent
+        self.swap_free_percent = swap_free_percent
+        self.psi_full_avg10 = psi_full_avg10
+        self.waited = waited
+        psi = "no PSI" if psi_full_avg10 is None else f"PSI full avg10 {psi_full_avg10:.1f}%"
+        super().__init__(
+            f"the host is under memory pressure (MemAvailable {mem_available_percent:.1f}%, "
+            f"SwapFree {swap_free_percent:.1f}%, {psi}; waited {waited:.1f} s): no agent "
+            "was started; retry later, stop an agent, or pass a longer admission_wait"
+        )
 
 
 class AgentNotFound(AgentscopeError, LookupError):

@@ -31,12 +31,15 @@ from ._errors import (
     AgentExists,
     AgentNotFound,
     AgentscopeError,
+    InvalidConfig,
     LaunchError,
     RegistryError,
 )
 from ._fleet_reconcile import ReconcileGlue
 from ._fleet_registry import RegistryGlue
 from ._fleet_tmux import TmuxChild, TmuxGlue
+from ._guard import admit
+from ._guardpolicy import GuardConfig
 from ._launchargs import check_argv, check_memory_max
 from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
 from ._monitor import Event as MonitorEvent
@@ -72,6 +75,9 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
     the D-Bus connection and nothing else. ``tmux_dir`` is where the fleet's
     tmux server keeps its socket (default: ``tmux-<fleet>`` under
     ``/run/agentscope`` or ``$XDG_RUNTIME_DIR/agentscope``; docs/tmux.md).
+    ``admission_wait`` is how long :meth:`launch` and :meth:`adopt` wait
+    for a pressure that this fleet's guard sees to clear before they raise
+    :class:`HostUnderPressure` (docs/guard.md; default: no wait).
 
     Raises:
         InvalidName: a bad fleet name.
@@ -91,9 +97,13 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         env: Mapping[str, str] | None = None,
         tmux_dir: str | os.PathLike[str] | None = None,
         _bus: SystemdBus | None = None,
+        admission_wait: float = 0.0,
     ) -> None:
         if policy not in ("adopt", "stop"):
             raise AgentscopeError(f"policy must be 'adopt' or 'stop', not {policy!r}")
+        if not 0 <= admission_wait <= 86400:
+            raise InvalidConfig("admission_wait", admission_wait, "from 0 to 86400 (seconds)")
+        self.admission_wait = admission_wait
         self.name = _names.validate_name("fleet", name)
         self.slice = _names.validate_slice(slice)
         # _bus is the tests' seam (tests/fakesystemd.py): a SystemdBus that
@@ -247,16 +257,30 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         self._unit_names[unit] = rec.name
         return rec.name
 
-    def monitor(self, interval: float = 2.0, top: int = 10, **options: Any) -> Monitor:
+    def monitor(
+        self,
+        interval: float = 2.0,
+        top: int = 10,
+        *,
+        guard: bool | GuardConfig = False,
+        **options: Any,
+    ) -> Monitor:
         """A memory monitor for this fleet: ``async with fleet.monitor() as m: async for e in m``.
 
-        Events (OOM kills, throttling, pressure, exits, limits found) are also
-        recorded in the registry. ``options`` go to :class:`Monitor`.
+        Events (OOM kills, throttling, pressure, exits, limits found, guard
+        kills) are also recorded in the registry. ``guard`` (True or a
+        :class:`GuardConfig`) runs the memory guard with the monitor
+        (docs/guard.md); it never kills this process or the fleet's tmux
+        server, and while it sees the host short, :meth:`launch` and
+        :meth:`adopt` wait ``admission_wait`` seconds, then raise
+        :class:`HostUnderPressure`. ``options`` go to :class:`Monitor`.
         """
         self._check_open()
         # The slice may not exist yet (no agent so far): watch where it will be.
         slice_path = self._slice_cgroup or self._expected_slice_cgroup()
         theirs = options.pop("on_event", None)
+        if guard is not False:
+            options.setdefault("guard_protect", self._guard_protected)
 
         def on_event(event: MonitorEvent) -> None:
             self._on_monitor_event(event)
@@ -270,10 +294,25 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             top=top,
             manager=self.manager,
             on_event=on_event,
+            guard=guard,
             **options,
         )
         self._monitors.add(mon)
         return mon
+
+    def _guard_protected(self) -> tuple[frozenset[int], frozenset[str]]:
+        """What a guard must never kill: this process and the fleet's tmux server (any thread)."""
+        pids = {os.getpid()}
+        tmux_pid = self._tmux.known_pid
+        if tmux_pid is not None:
+            pids.add(tmux_pid)
+        return frozenset(pids), frozenset({_tmux.tmux_unit(self.name)})
+
+    async def _admit(self) -> None:
+        """Admission control: wait for (or refuse on) pressure this fleet's guards see."""
+        guards = [m.guard for m in list(self._monitors) if m.guard is not None]
+        if guards:
+            await admit(guards, self.admission_wait)
 
     async def report(self, top: int = 10) -> MemoryReport:
         """A memory report now: host, PSI, every agent, the top processes with their agent."""
@@ -348,6 +387,7 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
 
         Raises:
             InvalidName, LaunchError, AgentExists, BusError, SystemdUnavailable,
+            HostUnderPressure (the guard sees the host short: nothing was started),
             TmuxError (tmux missing, its directory not writable, the window
             name taken: nothing was started).
         """
@@ -364,6 +404,7 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
                 "a tmux agent's stdin, stdout and stderr are its pane: leave them None "
                 "(read its output with logs(), type into it with send())"
             )
+        await self._admit()
         if terminal is not None:
             # Before the pane: a running tmux agent's window would otherwise
             # make it fail as WindowExists instead of AgentExists.
@@ -565,7 +606,8 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         ``memory_max`` (bytes) caps the new scope, as for :meth:`launch`.
 
         Raises:
-            InvalidName, AgentExists, LaunchError (no such process), BusError.
+            InvalidName, AgentExists, LaunchError (no such process), BusError,
+            HostUnderPressure (as for :meth:`launch`).
         """
         self._check_open()
         name = _names.validate_name("agent", name)
@@ -573,6 +615,7 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             root, pids = await asyncio.to_thread(_process_tree, pid)
         except psutil.NoSuchProcess as exc:
             raise LaunchError(f"no process with pid {pid} to adopt") from exc
+        await self._admit()
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)

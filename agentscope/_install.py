@@ -47,6 +47,7 @@ __all__ = [
     "load_manifest",
     "load_templates",
     "manifest_path",
+    "mglru_protection",
     "plan_install",
     "plan_uninstall",
 ]
@@ -226,6 +227,7 @@ def plan_install(
     agentscope_exec: str | None = None,
     python: str = "/usr/bin/python3",
     user: str | None = None,
+    mglru_min_ttl_ms: int | None = None,
 ) -> InstallPlan:
     """Plan an install for the system manager (``"system"``) or one user's manager (``"user"``).
 
@@ -239,10 +241,13 @@ def plan_install(
     ``~/.config/systemd/user/``, plus the drop-in in
     ``~/.config/systemd/user.conf.d/`` below 253. ``linger`` (user only)
     adds ``loginctl enable-linger [user]`` so the monitor runs without a login.
+    ``mglru_min_ttl_ms`` (system only, opt-in) adds MGLRU's thrashing
+    protection: see :func:`mglru_protection`.
 
     Raises:
         InvalidName: a fleet name is invalid.
-        ValueError: ``linger`` with ``"system"``, or an unusable ``agentscope_exec``.
+        ValueError: ``linger`` with ``"system"``, or an unusable ``agentscope_exec``,
+            or ``mglru_min_ttl_ms`` out of range or with ``"user"``.
         FileNotFoundError: the packaged templates are missing.
     """
     for name in fleets:
@@ -305,6 +310,12 @@ def plan_install(
     actions += [(*systemctl, "start", f"agentscope-monitor@{name}.service") for name in unique]
     if linger:
         actions.append(("loginctl", "enable-linger", *([user] if user else [])))
+    if mglru_min_ttl_ms is not None:
+        if scope != "system":
+            raise ValueError("MGLRU thrashing protection is host-wide: a system install only")
+        mglru_file, mglru_action = mglru_protection(mglru_min_ttl_ms)
+        files.append(mglru_file)
+        actions.append(mglru_action)
     return InstallPlan(
         scope=scope,
         root=root,
@@ -340,6 +351,15 @@ def _config_text(fleets: tuple[str, ...], exec_path: str) -> bytes:
         "[monitor]",
         f'exec = "{exec_path}"',
         f"watchdog_sec = {generator.DEFAULT_WATCHDOG_SEC}",
+        "",
+        "[guard]",
+        "# The monitor's memory guard kills an agent's runaway before the host",
+        "# thrashes (docs/guard.md). These are its defaults.",
+        "enabled = true",
+        "mem_available_percent = 10  # act when MemAvailable <= 10% of MemTotal",
+        "swap_free_percent = 10      # ... and SwapFree <= 10% of SwapTotal",
+        'psi_full_percent = 60       # or when PSI memory full avg10 >= 60% ("off": never)',
+        "psi_full_seconds = 10       # ... for this long",
     ]
     for name in fleets:
         lines += [
@@ -544,6 +564,8 @@ def plan_uninstall(manifest: Manifest) -> UninstallPlan:
     )
     actions = [(*systemctl, "stop", f"agentscope-monitor@{n}.service") for n in manifest.fleets]
     actions.append((*systemctl, "daemon-reload"))
+    if any(e.path == MGLRU_TMPFILES for e in manifest.files):
+        actions.append(_MGLRU_OFF)
     return UninstallPlan(
         scope=manifest.scope,
         root=manifest.root,
@@ -583,3 +605,47 @@ def _uninstall(plan: UninstallPlan, dry_run: bool) -> list[str]:
         else:
             lines.append(f"rmdir {d}")
     return lines
+
+
+#: MGLRU's thrashing protection, an opt-in of ``agentscope install --system
+#: --mglru-protection``: when the working set of the last ``min_ttl_ms`` cannot
+#: stay resident, kswapd OOM-kills at once instead of reclaiming page cache for
+#: minutes (Documentation/admin-guide/mm/multigen_lru.rst). Debian leaves it
+#: off (0); the guard acts before either, this is the kernel's own backstop.
+MGLRU_TMPFILES = PurePosixPath("/etc/tmpfiles.d/agentscope-mglru.conf")
+_MGLRU = "/sys/kernel/mm/lru_gen"
+MGLRU_MIN_TTL_RANGE = (100, 60_000)
+#: What ``--mglru-protection`` sets: the kernel documentation's example value.
+MGLRU_MIN_TTL_DEFAULT = 1000
+# (tmpfiles.d "w" skips a path that does not exist: kernels without MGLRU.)
+# Uninstall puts back the kernel's default (0: off) at once, not at the next boot.
+_MGLRU_OFF = ("sh", "-c", f"if [ -w {_MGLRU}/min_ttl_ms ]; then echo 0 > {_MGLRU}/min_ttl_ms; fi")
+
+
+def mglru_protection(min_ttl_ms: int) -> tuple[PlannedFile, tuple[str, ...]]:
+    """The tmpfiles.d lines setting MGLRU's ``min_ttl_ms`` at boot, and the command to apply them.
+
+    Raises:
+        ValueError: ``min_ttl_ms`` outside 100..60000 ms.
+    """
+    low, high = MGLRU_MIN_TTL_RANGE
+    if (
+        isinstance(min_ttl_ms, bool)
+        or not isinstance(min_ttl_ms, int)
+        or not (low <= min_ttl_ms <= high)
+    ):
+        raise ValueError(
+            f"mglru_min_ttl_ms must be an integer {low}..{high} (ms), not {min_ttl_ms!r}"
+        )
+    text = (
+        "# Written by agentscope install --mglru-protection; agentscope uninstall removes it.\n"
+        "# MGLRU thrashing protection: OOM-kill when the working set of the last\n"
+        f"# {min_ttl_ms} ms cannot stay in memory (see docs/install.md).\n"
+        f"w {_MGLRU}/enabled - - - - y\n"
+        f"w {_MGLRU}/min_ttl_ms - - - - {min_ttl_ms}\n"
+    )
+    return PlannedFile(MGLRU_TMPFILES, text.encode()), (
+        "systemd-tmpfiles",
+        "--create",
+        str(MGLRU_TMPFILES),
+    )

@@ -96,6 +96,8 @@ from ._cgroup import (
 from ._cgroup import Pressure as PsiPressure
 from ._dicts import as_dict
 from ._errors import AgentscopeError
+from ._guard import Guard, GuardHandle, Protected
+from ._guardpolicy import GuardConfig, GuardKill
 from ._proc import (
     PROC_ROOT,
     MemInfo,
@@ -335,7 +337,7 @@ class LimitFound:
         }
 
 
-Event = OomKill | Throttled | Pressure | AgentExited | LimitFound
+Event = OomKill | Throttled | Pressure | AgentExited | LimitFound | GuardKill
 
 
 # ---------------------------------------------------------------------------
@@ -737,6 +739,11 @@ class Monitor:
     ``--user`` for limits held by units below a ``user@UID.service``.
     ``psi_triggers`` None arms PSI triggers only on the real /proc and
     cgroupfs (a trigger is a write, which a test tree must not receive).
+    ``guard`` (True, or a :class:`GuardConfig`) runs the memory guard in
+    its own thread while the monitor runs (docs/guard.md): its kills come
+    as :class:`GuardKill` events; ``guard_protect`` returns the pids and
+    scope units it must never kill (the process running it is never
+    killed anyway).
 
     Example::
 
@@ -765,6 +772,8 @@ class Monitor:
         on_event: Callable[[Event], None] | None = None,
         manager: str = "auto",
         psi_triggers: bool | None = None,
+        guard: bool | GuardConfig = False,
+        guard_protect: Protected | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be positive, not {interval!r}")
@@ -788,6 +797,15 @@ class Monitor:
         if psi_triggers is None:
             psi_triggers = self.proc_root == PROC_ROOT and self.cgroup_root == CGROUP_ROOT
         self._psi_wanted = psi_triggers
+        if guard is True:
+            guard = GuardConfig()
+        if guard is not False and not isinstance(guard, GuardConfig):
+            raise ValueError(f"guard must be True, False or a GuardConfig, not {guard!r}")
+        self.guard_config: GuardConfig | None = guard or None
+        self._guard_protect = guard_protect
+        #: The running guard (None without one, or before start).
+        self.guard: GuardHandle | None = None
+        self._guard_killed: set[int] = set()  # pids the guard killed: not OOM victims
         self._state = "new"
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._queue_limit = 10_000
@@ -871,7 +889,47 @@ class Monitor:
             if self._psi is not None:
                 loop.add_reader(self._psi[0].fileno(), self._on_psi)
         await self._sample_logged()
+        if self.guard_config is not None:
+            await self._start_guard(loop, self.guard_config)
         self._task = loop.create_task(self._run(), name="agentscope-monitor")
+
+    async def _start_guard(self, loop: asyncio.AbstractEventLoop, config: GuardConfig) -> None:
+        def deliver(event: GuardKill) -> None:
+            # From the guard's thread. A stalled loop runs it when it wakes: the
+            # kill is queued, never lost; a closed loop cannot take it any more.
+            try:
+                loop.call_soon_threadsafe(self._emit_guard_kill, event)
+            except RuntimeError:
+                log.warning("guard kill after the monitor's loop closed: %r", event)
+
+        protected = self._guard_protect or (lambda: ((), ()))
+        if config.process:
+            from ._guardproc import GuardChild
+
+            self.guard = GuardChild(
+                config,
+                self.slice_path,
+                on_kill=deliver,
+                unit_agent=self.unit_agent,
+                protected=protected,
+                proc_root=self.proc_root,
+            )
+        else:
+            self.guard = Guard(
+                config,
+                self.slice_path,
+                on_kill=deliver,
+                unit_agent=self.unit_agent,
+                protected=protected,
+                proc_root=self.proc_root,
+                psi_trigger=self._psi_wanted,
+            )
+        # mlockall, or spawning the guard process, are not for the loop's thread.
+        await asyncio.to_thread(self.guard.start)
+
+    def _emit_guard_kill(self, event: GuardKill) -> None:
+        self._guard_killed.add(event.pid)
+        self._emit(event)
 
     async def aclose(self) -> None:
         """Stop monitoring, report a pressure window still open, end the event iterators."""
@@ -879,6 +937,10 @@ class Monitor:
             return
         was_running = self._state == "running"
         self._state = "closed"
+        if self.guard is not None:
+            await asyncio.to_thread(self.guard.stop)
+            # Kills it delivered while stopping are in the loop's queue: run them.
+            await asyncio.sleep(0)
         if self._wake_handle is not None:
             self._wake_handle.cancel()
             self._wake_handle = None
@@ -963,7 +1025,7 @@ class Monitor:
         thread.
         """
         now = time.time()
-        if returncode == -signal.SIGKILL:
+        if returncode == -signal.SIGKILL and pid not in self._guard_killed:
             self._reaped.setdefault(unit, {})[pid] = (now, comm)
         self._emit(AgentExited(now, self.unit_agent(unit), unit, pid, returncode))
 

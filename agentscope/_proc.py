@@ -38,6 +38,7 @@ __all__ = [
     "read_smaps_rollup",
     "read_stat",
     "read_statm_rss",
+    "read_vm_sizes",
     "read_wchan",
     "top_processes",
 ]
@@ -158,6 +159,23 @@ def read_statm_rss(
         # A task exiting between open and read can give an empty file.
         return None
     return int(fields[1]) * page_size
+
+
+def read_vm_sizes(pid: int, proc_root: Path = PROC_ROOT) -> tuple[int, int] | None:
+    """``(VmRSS, VmSwap)`` of ``pid`` in bytes, from ``/proc/PID/status``.
+
+    What the guard sizes a process by: resident plus swapped-out pages, as
+    cheap as ``statm`` and without ``smaps_rollup``'s page walk. (0, 0) for
+    kernel threads and zombies (no Vm lines); None when the process is gone.
+
+    Raises:
+        OSError: other than the process vanishing.
+    """
+    data = _read_kernel_file(_pid_file(proc_root, pid, "status"))
+    if data is None:
+        return None
+    values = _kb_fields(data)
+    return values.get("VmRSS", 0), values.get("VmSwap", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,22 +321,44 @@ class MemInfo:
         return as_dict(self)
 
 
+def _kb_field(data: bytes, key: bytes) -> int | None:
+    """The ``key:`` line of a ``Key:   123 kB`` file in bytes; None when absent.
+
+    Four of these cost a tenth of :func:`_kb_fields` over meminfo's ~55
+    lines, and the memory guard reads meminfo up to ten times a second.
+    """
+    needle = key + b":"
+    start = 0
+    while (at := data.find(needle, start)) >= 0:
+        if at == 0 or data[at - 1] == 0x0A:  # at a line start, not inside a longer key
+            end = data.find(b"\n", at)
+            parts = data[at + len(needle) : end if end >= 0 else len(data)].split()
+            if not parts or not parts[0].isdigit():
+                return None
+            return int(parts[0]) * (1024 if parts[1:2] == [b"kB"] else 1)
+        start = at + 1
+    return None
+
+
 def parse_meminfo(data: bytes) -> MemInfo:
     """Parse ``/proc/meminfo``.
 
     Raises:
         ValueError: MemTotal or MemAvailable (kernel 3.14+) is missing.
     """
-    values = _kb_fields(data)
-    try:
-        return MemInfo(
-            mem_total=values["MemTotal"],
-            mem_available=values["MemAvailable"],
-            swap_total=values.get("SwapTotal", 0),
-            swap_free=values.get("SwapFree", 0),
-        )
-    except KeyError as exc:
-        raise ValueError(f"/proc/meminfo: missing {exc.args[0]!r}") from None
+    total = _kb_field(data, b"MemTotal")
+    available = _kb_field(data, b"MemAvailable")
+    for name, value in (("MemTotal", total), ("MemAvailable", available)):
+        if value is None:
+            raise ValueError(f"/proc/meminfo: missing {name!r}")
+    assert total is not None
+    assert available is not None
+    return MemInfo(
+        mem_total=total,
+        mem_available=available,
+        swap_total=_kb_field(data, b"SwapTotal") or 0,
+        swap_free=_kb_field(data, b"SwapFree") or 0,
+    )
 
 
 def read_meminfo(proc_root: Path = PROC_ROOT) -> MemInfo:

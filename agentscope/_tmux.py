@@ -147,6 +147,15 @@ def tmux_unit(fleet: str) -> str:
     return f"agentscope-{fleet}-tmux.scope"
 
 
+def is_tmux_unit(unit: str) -> bool:
+    """Whether ``unit`` is some fleet's tmux server scope (:func:`tmux_unit`).
+
+    Never an agent's: an agent scope's name ends in ``-`` and six hex
+    digits before ``.scope`` (``_names.scope_unit_name``).
+    """
+    return unit.startswith("agentscope-") and unit.endswith("-tmux.scope")
+
+
 def tmux_description(fleet: str) -> str:
     """The server scope's Description; unlike an agent's, listings do not parse it."""
     return f"agentscope tmux server of fleet {fleet}"
@@ -390,6 +399,11 @@ class TmuxServer:
         if self._pid is not None and _running(self._pid):
             return True
         return self.pid() is not None
+
+    @property
+    def known_pid(self) -> int | None:
+        """The server's PID as last seen, without asking tmux (any thread; may be stale)."""
+        return self._pid
 
     def pid(self) -> int | None:
         """The server's PID, None when it does not run."""

@@ -98,10 +98,27 @@ _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 # backslash, whitespace), which covers ordinary install paths.
 _EXEC_CHARS = _NAME_CHARS | frozenset("/+@,:=~")
 _KNOWN = {
-    "": {"slice", "monitor", "fleet"},
+    "": {"slice", "monitor", "fleet", "guard"},
     "slice": {"name", "oomd_pressure_limit"},
     "monitor": {"exec", "watchdog_sec"},
     "fleet": {"name", "manager", "users"},
+    "guard": {
+        "enabled",
+        "process",
+        "mem_available_percent",
+        "swap_free_percent",
+        "psi_full_percent",
+        "psi_full_seconds",
+    },
+}
+#: [guard] key -> (monitor option, lowest, highest): the ranges of
+#: agentscope.GuardConfig, repeated here because the generator imports the
+#: standard library only (tests/test_generator.py checks they agree).
+GUARD_OPTIONS = {
+    "mem_available_percent": ("--guard-mem-available", 0.0, 100.0),
+    "swap_free_percent": ("--guard-swap-free", 0.0, 100.0),
+    "psi_full_percent": ("--guard-psi-full", 0.01, 100.0),
+    "psi_full_seconds": ("--guard-psi-seconds", 0.0, 3600.0),
 }
 
 
@@ -161,15 +178,28 @@ DEFAULT_FLEETS = (FleetEntry("default"),)
 class Config(_Record):
     """The validated configuration; every field has a working default.
 
-    ``monitor_exec`` None means: the default found at run time.
+    ``monitor_exec`` None means: the default found at run time. ``guard``
+    runs the monitor with its memory guard (on unless ``[guard] enabled =
+    false``); ``guard_args`` are its threshold options, as the monitor
+    command line takes them (only those the config sets).
     """
 
-    __slots__ = ("fleets", "monitor_exec", "oomd_pressure_limit", "slice_name", "watchdog_sec")
+    __slots__ = (
+        "fleets",
+        "guard",
+        "guard_args",
+        "monitor_exec",
+        "oomd_pressure_limit",
+        "slice_name",
+        "watchdog_sec",
+    )
     slice_name: str
     oomd_pressure_limit: str
     monitor_exec: str | None
     watchdog_sec: int
     fleets: tuple[FleetEntry, ...]
+    guard: bool
+    guard_args: tuple[str, ...]
 
     def __init__(
         self,
@@ -178,6 +208,8 @@ class Config(_Record):
         monitor_exec: str | None = None,
         watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
         fleets: tuple[FleetEntry, ...] = DEFAULT_FLEETS,
+        guard: bool = True,
+        guard_args: tuple[str, ...] = (),
     ) -> None:
         super().__init__(
             slice_name=slice_name,
@@ -185,6 +217,8 @@ class Config(_Record):
             monitor_exec=monitor_exec,
             watchdog_sec=watchdog_sec,
             fleets=fleets,
+            guard=guard,
+            guard_args=guard_args,
         )
 
 
@@ -332,14 +366,51 @@ def parse_config(data: dict[str, object]) -> tuple[Config, list[str]]:
     limit = _pick(slice_table, "slice", "oomd_pressure_limit", validate_pressure_limit, problems)
     exec_path = _pick(monitor_table, "monitor", "exec", validate_exec, problems)
     watchdog = _pick(monitor_table, "monitor", "watchdog_sec", _check_watchdog, problems)
+    guard, guard_args = _guard(_table(data, "guard", problems), problems)
     defaults = Config()
     config = Config(
         slice_name=slice_name if isinstance(slice_name, str) else defaults.slice_name,
         oomd_pressure_limit=limit if isinstance(limit, str) else defaults.oomd_pressure_limit,
         monitor_exec=exec_path if isinstance(exec_path, str) else None,
         watchdog_sec=watchdog if isinstance(watchdog, int) else defaults.watchdog_sec,
+        guard=guard,
+        guard_args=guard_args,
     )
     return config.replace(fleets=_fleets(data, problems)), problems
+
+
+def _guard(table: dict[str, object], problems: list[str]) -> tuple[bool, tuple[str, ...]]:
+    """``[guard]``: whether it runs, and the monitor options of its thresholds."""
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        problems.append(f"[guard] enabled = {enabled!r} must be true or false; using true")
+        enabled = True
+    args: list[str] = []
+    process = table.get("process", False)
+    if process is True:
+        args.append("--guard-process")
+    elif process is not False:
+        problems.append(f"[guard] process = {process!r} must be true or false; using false")
+    for key, (option, low, high) in GUARD_OPTIONS.items():
+        if key not in table:
+            continue
+        value = table[key]
+        if key == "psi_full_percent" and (value is False or value == "off"):
+            args += [option, "off"]
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not (low <= value <= high)
+        ):
+            off = ', or "off"' if key == "psi_full_percent" else ""
+            problems.append(
+                f"[guard] {key} = {value!r} must be a number from {low:g} to {high:g}{off}; "
+                "using the default"
+            )
+            continue
+        args += [option, f"{float(value):g}"]
+    return enabled, tuple(args)
 
 
 def _pick(
@@ -441,6 +512,7 @@ def render(
         "@MONITOR_SLICE@": monitor_slice(config.slice_name),
         "@WANTED_BY@": "default.target" if user_mode else "multi-user.target",
         "@MANAGER@": "user" if user_mode else "system",
+        "@GUARD@": " ".join(("--guard" if config.guard else "--no-guard", *config.guard_args)),
     }
 
     def fill(text: str) -> str:

@@ -41,6 +41,17 @@ from ._cgroup import parse_procs as parse_procs
 from ._cgroup import read_cgroup_memory as read_cgroup_memory
 from ._cgroup import scan_slice as scan_slice
 from ._cgroup import user_manager_cgroup as user_manager_cgroup
+from ._guard import kill_process as kill_process
+from ._guard import run_guard as run_guard
+from ._guardpolicy import HostReading as HostReading
+from ._guardpolicy import PressureClock as PressureClock
+from ._guardpolicy import SliceProcess as SliceProcess
+from ._guardpolicy import Victim as Victim
+from ._guardpolicy import choose_victim as choose_victim
+from ._guardpolicy import next_interval as next_interval
+from ._guardpolicy import read_host as read_host
+from ._guardpolicy import scan_slice_processes as scan_slice_processes
+from ._guardpolicy import under_pressure as under_pressure
 from ._names import DEFAULT_SLICE as DEFAULT_SLICE
 from ._names import describe as describe
 from ._names import parse_description as parse_description
@@ -63,6 +74,7 @@ from ._proc import read_oom_score_adj as read_oom_score_adj
 from ._proc import read_smaps_rollup as read_smaps_rollup
 from ._proc import read_stat as read_stat
 from ._proc import read_statm_rss as read_statm_rss
+from ._proc import read_vm_sizes as read_vm_sizes
 from ._proc import read_wchan as read_wchan
 from ._proc import top_processes as top_processes
 
@@ -72,6 +84,7 @@ __all__ = [
     "THROTTLE_WCHANS",
     "BusAddress",
     "CgroupMemory",
+    "HostReading",
     "KernelOomKill",
     "LimitHolder",
     "Manager",
@@ -79,6 +92,7 @@ __all__ = [
     "MemoryEvents",
     "MemoryStat",
     "Pressure",
+    "PressureClock",
     "PressureEvent",
     "PressureLine",
     "PressureSample",
@@ -86,12 +100,15 @@ __all__ = [
     "ProcStat",
     "ProcessInfo",
     "SeenProcess",
+    "SliceProcess",
     "SmapsRollup",
     "SystemdBus",
     "Throttle",
+    "Victim",
     "bus_addresses",
     "cgroup_path_for_unit",
     "cgroup_v2_mounted",
+    "choose_victim",
     "counter_delta",
     "describe",
     "detect_throttle",
@@ -99,7 +116,9 @@ __all__ = [
     "host_pressure",
     "is_throttled",
     "iter_pids",
+    "kill_process",
     "memory_controller_enabled",
+    "next_interval",
     "oom_victims",
     "parse_description",
     "parse_limit",
@@ -113,17 +132,22 @@ __all__ = [
     "read_cgroup",
     "read_cgroup_memory",
     "read_cmdline",
+    "read_host",
     "read_meminfo",
     "read_oom_score_adj",
     "read_smaps_rollup",
     "read_stat",
     "read_statm_rss",
+    "read_vm_sizes",
     "read_wchan",
     "resolve_manager",
+    "run_guard",
     "scan_slice",
+    "scan_slice_processes",
     "scope_pattern",
     "scope_unit_name",
     "top_processes",
+    "under_pressure",
     "user_manager_cgroup",
     "validate_name",
     "validate_slice",

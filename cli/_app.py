@@ -532,6 +532,54 @@ def monitor(
             envvar="AGENTSCOPE_MONITOR_LISTEN_ANY",
         ),
     ] = False,
+    guard: Annotated[
+        bool,
+        typer.Option(
+            "--guard/--no-guard",
+            help="Run the memory guard: kill an agent's runaway before the host thrashes.",
+            envvar="AGENTSCOPE_GUARD",
+        ),
+    ] = False,
+    guard_mem_available: Annotated[
+        float,
+        typer.Option(
+            help="Guard: act when MemAvailable is at most PCT % of MemTotal ...",
+            metavar="PCT",
+            envvar="AGENTSCOPE_GUARD_MEM_AVAILABLE",
+        ),
+    ] = 10.0,
+    guard_swap_free: Annotated[
+        float,
+        typer.Option(
+            help="... and SwapFree at most PCT % of SwapTotal (no swap counts as 0 %).",
+            metavar="PCT",
+            envvar="AGENTSCOPE_GUARD_SWAP_FREE",
+        ),
+    ] = 10.0,
+    guard_psi_full: Annotated[
+        str,
+        typer.Option(
+            help="Guard: or act when PSI memory full avg10 stays at PCT % or more; 'off'.",
+            metavar="PCT|off",
+            envvar="AGENTSCOPE_GUARD_PSI_FULL",
+        ),
+    ] = "60",
+    guard_psi_seconds: Annotated[
+        float,
+        typer.Option(
+            help="Guard: how long PSI full must stay over --guard-psi-full, in seconds.",
+            metavar="S",
+            envvar="AGENTSCOPE_GUARD_PSI_SECONDS",
+        ),
+    ] = 10.0,
+    guard_process: Annotated[
+        bool,
+        typer.Option(
+            "--guard-process",
+            help="Guard: run in a small process of its own, not a thread of the monitor.",
+            envvar="AGENTSCOPE_GUARD_PROCESS",
+        ),
+    ] = False,
 ) -> None:
     """Run the monitor in the foreground, recording and printing its events.
 
@@ -539,12 +587,25 @@ def monitor(
     $NOTIFY_SOCKET set) it sends READY=1, then WATCHDOG=1 and a STATUS= line
     every tick (at least twice per WatchdogSec=); started by systemd, it
     writes the reason it stopped on an error to monitor-FLEET.fatal.log in
-    the state directory.
+    the state directory. With --guard it also runs the memory guard
+    (docs/guard.md) and prints its kills; as root the monitor then sets its
+    own oom_score_adj to -1000, so the kernel never picks the guard.
     """
     from ._http import FaceState, HttpFace, parse_listen, start_face
 
     opts = _opts(ctx)
     address = parse_listen(listen, any_address=listen_any) if listen is not None else None
+    guard_config = (
+        _guard_config(
+            guard_mem_available,
+            guard_swap_free,
+            guard_psi_full,
+            guard_psi_seconds,
+            process=guard_process,
+        )
+        if guard
+        else False
+    )
     notifier = Notifier()
     fatal = _monitor_fatal_log(opts)
 
@@ -554,12 +615,17 @@ def monitor(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     face: HttpFace | None = None
     try:
-        with _fleet_of(ctx) as fleet, fleet.monitor(interval=interval, top=top) as stream:
+        with (
+            _fleet_of(ctx) as fleet,
+            fleet.monitor(interval=interval, top=top, guard=guard_config) as stream,
+        ):
             state = None
             if address is not None:
                 from agentscope import __version__
 
                 state = FaceState(fleet.name, fleet.manager, interval, __version__)
+                if guard_config:
+                    state.guard = lambda: stream.guard_running
                 face = start_face(address, state)
                 sys.stderr.write(f"serving /health and /metrics on {face.url}\n")
                 sys.stderr.flush()
@@ -604,6 +670,39 @@ def _open_log(opts: Options, name: str, log: Path | None) -> tuple[Path, int]:
             "check that its directory is yours, or pass --log",
             "failed",
         ) from exc
+
+
+def _guard_config(
+    mem_available: float, swap_free: float, psi_full: str, psi_seconds: float, *, process: bool
+) -> Any:
+    """The GuardConfig of ``monitor --guard``'s options.
+
+    Raises:
+        BadInput: --guard-psi-full is neither a number nor 'off'.
+        InvalidConfig: a value out of its range (exit 2, naming the option's field).
+    """
+    from agentscope import GuardConfig
+
+    psi: float | None
+    if psi_full.strip().lower() == "off":
+        psi = None
+    else:
+        try:
+            psi = float(psi_full)
+        except ValueError:
+            raise BadInput(
+                f"--guard-psi-full {psi_full!r} is not a percentage; give e.g. 60, or 'off'"
+            ) from None
+    # A process that runs only the monitor may keep the kernel's OOM killer
+    # off itself; root can, others cannot lower it (FIELD-NOTES).
+    return GuardConfig(
+        mem_available_percent=mem_available,
+        swap_free_percent=swap_free,
+        psi_full_percent=psi,
+        psi_full_seconds=psi_seconds,
+        oom_score_adj=-1000 if os.geteuid() == 0 else None,
+        process=process,
+    )
 
 
 def _monitor_fatal_log(opts: Options) -> FatalLog | None:
@@ -830,6 +929,14 @@ def install(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would be written.")
     ] = False,
+    mglru_protection: Annotated[
+        bool,
+        typer.Option(
+            "--mglru-protection",
+            help="Also turn on the kernel's MGLRU thrashing protection at boot "
+            "(min_ttl_ms=1000, a tmpfiles.d line; --system only; uninstall removes it).",
+        ),
+    ] = False,
 ) -> None:
     """Install the agents slice (no memory limits) and the monitor service for --fleet."""
     from agentscope import install as inst
@@ -839,11 +946,14 @@ def install(
         raise BadInput("--linger is for a user install (--user): the system manager runs at boot")
     if scope == "system" and os.geteuid() != 0:
         raise BadInput("install --system needs root; use --user for your own manager")
+    if mglru_protection and scope != "system":
+        raise BadInput("--mglru-protection is host-wide: use it with install --system (root)")
     plan = inst.plan_install(
         scope,  # type: ignore[arg-type]
         systemd_version=inst.detect_systemd_version(),
         linger=linger,
         fleets=[_opts(ctx).fleet],
+        mglru_min_ttl_ms=inst.MGLRU_MIN_TTL_DEFAULT if mglru_protection else None,
     )
     lines = inst.apply_plan(plan, dry_run=dry_run)
     if not dry_run:
@@ -887,17 +997,17 @@ def demo(
         bool,
         typer.Option(
             "--global-oom",
-            help="No cap: let the whole machine run out of memory. Only in a throwaway VM.",
+            help="No cap: let the tool call run the whole machine short, for the guard to "
+            "catch. Only in a throwaway VM.",
         ),
     ] = False,
-    timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for the OOM kill.", min=1)
-    ] = 150.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the kill.", min=1)] = 150.0,
 ) -> None:
-    """Show what agentscope does: a fleet, a runaway agent, the OOM kill named.
+    """Show what agentscope does: a fleet, a runaway agent, its kill named.
 
-    Launches cheap agents (fleet "demo" unless --fleet), starts the monitor,
-    lets one agent's tool call grow until the kernel OOM-kills it, then shows
+    Launches cheap agents (fleet "demo" unless --fleet), starts the monitor
+    with its memory guard, lets one agent's tool call grow until it is killed
+    (by the kernel in its capped scope; with --global-oom by the guard), then shows
     the survivors, the slice's limits and the memory report, and stops every
     agent it started (also on Ctrl-C). Exits 0 only if every outcome happened.
     """

@@ -1,17 +1,20 @@
-"""``agentscope demo``: a fleet, a runaway agent, and the OOM kill named.
+"""``agentscope demo``: a fleet, a runaway agent, and its kill named.
 
 The demo launches a small fleet (cheap ``sh`` agents holding a few MB
-each), starts the monitor, and lets one agent's tool call grow until the
-kernel's OOM killer takes it. It then shows what agentscope promises: the
+each), starts the monitor with its memory guard, and lets one agent's tool
+call grow until it is killed. It then shows what agentscope promises: the
 kill is named (agent and process), the other agents and the manager live on,
 the agents slice carries no limit, and the memory report says who holds
 what. Every outcome is checked; the exit status is 0 only if all happened.
 
-On a real host the runaway gets its own ``memory_max`` (a memcg OOM in its
-scope only), so the demo never squeezes the machine. ``--global-oom`` drops
-that cap and lets the whole machine run out: meant for the throwaway VM of
-``make demo``. Every agent the demo started is stopped on the way out, also
-on Ctrl-C and SIGTERM.
+On a real host the runaway gets its own ``memory_max``: the kernel's OOM
+killer takes it inside its scope, and the demo never squeezes the machine.
+``--global-oom`` drops that cap and lets the tool call run the whole
+machine short, on the kernel's defaults (no MGLRU ``min_ttl_ms``, the
+kernel log closed to users): there the guard kills it before the kernel
+has to, and its ``guard_kill`` event names it. Meant for the throwaway VM
+of ``make demo``. Every agent the demo started is stopped on the way out,
+also on Ctrl-C and SIGTERM.
 
 Only the library's public API is used here.
 """
@@ -75,16 +78,16 @@ _RUNAWAY = (
     + 'echo "tool call ended with status $?"\n'
     + "while :; do sleep 3600; done\n"
 )
-#: The tool call: 128 MiB chunks, each touched at once (bytes * n fills it).
-#: Large chunks get a global OOM declared fast: in the 768 MB TCG VM (with
-#: MGLRU's min_ttl_ms, see integration/guest.sh) the kill came 9-11 s after
-#: the start with 128 or 256 MiB chunks, but after up to 130 s with 32 MiB
-#: ones, the kernel reclaiming page cache between the small steps.
-#: It first idles 2 s, as a tool call starts up: the monitor (1 s samples)
-#: sees it once before it grows, so the kill can name it without the kernel
-#: log (the user manager) even though it then fills memory in a second.
+#: The tool call: issue #20's runaway, 16 MiB every 20 ms, each chunk touched
+#: at once (bytes * n fills it). Without a cap, on the kernel's defaults, the
+#: kernel alone let it squeeze the 768 MB TCG VM for 59-275 s (every agent
+#: and the manager stalled); the guard kills it once MemAvailable falls to
+#: 10%. It first idles 2 s, as a tool call starts up: the monitor (1 s
+#: samples) sees it once before it grows, so a kernel kill in its capped
+#: scope can be named without the kernel log (the user manager).
 GROW = (
-    "import time\ntime.sleep(2)\nchunks = []\nwhile True:\n    chunks.append(b'x' * (128 << 20))\n"
+    "import time\ntime.sleep(2)\nchunks = []\nwhile True:\n"
+    "    chunks.append(b'x' * (16 << 20))\n    time.sleep(0.02)\n"
 )
 
 
@@ -129,7 +132,7 @@ class DemoSettings:
     """What ``agentscope demo`` was asked to do."""
 
     agents: int = 8
-    memory_max: int | None = 256 << 20  # None: a global OOM (--global-oom)
+    memory_max: int | None = 256 << 20  # None: no cap, the guard's catch (--global-oom)
     timeout: float = 150.0
     interval: float = 1.0
 
@@ -153,16 +156,28 @@ def largest_per_agent(
 
 
 def checks_of(summary: Mapping[str, Any]) -> dict[str, bool]:
-    """The outcomes the demo promises, each True only if it happened."""
+    """The outcomes the demo promises, each True only if it happened.
+
+    Capped (the default): the kernel OOM-kills the tool call in its scope.
+    Uncapped (``global_oom``): the guard kills it and the kernel never has to.
+    """
     runaway = summary.get("runaway")
-    kills = summary.get("oom_kills") or []
-    kill = summary.get("oom_kill") or {}
+    kills = summary.get("kills") or []
+    kill = summary.get("kill") or {}
     after = {a["name"]: a for a in summary.get("agents_after") or []}
     others = [n for n in summary.get("agents") or [] if n != runaway]
     limits = summary.get("slice_limits") or {}
     largest = summary.get("largest_per_agent") or {}
+    if summary.get("global_oom"):
+        caught = {
+            "guard_kill_seen": kill.get("kind") == "guard_kill",
+            "no_kernel_oom_kill": not summary.get("oom_kills")
+            and not summary.get("kernel_oom_kills"),
+        }
+    else:
+        caught = {"oom_kill_seen": kill.get("kind") == "oom_kill"}
     return {
-        "oom_kill_seen": bool(kills),
+        **caught,
         "runaway_named": kill.get("agent") == runaway,
         "process_named": bool(kill.get("comm")) and kill.get("pid") is not None,
         "only_the_runaway_killed": bool(kills) and all(k.get("agent") == runaway for k in kills),
@@ -178,6 +193,8 @@ def checks_of(summary: Mapping[str, Any]) -> dict[str, bool]:
 
 _CHECK_TEXT = {
     "oom_kill_seen": "the kernel OOM-killed a process in the agents slice",
+    "guard_kill_seen": "the guard killed the runaway before the host thrashed",
+    "no_kernel_oom_kill": "the kernel's OOM killer never had to act",
     "runaway_named": "the monitor named the runaway agent",
     "process_named": "and its killed process",
     "only_the_runaway_killed": "nothing else was killed",
@@ -211,6 +228,23 @@ def oom_line(kill: Mapping[str, Any], seconds: float | None) -> Text:
     if kill.get("rss_last_seen"):
         text.append(f", {_render.format_bytes(kill['rss_last_seen'])} last seen")
     text.append(f"), {source}")
+    if seconds is not None:
+        text.append(f"; {seconds:.1f}s after the tool call began")
+    return text
+
+
+def guard_line(kill: Mapping[str, Any], seconds: float | None) -> Text:
+    """``guard kill: agent coder-2, process python3 (pid 812, 410.0 MiB) at MemAvailable 9.8%``."""
+    text = Text("guard kill", style="bold red")
+    text.append(f": agent {kill.get('agent') or '?'}, process {kill.get('comm') or '?'}")
+    size = (kill.get("rss") or 0) + (kill.get("swap") or 0)
+    text.append(f" (pid {kill.get('pid') or '?'}, {_render.format_bytes(size)})")
+    if kill.get("trigger") == "psi":
+        text.append(f" at PSI full {kill.get('psi_full_avg10')}%")
+    else:
+        text.append(f" at MemAvailable {kill.get('mem_available_percent', 0):.1f}%")
+    if kill.get("reaction_seconds") is not None:
+        text.append(f", {kill['reaction_seconds'] * 1000:.0f} ms after the crossing")
     if seconds is not None:
         text.append(f"; {seconds:.1f}s after the tool call began")
     return text
@@ -435,7 +469,7 @@ async def _story_body(
     workdir: Path,
     t0: float,
 ) -> None:
-    from agentscope import DEVNULL, OomKill
+    from agentscope import DEVNULL, GuardKill, OomKill
 
     runaway = next(s for s in specs if s.runaway)
     story.step(f"launching {len(specs)} agents, each in its own scope")
@@ -468,9 +502,12 @@ async def _story_body(
     # the largest processes (the runaway first), taken in the middle of the
     # squeeze; in a starved TCG VM that held a CPU for 24 s before the kill.
     no_pressure = {"pressure_some_avg10": 100.0, "available_fraction": 1e-9}
-    async with fleet.monitor(interval=settings.interval, top=10, **no_pressure) as monitor:
+    kernel_before = await asyncio.to_thread(_kernel_oom_kills)
+    async with fleet.monitor(
+        interval=settings.interval, top=10, guard=True, **no_pressure
+    ) as monitor:
         cap = (
-            "no per-agent limit: the whole machine runs out (a global OOM)"
+            "no per-agent limit: the whole machine runs short, and the guard steps in"
             if settings.memory_max is None
             else f"memory_max {_render.format_bytes(settings.memory_max)} on its scope only, "
             "so this machine is never squeezed"
@@ -492,19 +529,27 @@ async def _story_body(
                     event = await anext(events)
             except (TimeoutError, StopAsyncIteration):
                 break
-            if isinstance(event, OomKill):
+            if isinstance(event, (OomKill, GuardKill)):
                 data = event.to_dict()
                 data["seconds"] = round(time.monotonic() - started, 1)
                 kills.append(data)
-                story.say(oom_line(data, data["seconds"]))
+                line = oom_line if isinstance(event, OomKill) else guard_line
+                story.say(line(data, data["seconds"]))
                 if first_at is None:
                     first_at = time.monotonic()
         if not kills:
             story.say(
-                Text(f"no OOM kill within {settings.timeout:.0f}s", style="bold red"),
+                Text(f"no kill within {settings.timeout:.0f}s", style="bold red"),
             )
-    summary["oom_kills"] = kills
-    summary["oom_kill"] = kills[0] if kills else None
+    summary["kills"] = kills
+    summary["kill"] = kills[0] if kills else None
+    summary["oom_kills"] = [k for k in kills if k.get("kind") == "oom_kill"]
+    summary["guard_kills"] = [k for k in kills if k.get("kind") == "guard_kill"]
+    # Any kernel OOM kill on the host (/proc/vmstat), in the slice or not.
+    after_count = await asyncio.to_thread(_kernel_oom_kills)
+    summary["kernel_oom_kills"] = (
+        None if after_count is None or kernel_before is None else after_count - kernel_before
+    )
     summary["seconds_to_kill"] = kills[0]["seconds"] if kills else None
 
     _mark(summary, "killed", t0)
@@ -581,6 +626,18 @@ async def _wait_filled(fleet: Any, specs: Sequence[AgentSpec], timeout: float) -
 def _mark(summary: dict[str, Any], phase: str, t0: float) -> None:
     """Seconds since the start at the end of each phase (``timings`` in the summary)."""
     summary["timings"][phase] = round(time.monotonic() - t0, 1)
+
+
+def _kernel_oom_kills() -> int | None:
+    """The kernel's count of OOM kills since boot (/proc/vmstat ``oom_kill``, 4.13+)."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _own_oom_score_adj() -> int | None:

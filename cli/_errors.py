@@ -4,7 +4,8 @@ This is the one place that maps exceptions to exit codes::
 
     0  ok
     1  the operation failed        BusError, AgentExists, other AgentscopeError, OSError
-    2  bad usage or bad input      usage errors, BadInput, InvalidName, LaunchError
+    2  bad usage or bad input      usage errors, BadInput, InvalidName, InvalidConfig,
+                               LaunchError
     3  no such agent               AgentNotFound
     4  systemd unreachable         SystemdUnavailable
   130  interrupted                 KeyboardInterrupt (Ctrl-C), as a shell reports SIGINT
@@ -74,6 +75,7 @@ def classify(exc: BaseException) -> tuple[int, str]:
 
         table: list[tuple[type[BaseException], int, str]] = [
             (a.InvalidName, EXIT_USAGE, "invalid_name"),
+            (a.InvalidConfig, EXIT_USAGE, "invalid_config"),
             (a.LaunchError, EXIT_USAGE, "launch_error"),
             (a.AgentNotFound, EXIT_NOT_FOUND, "not_found"),
             (a.SystemdUnavailable, EXIT_UNAVAILABLE, "systemd_unavailable"),

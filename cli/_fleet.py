@@ -21,6 +21,7 @@ from ._options import Options
 __all__ = [
     "AgentLike",
     "FleetLike",
+    "GuardedStream",
     "Options",
     "Record",
     "default_log_path",
@@ -33,6 +34,13 @@ class Record(Protocol):
     """Anything the library hands out as plain data (events, reports)."""
 
     def to_dict(self) -> dict[str, Any]: ...
+
+
+class GuardedStream(Iterator[Record], Protocol):
+    """What ``fleet.monitor()`` gives: its events, and whether its guard runs."""
+
+    @property
+    def guard_running(self) -> bool: ...
 
 
 class EventLike(Record, Protocol):
@@ -108,8 +116,8 @@ class FleetLike(Protocol):
     def report(self, top: int = ...) -> Record: ...
 
     def monitor(
-        self, interval: float = ..., top: int = ...
-    ) -> AbstractContextManager[Iterator[Record]]: ...
+        self, interval: float = ..., top: int = ..., *, guard: Any = ...
+    ) -> AbstractContextManager[GuardedStream]: ...
 
 
 def open_fleet(opts: Options) -> FleetLike:

@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -110,6 +110,8 @@ class FaceState:
         self._lock = threading.Lock()
         self._sample: _Sample | None = None
         self._counters = _Counters()
+        #: Whether the monitor's memory guard runs (None: started without one).
+        self.guard: Callable[[], bool] | None = None
 
     def sampled(
         self,
@@ -253,6 +255,21 @@ def metric_families(state: FaceState) -> Iterable[Any]:
     for kind, count in sorted(counters.events.items()):
         events.add_metric([fleet, kind], count)
     yield events
+    if state.guard is not None:
+        guard = GaugeMetricFamily(
+            "agentscope_guard_running",
+            "1 while the monitor's memory guard runs, 0 once it stopped.",
+            labels=["fleet"],
+        )
+        guard.add_metric([fleet], 1 if state.guard() else 0)
+        yield guard
+    kills = CounterMetricFamily(
+        "agentscope_guard_kills",
+        "Processes the memory guard killed since the monitor started.",
+        labels=["fleet"],
+    )
+    kills.add_metric([fleet], counters.events.get("guard_kill", 0))
+    yield kills
     if sample is None:
         return
     last = GaugeMetricFamily(

@@ -201,8 +201,44 @@ def _local(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def _guard_kill_text(d: Mapping[str, Any]) -> str:
+    """What a guard kill did and why, as ``key=value`` words (``d``: the event's fields)."""
+    size = format_bytes(int(d.get("rss") or 0) + int(d.get("swap") or 0)).replace(" ", "")
+    reading = (
+        f"mem_available={_num(d.get('mem_available_percent'))}% "
+        f"swap_free={_num(d.get('swap_free_percent'))}%"
+    )
+    psi = d.get("psi_full_avg10")
+    if d.get("trigger") == "psi" or psi is not None:
+        reading += f" psi_full={_num(psi)}%"
+    reaction = d.get("reaction_seconds")
+    took = f"{float(reaction) * 1000:.0f}ms" if isinstance(reaction, int | float) else "-"
+    comm = str(d.get("comm") or "-").translate(_UNPRINTABLE)
+    released = "" if d.get("released") else " released=no"
+    return (
+        f"pid={d.get('pid')} comm={comm} size={size} trigger={d.get('trigger')} "
+        f"{reading} reaction={took}{released}"
+    )
+
+
+#: Control characters in names others chose are shown as '?' in a text line.
+_UNPRINTABLE = {c: "?" for c in range(32)} | {127: "?"}
+
+
 def event_line(event: Mapping[str, Any]) -> str:
-    """``2024-05-01 12:00:00 oom_kill builder-1 pid=123 comm=node``."""
+    """``2024-05-01 12:00:00 oom_kill builder-1 pid=123 comm=node``.
+
+    A guard kill (live, or a registry record with ``detail``) reads as
+    ``... guard_kill builder-1 pid=123 comm=node size=1.2GiB trigger=memory
+    mem_available=4.50% swap_free=0.00% psi_full=12.00% reaction=40ms``.
+    """
+    if event.get("kind") == "guard_kill":
+        detail = event.get("detail")
+        fields = detail if isinstance(detail, Mapping) else event
+        ts = event.get("ts")
+        stamp = _local(float(ts)) if ts is not None else "-"
+        agent = event.get("agent") or fields.get("unit") or "-"
+        return f"{stamp} guard_kill {agent} {_guard_kill_text(fields)}"
     detail = event.get("detail") or {}
     extra = " ".join(f"{k}={v}" for k, v in detail.items()) if isinstance(detail, Mapping) else ""
     ts = event.get("ts")

@@ -93,6 +93,10 @@ _PACKAGES = (
     "util-linux",
     "e2fsprogs",
     "passwd",  # useradd: not Essential from trixie on
+    # Debian's early OOM killer, for bench_squeeze.py's comparison round only:
+    # masked below so it never acts in a test (roothelper.sh unmasks it for
+    # that round).
+    "earlyoom",
 )
 
 # The unit that runs the payload once the system and the lingering user's
@@ -240,6 +244,7 @@ def _build(distro: Distro, out: Path) -> None:
             'chroot "$1" systemctl mask systemd-networkd-wait-online.service '
             "apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer "
             "man-db.timer || true",
+            'chroot "$1" systemctl mask earlyoom.service',
             f'cp -r {wheels} "$1/tmp/wheels"',
             'chroot "$1" python3 -m venv /opt/agentscope',
             'chroot "$1" /opt/agentscope/bin/python -m pip install --quiet --no-index '

@@ -186,11 +186,13 @@ def make_proc(
     smaps_kb: Mapping[str, int] | None = None,
     flags: int = 4194560,
     signals: int = 0,
+    swap_kb: int = 0,
 ) -> Path:
-    """Create ``/proc/PID`` with stat, statm, cmdline, wchan, cgroup, oom_score_adj.
+    """Create ``/proc/PID`` with stat, statm, status, cmdline, wchan, cgroup, oom_score_adj.
 
     ``cgroup=None`` writes a hybrid-host file without a ``0::`` line;
-    ``smaps_kb`` (field -> kB) adds smaps_rollup.
+    ``smaps_kb`` (field -> kB) adds smaps_rollup; ``status`` shows VmRSS
+    (``rss_pages``) and VmSwap (``swap_kb``).
     """
     path = root / str(pid)
     path.mkdir(parents=True, exist_ok=True)
@@ -198,6 +200,11 @@ def make_proc(
     (path / "statm").write_text(f"{rss_pages * 3} {rss_pages} 10 5 0 {rss_pages} 0\n")
     (path / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmdline))
     (path / "comm").write_text(comm + "\n")
+    (path / "status").write_text(
+        f"Name:\t{comm}\nState:\t{state} (sleeping)\nPid:\t{pid}\nPPid:\t{ppid}\n"
+        f"VmPeak:\t{rss_pages * 12:8d} kB\nVmRSS:\t{rss_pages * PAGE // 1024:8d} kB\n"
+        f"VmSwap:\t{swap_kb:8d} kB\nThreads:\t1\n"
+    )
     (path / "wchan").write_text(wchan)  # the kernel prints no newline here
     (path / "cgroup").write_text(
         "12:memory:/user.slice\n1:name=systemd:/user.slice\n"

@@ -220,8 +220,10 @@ class FakeFleet:
         return FakeRecord({**REPORT, "processes": REPORT["processes"][:top]})
 
     @contextmanager
-    def monitor(self, interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
-        self._op("monitor", interval, top)
+    def monitor(
+        self, interval: float = 2.0, top: int = 10, *, guard: object = False
+    ) -> Iterator[Iterator[FakeRecord]]:
+        self._op("monitor", interval, top, *([guard] if guard is not False else []))
         yield iter([FakeRecord(e, id=e["id"]) for e in EVENTS])
 
 
@@ -752,13 +754,15 @@ def test_monitor_prints_events_and_notifies(
     real = fleet.monitor
 
     @contextmanager
-    def slow(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+    def slow(
+        interval: float = 2.0, top: int = 10, **options: Any
+    ) -> Iterator[Iterator[FakeRecord]]:
         def spaced(events: Iterator[FakeRecord]) -> Iterator[FakeRecord]:
             for event in events:
                 time.sleep(0.15)  # more than a period: a WATCHDOG=1 falls between
                 yield event
 
-        with real(interval, top) as events:
+        with real(interval, top, **options) as events:
             yield spaced(events)
 
     monkeypatch.setattr(fleet, "monitor", slow)
@@ -785,9 +789,111 @@ def test_monitor_prints_events_and_notifies(
     assert ("monitor", 0.1, 10) in fleet.calls
 
 
+GUARD_KILL = {
+    "kind": "guard_kill",
+    "ts": NOW - 5,
+    "agent": "builder-1",
+    "unit": "agentscope-default-builder-1-a1b2c3.scope",
+    "pid": 5002,
+    "comm": "pytest\x1b[31m",
+    "cmdline": "pytest -x",
+    "rss": 900 << 20,
+    "swap": 100 << 20,
+    "trigger": "memory",
+    "mem_available_percent": 4.5,
+    "swap_free_percent": 0.0,
+    "psi_full_avg10": 12.0,
+    "psi_some_avg10": 40.0,
+    "reaction_seconds": 0.042,
+    "released": True,
+}
+
+
+def test_monitor_guard_options_make_its_config(fleet: FakeFleet) -> None:
+    from agentscope import GuardConfig
+
+    result = run(
+        "monitor",
+        "--guard",
+        "--guard-mem-available",
+        "5",
+        "--guard-swap-free",
+        "2.5",
+        "--guard-psi-full",
+        "off",
+        "--guard-psi-seconds",
+        "30",
+        "--guard-process",
+    )
+    assert result.code == 0, result.stderr
+    (call,) = [c for c in fleet.calls if c[0] == "monitor"]
+    config = call[3]
+    assert isinstance(config, GuardConfig)
+    assert (config.mem_available_percent, config.swap_free_percent) == (5, 2.5)
+    assert (config.psi_full_percent, config.psi_full_seconds) == (None, 30)
+    assert config.process
+    assert config.oom_score_adj == (-1000 if os.geteuid() == 0 else None)
+    # Without --guard there is none.
+    fleet.calls.clear()
+    assert run("monitor").code == 0
+    assert ("monitor", 2.0, 10) in fleet.calls
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--guard-mem-available", "150"], "mem_available_percent = 150.0 is out of range"),
+        (["--guard-psi-full", "0"], "psi_full_percent = 0.0 is out of range"),
+        (["--guard-psi-full", "lots"], "--guard-psi-full 'lots' is not a percentage"),
+        (["--guard-psi-seconds", "-1"], "psi_full_seconds = -1.0 is out of range"),
+    ],
+)
+def test_monitor_guard_values_out_of_range_exit_2(
+    fleet: FakeFleet, args: list[str], message: str
+) -> None:
+    result = run("monitor", "--guard", *args)
+    assert result.code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not any(c[0] == "monitor" for c in fleet.calls)  # refused before connecting
+
+
+def test_monitor_prints_a_guard_kill_as_one_line(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @contextmanager
+    def one_kill(
+        interval: float = 2.0, top: int = 10, *, guard: object = False
+    ) -> Iterator[Iterator[FakeRecord]]:
+        yield iter([FakeRecord(GUARD_KILL)])
+
+    monkeypatch.setattr(fleet, "monitor", one_kill)
+    result = run("monitor", "--guard")
+    assert result.code == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert " guard_kill builder-1 pid=5002 comm=pytest?[31m size=1000.0MiB" in line
+    assert "trigger=memory mem_available=4.50% swap_free=0.00% psi_full=12.00%" in line
+    assert line.endswith(" reaction=42ms")
+    as_json = run("--json", "monitor", "--guard")
+    assert json.loads(as_json.stdout) == GUARD_KILL
+
+
+def test_events_show_guard_kill_rows_readably(fleet: FakeFleet) -> None:
+    detail = {k: v for k, v in GUARD_KILL.items() if k not in ("kind", "ts", "agent")}
+    record = {"id": 3, "ts": NOW, "fleet": "default", "agent": "builder-1"}
+    line = _render.event_line({**record, "kind": "guard_kill", "detail": detail})
+    assert " guard_kill builder-1 pid=5002 " in line
+    assert "size=1000.0MiB trigger=memory mem_available=4.50%" in line
+    psi = _render.event_line({**GUARD_KILL, "trigger": "psi", "released": False})
+    assert "trigger=psi mem_available=4.50% swap_free=0.00% psi_full=12.00%" in psi
+    assert psi.endswith(" reaction=42ms released=no")
+
+
 def test_monitor_stops_on_sigterm(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
     @contextmanager
-    def endless(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+    def endless(
+        interval: float = 2.0, top: int = 10, *, guard: object = False
+    ) -> Iterator[Iterator[FakeRecord]]:
         def forever() -> Iterator[FakeRecord]:
             os.kill(os.getpid(), signal.SIGTERM)
             while True:
@@ -1276,6 +1382,18 @@ def test_install_both_scopes_is_bad_usage() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_install_mglru_protection_is_for_system_installs_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    result = run("install", "--user", "--mglru-protection", "--dry-run")
+    assert result.code == 2
+    assert "--mglru-protection is host-wide" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.rglob("*")) == []
+
+
 def test_uninstall_without_install_fails_clearly(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -1437,7 +1555,9 @@ def test_a_burst_of_events_is_not_a_burst_of_samples(
     fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     @contextmanager
-    def burst(interval: float = 2.0, top: int = 10) -> Iterator[Iterator[FakeRecord]]:
+    def burst(
+        interval: float = 2.0, top: int = 10, **options: Any
+    ) -> Iterator[Iterator[FakeRecord]]:
         yield iter([FakeRecord(EVENTS[0], id=i) for i in range(500)])
 
     monkeypatch.setattr(fleet, "monitor", burst)

@@ -23,15 +23,23 @@ def _summary(**over: Any) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "agents": AGENTS,
         "runaway": "coder-2",
-        "oom_kills": [{"agent": "coder-2", "pid": 812, "comm": "python3"}],
+        "kills": [{"kind": "oom_kill", "agent": "coder-2", "pid": 812, "comm": "python3"}],
         "agents_after": [{"name": n, "state": "running"} for n in AGENTS],
         "alive_after": list(AGENTS),
         "manager_alive": True,
         "slice_limits": {"MemoryHigh": None, "MemoryMax": None, "MemorySwapMax": None},
         "largest_per_agent": {n: {"pid": 1, "comm": "sh", "rss": 1 << 20} for n in AGENTS},
     }
-    summary["oom_kill"] = summary["oom_kills"][0]
+    summary["kill"] = summary["kills"][0]
     return summary | over
+
+
+def _guard_summary(**over: Any) -> dict[str, Any]:
+    """What an uncapped demo (--global-oom) that went right reports: the guard's catch."""
+    kill = {"kind": "guard_kill", "agent": "coder-2", "pid": 812, "comm": "python3"}
+    return (
+        _summary(global_oom=True, kills=[kill], kill=kill, oom_kills=[], kernel_oom_kills=0) | over
+    )
 
 
 def test_fleet_of_eight_with_one_runaway() -> None:
@@ -59,13 +67,19 @@ def test_all_outcomes_pass() -> None:
     ("over", "failed"),
     [
         (
-            {"oom_kills": [], "oom_kill": None},
+            {"kills": [], "kill": None},
             "oom_kill_seen runaway_named process_named only_the_runaway_killed",
         ),
-        ({"oom_kill": {"agent": None, "pid": 1, "comm": "python3"}}, "runaway_named"),
-        ({"oom_kill": {"agent": "coder-2", "pid": None, "comm": None}}, "process_named"),
         (
-            {"oom_kills": [{"agent": "coder-2"}, {"agent": "planner"}]},
+            {"kill": {"kind": "oom_kill", "agent": None, "pid": 1, "comm": "python3"}},
+            "runaway_named",
+        ),
+        (
+            {"kill": {"kind": "oom_kill", "agent": "coder-2", "pid": None, "comm": None}},
+            "process_named",
+        ),
+        (
+            {"kills": [{"agent": "coder-2"}, {"agent": "planner"}]},
             "only_the_runaway_killed",
         ),
         ({"alive_after": [n for n in AGENTS if n != "tester"]}, "others_running"),
@@ -89,6 +103,21 @@ def test_all_outcomes_pass() -> None:
 def test_each_outcome_fails_on_its_own(over: dict[str, Any], failed: str) -> None:
     checks = _demo.checks_of(_summary(**over))
     assert [k for k, ok in checks.items() if not ok] == failed.split()
+
+
+def test_uncapped_demo_is_the_guards_catch() -> None:
+    assert all(_demo.checks_of(_guard_summary()).values())
+    # A kernel OOM kill is not the story there, even of the runaway.
+    kernel = {"kind": "oom_kill", "agent": "coder-2", "pid": 812, "comm": "python3"}
+    checks = _demo.checks_of(_guard_summary(kills=[kernel], kill=kernel, oom_kills=[kernel]))
+    assert [k for k, ok in checks.items() if not ok] == ["guard_kill_seen", "no_kernel_oom_kill"]
+    # Nor one outside the slice (a kernel kill the monitor cannot name).
+    checks = _demo.checks_of(_guard_summary(kernel_oom_kills=1))
+    assert [k for k, ok in checks.items() if not ok] == ["no_kernel_oom_kill"]
+    # The capped demo expects the kernel's kill in the runaway's scope, not the guard's.
+    guard = _guard_summary()["kill"]
+    checks = _demo.checks_of(_summary(kills=[guard], kill=guard))
+    assert [k for k, ok in checks.items() if not ok] == ["oom_kill_seen"]
 
 
 def test_runaway_may_lose_its_shell_without_failing() -> None:
@@ -122,6 +151,19 @@ def test_views_render() -> None:
     line = _render.render_text(_demo.oom_line(kill, 12.34))
     assert "agent coder-2, process python3 (pid 812, 400.0 MiB last seen)" in line
     assert "12.3s after" in line
+    guard = {
+        "agent": "coder-2",
+        "pid": 812,
+        "comm": "python3",
+        "rss": 300 << 20,
+        "swap": 0,
+        "trigger": "memory",
+        "mem_available_percent": 9.84,
+        "reaction_seconds": 0.123,
+    }
+    line = " ".join(_render.render_text(_demo.guard_line(guard, 5.0)).split())  # unwrapped
+    assert "guard kill: agent coder-2, process python3 (pid 812, 300.0 MiB)" in line
+    assert "at MemAvailable 9.8%, 123 ms after the crossing; 5.0s after" in line
     checks = _demo.checks_of(_summary(manager_alive=False))
     verdict = _render.render_text(_demo.verdict_view(checks))
     assert "FAILED the manager (this process) kept running" in verdict

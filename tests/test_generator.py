@@ -151,7 +151,7 @@ def test_default_output_is_what_the_design_asks_for(tmp_path: Path) -> None:
     for line in (
         "Type=notify",
         "NotifyAccess=main",
-        "ExecStart=/usr/local/bin/agentscope --manager system --fleet %i monitor",
+        "ExecStart=/usr/local/bin/agentscope --manager system --fleet %i monitor --guard",
         "WatchdogSec=30s",
         "OOMPolicy=continue",
         "OOMScoreAdjust=200",
@@ -408,3 +408,49 @@ def test_any_config_gives_a_config_and_problems(data: dict[str, object]) -> None
     config, problems = generator.parse_config(data)
     assert isinstance(config, generator.Config)
     assert all(isinstance(p, str) for p in problems)
+
+
+def _exec_start(out: Path) -> str:
+    text = (out / "agentscope-monitor@.service").read_text()
+    (line,) = [x for x in text.splitlines() if x.startswith("ExecStart=")]
+    return line
+
+
+def test_the_guard_is_configured_in_its_own_table(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = (
+        "[guard]\nprocess = true\nmem_available_percent = 5\nswap_free_percent = 2.5\n"
+        'psi_full_percent = "off"\npsi_full_seconds = 20\n'
+    )
+    result = run(tmp_path, "--system", str(out), config=config)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert _exec_start(out).endswith(
+        " monitor --guard --guard-process --guard-mem-available 5 --guard-swap-free 2.5 "
+        "--guard-psi-full off --guard-psi-seconds 20"
+    )
+    off = tmp_path / "off"
+    run(tmp_path, "--system", str(off), config="[guard]\nenabled = false\n")
+    assert _exec_start(off).endswith(" monitor --no-guard")
+
+
+def test_a_guard_value_out_of_range_falls_back_to_its_default(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = "[guard]\nmem_available_percent = 150\npsi_full_percent = 0\nenabled = 1\n"
+    result = run(tmp_path, "--system", str(out), config=config)
+    assert result.returncode == 0
+    assert "[guard] mem_available_percent = 150 must be a number from 0 to 100" in result.stderr
+    assert "[guard] psi_full_percent = 0 must be a number from 0.01 to 100" in result.stderr
+    assert "[guard] enabled = 1 must be true or false" in result.stderr
+    assert _exec_start(out).endswith(" monitor --guard")
+
+
+@pytest.mark.parametrize("key", sorted(generator.GUARD_OPTIONS))
+def test_guard_ranges_match_the_library(key: str) -> None:
+    from agentscope import GuardConfig, InvalidConfig
+
+    _, low, high = generator.GUARD_OPTIONS[key]
+    GuardConfig(**{key: low})
+    GuardConfig(**{key: high})
+    for bad in (low - 0.001, high + 0.001):
+        with pytest.raises(InvalidConfig):
+            GuardConfig(**{key: bad})

@@ -176,6 +176,24 @@ def test_metrics_parse_and_carry_the_sample(face: tuple[HttpFace, FaceState]) ->
     assert "process_resident_memory_bytes" in got  # the monitor's own memory
 
 
+def test_metrics_count_guard_kills_and_show_the_guard(face: tuple[HttpFace, FaceState]) -> None:
+    server, state = face
+    text = get(server, "/metrics")[2]
+    assert "agentscope_guard_kills_total 0" not in text  # labelled by fleet
+    assert samples(families(text)["agentscope_guard_kills"]) == {(("fleet", "default"),): 0}
+    assert "agentscope_guard_running" not in families(text)  # started without a guard
+    running = [True]
+    state.guard = lambda: running[0]
+    state.event({"kind": "guard_kill", "ts": 1.0, "agent": "builder", "pid": 7})
+    state.event({"kind": "guard_kill", "ts": 2.0, "agent": "builder", "pid": 8})
+    text = get(server, "/metrics")[2]
+    assert 'agentscope_guard_kills_total{fleet="default"} 2.0' in text
+    assert samples(families(text)["agentscope_guard_running"]) == {(("fleet", "default"),): 1}
+    running[0] = False
+    got = families(get(server, "/metrics")[2])
+    assert samples(got["agentscope_guard_running"]) == {(("fleet", "default"),): 0}
+
+
 def test_health_and_unknown_paths(face: tuple[HttpFace, FaceState]) -> None:
     server, state = face
     code, ctype, body = get(server, "/health")

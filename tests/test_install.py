@@ -150,7 +150,12 @@ def test_system_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
     }
     subprocess.run([str(generated), str(out)], env=env, check=True, timeout=60)
     monitor = (out / "agentscope-monitor@.service").read_text()
-    assert f"\nExecStart={EXEC} --manager system --fleet %i monitor\n" in monitor
+    # The installed config spells out the guard's defaults, so the unit does too.
+    guard = (
+        "--guard --guard-mem-available 10 --guard-swap-free 10 --guard-psi-full 60 "
+        "--guard-psi-seconds 10"
+    )
+    assert f"\nExecStart={EXEC} --manager system --fleet %i monitor {guard}\n" in monitor
     assert (out / "multi-user.target.wants/agentscope-monitor@default.service").is_symlink()
     for path in sorted(out.rglob("*"), reverse=True):  # not part of the install
         path.unlink() if not path.is_dir() or path.is_symlink() else path.rmdir()
@@ -172,7 +177,7 @@ def test_user_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
     link = units / "default.target.wants/agentscope-monitor@ci.service"
     assert os.readlink(link) == "../agentscope-monitor@.service"
     monitor = (units / "agentscope-monitor@.service").read_text()
-    assert f"\nExecStart={EXEC} --manager user --fleet %i monitor\n" in monitor
+    assert f"\nExecStart={EXEC} --manager user --fleet %i monitor --guard\n" in monitor
     assert "\nWantedBy=default.target\n" in monitor
     assert "\nSlice=app-agentscope.slice\n" in monitor
     assert (units / "app-agentscope-agents.slice").is_file()
@@ -333,3 +338,53 @@ def test_user_install_on_247_says_the_home_drop_in_may_not_apply(tmp_path: Path)
     assert any(f.path.name == "60-agentscope-oom-policy.conf" for f in old.files)
     assert any("247 does not" in note and "--system" in note for note in old.notes)
     assert not any("user.conf.d" in note for note in user_plan(tmp_path, version=252).notes)
+
+
+def test_mglru_protection_is_an_opt_in_that_uninstall_removes(tmp_path: Path) -> None:
+    tmpfiles = tmp_path / "etc/tmpfiles.d/agentscope-mglru.conf"
+    apply_plan(system_plan(tmp_path))
+    assert not tmpfiles.exists(), "not without asking"
+    plan = plan_install(
+        "system",
+        root=tmp_path,
+        systemd_version=257,
+        linger=False,
+        fleets=["default"],
+        agentscope_exec=EXEC,
+        python=sys.executable,
+        mglru_min_ttl_ms=1000,
+    )
+    assert ("systemd-tmpfiles", "--create", "/etc/tmpfiles.d/agentscope-mglru.conf") in (
+        plan.actions
+    )
+    apply_plan(plan)
+    lines = [x for x in tmpfiles.read_text().splitlines() if not x.startswith("#")]
+    assert lines == [
+        "w /sys/kernel/mm/lru_gen/enabled - - - - y",
+        "w /sys/kernel/mm/lru_gen/min_ttl_ms - - - - 1000",
+    ]
+    manifest = _install.load_manifest("system", root=tmp_path)
+    assert manifest is not None
+    uninstall = plan_uninstall(manifest)
+    # The running kernel gets Debian's default (off) back at once, not at the next boot.
+    assert uninstall.actions[-1][:2] == ("sh", "-c")
+    assert "echo 0 > /sys/kernel/mm/lru_gen/min_ttl_ms" in uninstall.actions[-1][2]
+    apply_plan(uninstall)
+    assert tree(tmp_path) == {}
+
+
+def test_mglru_protection_refuses_bad_values_and_user_installs(tmp_path: Path) -> None:
+    for bad in (0, 99, 60_001, True, 1000.0):
+        with pytest.raises(ValueError, match=r"mglru_min_ttl_ms must be an integer 100\.\.60000"):
+            _install.mglru_protection(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="system install only"):
+        plan_install(
+            "user",
+            root=tmp_path,
+            home=HOME,
+            systemd_version=257,
+            linger=False,
+            fleets=[],
+            agentscope_exec=EXEC,
+            mglru_min_ttl_ms=1000,
+        )

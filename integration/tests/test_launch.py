@@ -159,6 +159,7 @@ async def test_oom_with_cap_kills_only_the_allocator(fleet: AsyncFleet, tmp_path
         assert not oom_kills
 
 
+@pytest.mark.usefixtures("kernel_fast_oom")  # the kernel's own kill, not minutes of reclaim
 async def test_global_oom_kills_only_the_runaway(fleet: AsyncFleet) -> None:
     siblings = [await fleet.launch(f"sib-{i}", ["sleep", "600"]) for i in range(5)]
     runaway = await fleet.launch(

@@ -54,6 +54,21 @@ def test_smoke_cgroup_v2_with_memory_controller() -> None:
     assert "memory" in controllers, f"memory controller not available to the {MANAGER} manager"
 
 
+def test_smoke_the_bed_runs_debians_kernel_defaults() -> None:
+    # Users' hosts have no MGLRU min_ttl_ms and a closed kernel log unless
+    # something sets them; a test that needs otherwise sets it and restores it
+    # (conftest.kernel_fast_oom). earlyoom is in the image for bench_squeeze.py
+    # only, masked so it never acts in a test.
+    ttl = Path("/sys/kernel/mm/lru_gen/min_ttl_ms")
+    if ttl.exists():
+        assert ttl.read_text().strip() == "0"
+    assert Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
+    state = subprocess.run(
+        ["systemctl", "is-enabled", "earlyoom.service"], capture_output=True, text=True
+    ).stdout.strip()
+    assert state == "masked"
+
+
 async def test_smoke_manager_version_over_dbus(raw_bus: MessageBus) -> None:
     reply = await raw_bus.call(
         Message(

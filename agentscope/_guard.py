@@ -1,0 +1,561 @@
+"""The memory guard: kill an agent's runaway before the host thrashes.
+
+The decisions are in :mod:`agentscope._guardpolicy`; this module does what
+they decide, in a loop that must keep running while the rest of the
+process stalls (the manager's event loop is the first thing a squeeze
+freezes: issue #20). So:
+
+- :func:`run_guard` is one plain blocking loop, with no asyncio in it: a
+  thread (:class:`Guard`, what ``Monitor(guard=...)`` starts) or a process
+  of its own runs it. It reads the host with raw ``os.read`` calls, sleeps
+  in ``epoll`` on a PSI trigger (where the kernel permits one) and a stop
+  pipe, and polls at the adaptive interval otherwise.
+- :func:`prepare_process` locks the process's pages (``mlockall`` with
+  ``MCL_ONFAULT``: only the pages in use, not every reserved arena) and,
+  when configured, lowers its ``oom_score_adj``; what it cannot do it says
+  once and goes on.
+- :func:`kill_process` signals through a pidfd after re-checking the
+  start time (no pid-reuse race), then calls ``process_mrelease`` so the
+  memory comes back before the victim has finished exiting.
+- :func:`admit` is the fleet's admission control over its guards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from ._errors import HostUnderPressure
+from ._guardpolicy import (
+    CMDLINE_LEN,
+    GuardConfig,
+    GuardKill,
+    HostReader,
+    HostReading,
+    PressureClock,
+    Trigger,
+    choose_victim,
+    next_interval,
+    scan_slice_processes,
+)
+from ._proc import PROC_ROOT, read_cmdline, read_stat
+
+__all__ = [
+    "Guard",
+    "GuardHandle",
+    "Protected",
+    "admit",
+    "kill_process",
+    "prepare_process",
+    "run_guard",
+]
+
+log = logging.getLogger("agentscope.guard")
+
+#: After a kill, wait up to this long for the victim to exit (its pidfd
+#: becomes readable) before looking again: one squeeze, one kill, unless
+#: the host is still short once the victim's memory is back.
+VICTIM_WAIT = 1.0
+#: A process smaller than this share of MemTotal is not worth a kill: when
+#: nothing in the slice is that large, the memory is held elsewhere and
+#: killing the fleet's small processes one by one would not give it back.
+MIN_VICTIM_SHARE = 0.01
+#: How many past victims are remembered (never chosen again while listed).
+KILLED_KEPT = 256
+#: PSI triggers that wake the guard early: 150 ms of "some" stall in 1 s;
+#: unprivileged writers (Linux 6.5+) need a window that is a multiple of 2 s.
+PSI_TRIGGERS = (b"some 150000 1000000\0", b"some 300000 2000000\0")
+#: process_mrelease(2), Linux 5.15; the same number on every architecture
+#: with the generic syscall table (and x86-64).
+SYS_PROCESS_MRELEASE = 448
+_MCL_CURRENT, _MCL_FUTURE, _MCL_ONFAULT = 1, 2, 4
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_said: set[str] = set()  # the "cannot" notes already logged, once per process
+
+
+def _say_once(key: str, message: str, *args: object) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning(message, *args)
+
+
+# ---------------------------------------------------------------------------
+# The process the guard runs in
+
+
+def _lock_memory() -> str | None:
+    """mlockall the current process; None when done, else why not."""
+    flags = _MCL_CURRENT | _MCL_FUTURE | _MCL_ONFAULT
+    if _libc.mlockall(flags) == 0:
+        return None
+    err = ctypes.get_errno()
+    if err == errno.EINVAL:  # a kernel before 4.4 has no MCL_ONFAULT
+        if _libc.mlockall(_MCL_CURRENT | _MCL_FUTURE) == 0:
+            return None
+        err = ctypes.get_errno()
+    return os.strerror(err)
+
+
+def prepare_process(config: GuardConfig, proc_root: Path = PROC_ROOT) -> list[str]:
+    """Lock this process's memory and set its oom_score_adj as ``config`` asks.
+
+    mlockall(``MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT``) locks the pages in
+    use and those faulted in later, so the guard's code and data are never
+    swapped out or dropped under pressure. Without CAP_IPC_LOCK the kernel
+    refuses when the process maps more than ``RLIMIT_MEMLOCK`` (8 MiB by
+    default): the reason is logged once and the guard runs unlocked.
+    Returns the notes of what could not be done (empty: all done).
+    """
+    notes: list[str] = []
+    if config.lock_memory:
+        reason = _lock_memory()
+        if reason is not None:
+            note = f"cannot lock the guard's memory (mlockall: {reason}); running unlocked"
+            _say_once("mlock", "%s", note)
+            notes.append(note)
+    if config.oom_score_adj is not None:
+        try:
+            with open(proc_root / "self" / "oom_score_adj", "w") as f:
+                f.write(f"{config.oom_score_adj}\n")
+        except OSError as exc:
+            note = f"cannot set the guard's oom_score_adj to {config.oom_score_adj}: {exc}"
+            _say_once("oom_score_adj", "%s", note)
+            notes.append(note)
+    return notes
+
+
+# ---------------------------------------------------------------------------
+# The kill
+
+
+@dataclass(frozen=True, slots=True)
+class _Killed:
+    pidfd: int
+    released: bool
+    signalled_at: float  # time.monotonic()
+
+
+def _mrelease(pidfd: int) -> bool:
+    """process_mrelease(pidfd): reap a killed process's memory now; False when refused."""
+    if _libc.syscall(SYS_PROCESS_MRELEASE, pidfd, 0) == 0:
+        return True
+    err = ctypes.get_errno()
+    # ENOSYS: before 5.15; EINVAL: not dying yet, or its memory already
+    # released; ESRCH: exited already. The memory then returns as it exits.
+    key = f"mrelease:{err}"
+    if key not in _said:
+        _said.add(key)
+        log.info(
+            "process_mrelease refused (%s): memory returns as the victim exits", os.strerror(err)
+        )
+    return False
+
+
+def kill_process(pid: int, start_time: int, proc_root: Path = PROC_ROOT) -> bool | None:
+    """SIGKILL ``pid`` if it is still the process that started at ``start_time``.
+
+    Opens a pidfd first, then re-reads the start time, so the signal goes
+    to that process and never to another that took its pid. Returns None
+    when it was not signalled (gone, or its pid reused), else whether
+    ``process_mrelease`` gave its memory back at once.
+
+    Raises:
+        OSError: other than the process being gone (EPERM: another user's).
+    """
+    killed = _kill(pid, start_time, proc_root)
+    if killed is None:
+        return None
+    os.close(killed.pidfd)
+    return killed.released
+
+
+def _kill(pid: int, start_time: int, proc_root: Path) -> _Killed | None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    try:
+        stat = read_stat(pid, proc_root)
+        if stat is None or stat.start_time != start_time:
+            os.close(pidfd)
+            return None
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        os.close(pidfd)
+        return None
+    except BaseException:
+        os.close(pidfd)
+        raise
+    at = time.monotonic()
+    return _Killed(pidfd, _mrelease(pidfd), at)
+
+
+# ---------------------------------------------------------------------------
+# The loop
+
+
+def _arm_psi(path: Path) -> int | None:
+    """A PSI trigger fd on ``path`` (wakes with EPOLLPRI), None when not permitted."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        log.debug("no PSI trigger on %s: %s", path, exc)
+        return None
+    for trigger in PSI_TRIGGERS:
+        try:
+            os.write(fd, trigger)
+        except OSError as exc:
+            log.debug("PSI trigger %r refused on %s: %s", trigger, path, exc)
+            continue
+        return fd
+    os.close(fd)
+    return None
+
+
+def _sanitise(text: str) -> str:
+    """A cmdline as one printable line (another user's process names it as it likes)."""
+    clean = "".join(c if c.isprintable() else "?" for c in text)
+    return clean[:CMDLINE_LEN]
+
+
+Protected = Callable[[], tuple[Collection[int], Collection[str]]]
+
+
+class _Loop:
+    """The state of one :func:`run_guard` call."""
+
+    def __init__(
+        self,
+        config: GuardConfig,
+        slice_path: Path,
+        proc_root: Path,
+        unit_agent: Callable[[str], str | None],
+        protected: Protected,
+        on_kill: Callable[[GuardKill], None],
+        on_reading: Callable[[HostReading, Trigger | None], None] | None,
+    ) -> None:
+        self.config = config
+        self.slice_path = slice_path
+        self.proc_root = proc_root
+        self.unit_agent = unit_agent
+        self.protected = protected
+        self.on_kill = on_kill
+        self.on_reading = on_reading
+        self.clock = PressureClock(config)
+        self.prev: HostReading | None = None
+        self.host = HostReader(proc_root)
+        # (pid, start time) of the last kills: a victim still listed (a zombie
+        # its parent has not reaped, one stuck exiting) is never chosen again.
+        self.killed: dict[tuple[int, int], None] = {}
+
+    def step(self) -> tuple[float, _Killed | None]:
+        """One reading, and a kill if it calls for one: (seconds to sleep, the kill)."""
+        reading = self.host.read(time.monotonic())
+        trigger = self.clock.update(reading)
+        if self.on_reading is not None:
+            self.on_reading(reading, trigger)
+        prev, self.prev = self.prev, reading
+        if trigger is not None:
+            killed = self.act(reading, trigger)
+            if killed is not None:
+                return 0.0, killed
+            return self.config.min_interval, None
+        return next_interval(reading, prev, self.config), None
+
+    def act(self, reading: HostReading, trigger: Trigger) -> _Killed | None:
+        """Choose and kill the victim; None when there is none worth a kill."""
+        pids, units = self.protected()
+        for _ in range(3):  # a victim gone between the scan and the kill: look again
+            processes = scan_slice_processes(
+                self.slice_path, self.proc_root, protected_pids=pids, protected_units=units
+            )
+            floor = reading.mem_total * MIN_VICTIM_SHARE
+            processes = [
+                replace(p, eligible=False)
+                if p.size < floor or (p.pid, p.start_time) in self.killed
+                else p
+                for p in processes
+            ]
+            victim = choose_victim(processes, self.config.descendant_share)
+            if victim is None:
+                _say_once(
+                    f"none:{self.slice_path}",
+                    "the host is under memory pressure (%s) but no process of the agents "
+                    "slice holds %d MiB or more: nothing to kill",
+                    trigger,
+                    int(floor) >> 20,
+                )
+                return None
+            proc = victim.process
+            cmdline = read_cmdline(proc.pid, self.proc_root, CMDLINE_LEN) or ""
+            try:
+                killed = _kill(proc.pid, proc.start_time, self.proc_root)
+            except PermissionError as exc:
+                _say_once(f"eperm:{proc.pid}", "cannot kill pid %d: %s", proc.pid, exc)
+                return None
+            if killed is None:
+                continue
+            self.killed[proc.pid, proc.start_time] = None
+            while len(self.killed) > KILLED_KEPT:
+                del self.killed[next(iter(self.killed))]
+            crossed = self.clock.crossed_at
+            reaction = killed.signalled_at - (crossed if crossed is not None else reading.ts)
+            event = GuardKill(
+                ts=time.time(),
+                agent=self.unit_agent(proc.unit),
+                unit=proc.unit,
+                pid=proc.pid,
+                comm=_sanitise(proc.comm),
+                cmdline=_sanitise(cmdline),
+                rss=proc.rss,
+                swap=proc.swap,
+                trigger=trigger,
+                mem_available_percent=round(reading.mem_available_percent, 2),
+                swap_free_percent=round(reading.swap_free_percent, 2),
+                psi_full_avg10=reading.psi_full_avg10,
+                psi_some_avg10=reading.psi_some_avg10,
+                reaction_seconds=round(max(reaction, 0.0), 4),
+                released=killed.released,
+            )
+            log.warning(
+                "guard killed pid %d (%s) of %s: %d MiB, %s (MemAvailable %.1f%%), %.0f ms",
+                proc.pid,
+                event.comm,
+                event.agent or proc.unit,
+                proc.size >> 20,
+                trigger,
+                event.mem_available_percent,
+                event.reaction_seconds * 1000,
+            )
+            self.on_kill(event)
+            return killed
+        return None
+
+
+def run_guard(
+    config: GuardConfig,
+    slice_path: Path,
+    *,
+    stop_fd: int,
+    on_kill: Callable[[GuardKill], None],
+    unit_agent: Callable[[str], str | None] = lambda unit: None,
+    protected: Protected = lambda: ((), ()),
+    on_reading: Callable[[HostReading, Trigger | None], None] | None = None,
+    proc_root: Path = PROC_ROOT,
+    psi_trigger: bool | None = None,
+) -> None:
+    """Guard the agents slice ``slice_path`` until ``stop_fd`` is readable.
+
+    Blocking: run it in a thread (:class:`Guard`) or a process of its own.
+    ``on_kill`` gets each :class:`GuardKill` (called from this loop: keep it
+    quick, e.g. ``loop.call_soon_threadsafe``); ``on_reading`` every reading
+    and the trigger it gave; ``protected`` returns the pids and scope units
+    never to kill, asked before each choice. ``psi_trigger`` None arms a PSI
+    trigger only on the real /proc (a trigger is a write). A reading or
+    scan that fails is logged and the loop goes on.
+    """
+    loop = _Loop(config, slice_path, proc_root, unit_agent, protected, on_kill, on_reading)
+    poller = select.epoll()
+    poller.register(stop_fd, select.EPOLLIN)
+    psi_fd = None
+    if psi_trigger or (psi_trigger is None and proc_root == PROC_ROOT):
+        psi_fd = _arm_psi(proc_root / "pressure" / "memory")
+        if psi_fd is not None:
+            poller.register(psi_fd, select.EPOLLPRI)
+    failures = 0
+    try:
+        while True:
+            try:
+                timeout, killed = loop.step()
+                failures = 0
+            except (OSError, ValueError) as exc:
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.error("guard reading failed (%d in a row): %s", failures, exc)
+                timeout, killed = config.max_interval, None
+            if killed is not None:
+                try:
+                    if _wait_exit(poller, killed, stop_fd):
+                        return
+                finally:
+                    os.close(killed.pidfd)
+                loop.clock.restart(time.monotonic())
+                continue
+            for fd, mask in poller.poll(timeout):
+                if fd == stop_fd:
+                    return
+                if fd == psi_fd and mask & select.EPOLLERR:
+                    poller.unregister(psi_fd)
+                    os.close(psi_fd)
+                    psi_fd = None
+    finally:
+        loop.host.close()
+        poller.close()
+        if psi_fd is not None:
+            os.close(psi_fd)
+
+
+def _wait_exit(poller: select.epoll, killed: _Killed, stop_fd: int) -> bool:
+    """Wait for the victim to exit (its pidfd readable), at most VICTIM_WAIT; True: stop."""
+    poller.register(killed.pidfd, select.EPOLLIN)
+    try:
+        deadline = killed.signalled_at + VICTIM_WAIT
+        while (left := deadline - time.monotonic()) > 0:
+            ready = dict(poller.poll(left))
+            if stop_fd in ready:
+                return True
+            if killed.pidfd in ready:
+                return False
+        return False
+    finally:
+        poller.unregister(killed.pidfd)
+
+
+# ---------------------------------------------------------------------------
+# The guard thread
+
+
+class Guard:
+    """:func:`run_guard` in a daemon thread of this process (what a Monitor starts).
+
+    :meth:`start` prepares the process (mlock, oom_score_adj, as the config
+    asks) and starts the thread; :meth:`stop` ends it. ``last_reading`` and
+    ``trigger`` are what the thread saw last (for admission control and
+    health checks); ``kills`` counts its kills.
+    """
+
+    def __init__(
+        self,
+        config: GuardConfig,
+        slice_path: Path,
+        *,
+        on_kill: Callable[[GuardKill], None],
+        unit_agent: Callable[[str], str | None] = lambda unit: None,
+        protected: Protected = lambda: ((), ()),
+        proc_root: Path = PROC_ROOT,
+        psi_trigger: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.slice_path = Path(slice_path)
+        self.proc_root = Path(proc_root)
+        self._on_kill = on_kill
+        self._unit_agent = unit_agent
+        self._protected = protected
+        self._psi_trigger = psi_trigger
+        self._thread: threading.Thread | None = None
+        self._stop_r = self._stop_w = -1
+        self.last_reading: HostReading | None = None
+        self.trigger: Trigger | None = None
+        self.kills = 0
+        self.notes: list[str] = []
+
+    @property
+    def running(self) -> bool:
+        """The guard thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Prepare the process and start the guard thread (once)."""
+        if self._thread is not None:
+            raise RuntimeError("this Guard was started before")
+        self.notes = prepare_process(self.config, self.proc_root)
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._main, name="agentscope-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and wait for it (blocking: up to ``timeout`` s)."""
+        if self._thread is None or self._stop_w < 0:
+            return
+        os.write(self._stop_w, b"x")
+        self._thread.join(timeout)
+        os.close(self._stop_w)
+        self._stop_w = -1
+        if not self._thread.is_alive():
+            os.close(self._stop_r)
+            self._stop_r = -1
+
+    def _seen(self, reading: HostReading, trigger: Trigger | None) -> None:
+        self.last_reading, self.trigger = reading, trigger
+
+    def _killed(self, event: GuardKill) -> None:
+        self.kills += 1
+        self._on_kill(event)
+
+    def _main(self) -> None:
+        try:
+            run_guard(
+                self.config,
+                self.slice_path,
+                stop_fd=self._stop_r,
+                on_kill=self._killed,
+                unit_agent=self._unit_agent,
+                protected=self._protected,
+                on_reading=self._seen,
+                proc_root=self.proc_root,
+                psi_trigger=self._psi_trigger,
+            )
+        except Exception:
+            # The thread's end would otherwise be silent: say it loudly.
+            log.exception("the memory guard stopped on an error; no more guard kills")
+            raise
+
+
+# ---------------------------------------------------------------------------
+# Admission control
+
+
+class GuardHandle(Protocol):
+    """A running guard as its owner sees it: :class:`Guard`, or a guard process."""
+
+    last_reading: HostReading | None
+    trigger: Trigger | None
+    kills: int
+    notes: list[str]
+
+    @property
+    def running(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = ...) -> None: ...
+
+
+async def admit(guards: Iterable[GuardHandle], wait: float, *, poll: float = 0.1) -> None:
+    """Return when no running guard in ``guards`` holds the host under pressure.
+
+    Waits up to ``wait`` seconds for the pressure to clear.
+
+    Raises:
+        HostUnderPressure: still under pressure after ``wait`` seconds.
+    """
+    import asyncio  # here: a guard process of its own never needs it
+
+    guards = list(guards)
+    start = time.monotonic()
+    while True:
+        short = [g for g in guards if g.running and g.trigger is not None]
+        if not short:
+            return
+        waited = time.monotonic() - start
+        if waited >= wait:
+            reading = short[0].last_reading
+            assert reading is not None  # a trigger comes with its reading
+            raise HostUnderPressure(
+                round(reading.mem_available_percent, 2),
+                round(reading.swap_free_percent, 2),
+                reading.psi_full_avg10,
+                round(waited, 2),
+            )
+        await asyncio.sleep(min(poll, wait - waited))

@@ -1,0 +1,530 @@
+"""The squeeze of issue #20: a runaway tool call with no cap, three ways, in one run.
+
+Needs a systemd host with cgroup v2 and memory to lose (run it in the test
+bed's 768 MB VM, Debian's kernel defaults: no MGLRU ``min_ttl_ms``). Each
+round launches a fresh fleet:
+
+- one agent whose tool call (a ``python3`` the agent's ``sh`` starts) grows
+  16 MiB every 20 ms, touching its pages, with no per-agent cap;
+- 6 sibling agents appending a timestamp to a file every 0.2 s;
+- the manager: this process, holding the fleet, its monitor (1 s samples,
+  no pressure reports: a host-wide /proc pass in mid-squeeze measures
+  itself) and a 50 ms asyncio ticker that keeps its worst loop lag.
+
+The rounds (``--rounds``):
+
+``kernel``
+    nothing but the kernel: the runaway lives until the global OOM killer
+    takes it, or until ``--give-up`` seconds (then the benchmark kills it
+    and says so);
+``earlyoom``
+    Debian's earlyoom package at its defaults (its own unit, masked in the
+    images, unmasked for this round only through integration/roothelper.py);
+``guard``
+    agentscope's guard: ``fleet.monitor(guard=True)``, default GuardConfig,
+    the guard a thread of the manager's process;
+``guardproc``
+    the same guard as a process of its own (``GuardConfig(process=True)``):
+    whether the thread suffices or the guard needs its own process;
+``earlyoom-big``, ``guard-big``
+    the same with the manager holding ``--ballast-mb`` (default 320 MiB)
+    so that it is the host's largest process.
+
+Per round: the runaway's lifetime (its first allocation until its shell saw
+it die), the manager's worst loop lag, the siblings' longest heartbeat gap,
+what was killed (the tool call's exit status, the kernel's ``oom_kill``
+count in /proc/vmstat, earlyoom's log, every agent's and the manager's
+survival), whether anything recorded which agent lost what, the guard's
+own reaction time (threshold crossing to signal, from its GuardKill), and
+"crossing to death": when a 20 ms sampler thread here first saw
+MemAvailable <= 10% until the runaway died. Then the guard's idle CPU at
+``--idle-agents`` (default 50) agents: whole-process CPU with the monitor
+alone and with the guard, interleaved.
+
+Run: ``python3 benchmarks/bench_squeeze.py [--rounds kernel,earlyoom,guard]``
+(in the VM: ``make bench BENCH=bench_squeeze.py DISTRO=trixie MANAGER=both``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import agentscope
+from agentscope import DEVNULL, AsyncFleet, OomKill
+
+_HERE = Path(__file__).resolve().parent
+# roothelper.py: next to the benchmarks in the VM (/tmp/it), in integration/ in a checkout.
+for _where in (_HERE.parent, _HERE.parent / "integration"):
+    if (_where / "roothelper.py").is_file():
+        sys.path.insert(0, str(_where))
+        break
+from roothelper import RootHelperError, as_root  # noqa: E402
+
+SIBLINGS = 6
+TICK = 0.05
+#: The tool call: stamps its start (time, pid), then 16 MiB every 20 ms, each touched.
+GROW = (
+    "import os, sys, time\n"
+    "open(sys.argv[1], 'w').write(f'{time.time()} {os.getpid()}')\n"
+    "chunks = []\n"
+    "while True:\n"
+    "    chunks.append(b'x' * (16 << 20))\n"
+    "    time.sleep(0.02)\n"
+)
+# The agent: waits for the trigger, runs the tool call, writes its exit
+# status and the time it saw it end, and lives on (as an agent survives a tool call).
+RUNAWAY = (
+    'while [ ! -e "$1" ]; do sleep 0.1; done\n'
+    'python3 -c "$2" "$3"\n'
+    'echo "$? $(date +%s.%N)" > "$4"\n'
+    "while :; do sleep 3600; done\n"
+)
+HEARTBEAT = 'while :; do date +%s.%N >> "$1"; sleep 0.2; done'
+
+
+@dataclass
+class Outcome:
+    """One round's figures (seconds unless named otherwise)."""
+
+    round: str
+    manager: str
+    runaway_lifetime: float | None = None
+    given_up: bool = False
+    exit_status: int | None = None  # the tool call's, as its shell saw it
+    manager_worst_lag: float = 0.0
+    sibling_worst_gap: float = 0.0
+    kernel_oom_kills: int = 0
+    earlyoom_kills: list[str] = field(default_factory=list)
+    oom_events: list[dict[str, Any]] = field(default_factory=list)
+    guard_kills: list[dict[str, Any]] = field(default_factory=list)
+    guard_reaction: float | None = None
+    crossing_to_death: float | None = None
+    siblings_alive: int = 0
+    runaway_shell_alive: bool = False
+    manager_rss_mb: float = 0.0
+    named_agent: str | None = None
+
+
+class Ticker:
+    """A 50 ms asyncio ticker: the worst lateness of the manager's loop while armed."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            due = time.monotonic() + TICK
+            await asyncio.sleep(TICK)
+            self.worst = max(self.worst, time.monotonic() - due)
+
+    def start(self) -> None:
+        self.worst = 0.0
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> float:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return self.worst
+
+
+def meminfo() -> dict[str, int]:
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def vmstat_oom_kills() -> int:
+    with open("/proc/vmstat") as f:
+        for line in f:
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    return 0
+
+
+class Crossing(threading.Thread):
+    """Notes when MemAvailable first falls to 10% of MemTotal (20 ms samples)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.at: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            m = meminfo()
+            if self.at is None and m["MemAvailable"] <= m["MemTotal"] // 10:
+                self.at = time.time()
+
+
+def worst_gap(path: Path, since: float, until: float) -> float:
+    """The longest interval between heartbeats (and the window's edges) in [since, until]."""
+    try:
+        stamps = [float(x) for x in path.read_text().split() if x.strip()]
+    except (OSError, ValueError):
+        return until - since
+    inside = [since, *(t for t in stamps if since < t < until), until]
+    return max(b - a for a, b in itertools.pairwise(inside))
+
+
+async def wait_for(check: Any, timeout: float, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(check):
+            return True
+        await asyncio.sleep(step)
+    return False
+
+
+def recovered() -> bool:
+    m = meminfo()
+    return m["MemAvailable"] > m["MemTotal"] // 2
+
+
+async def squeeze(name: str, manager: str, give_up: float, ballast_mb: int) -> Outcome:
+    """One round; returns its figures. The fleet's agents are stopped afterwards."""
+    way = name.removesuffix("-big")
+    big = name.endswith("-big")
+    out = Outcome(round=name, manager=manager)
+    work = Path(tempfile.mkdtemp(prefix=f"squeeze-{name}-"))
+    os.chmod(work, 0o755)
+    trigger, start_file, end_file = work / "go", work / "start", work / "end"
+    ballast = b"\1" * (ballast_mb << 20) if big else b""  # bytes * n: touched now
+    out.manager_rss_mb = _own_rss() / 2**20
+    fleet = AsyncFleet(f"sq-{name}", manager)
+    await fleet.open()
+    names: list[str] = []
+    events: list[Any] = []
+    earlyoom_since = int(time.time())
+    try:
+        if way == "earlyoom":
+            as_root("earlyoom", "start")
+        beats = [work / f"beat-{i}" for i in range(SIBLINGS)]
+        for i, beat in enumerate(beats):
+            await fleet.launch(
+                f"sib-{i}",
+                ["sh", "-c", HEARTBEAT, "sh", str(beat)],
+                stdin=DEVNULL,
+                stdout=DEVNULL,
+                stderr=DEVNULL,
+            )
+            names.append(f"sib-{i}")
+        runaway = await fleet.launch(
+            "runaway",
+            ["sh", "-c", RUNAWAY, "sh", str(trigger), GROW, str(start_file), str(end_file)],
+            stdin=DEVNULL,
+            stdout=DEVNULL,
+            stderr=DEVNULL,
+        )
+        names.append("runaway")
+        siblings = [a for a in await fleet.agents() if a.name.startswith("sib-")]
+        options: dict[str, Any] = {"pressure_some_avg10": 100.0, "available_fraction": 1e-9}
+        if way == "guard":
+            options["guard"] = True
+        elif way == "guardproc":
+            options["guard"] = agentscope.GuardConfig(process=True)
+        ticker = Ticker()
+        crossing = Crossing()
+        kills_before = vmstat_oom_kills()
+        async with fleet.monitor(interval=1.0, **options) as monitor:
+
+            async def collect() -> None:
+                async for event in monitor:
+                    events.append(event)
+
+            collector = asyncio.create_task(collect())
+            await asyncio.sleep(2.0)  # the monitor's first samples, heartbeats running
+            ticker.start()
+            crossing.start()
+            t_trigger = time.time()
+            await asyncio.to_thread(trigger.touch)
+            # give_up counts from the first allocation; the tool call's start-up comes first.
+            ended = await wait_for(lambda: _ended(end_file), give_up + 30, step=0.05)
+            started = _stamp(start_file)
+            if not ended:
+                out.given_up = True
+                if started is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(started[1], signal.SIGKILL)
+                await wait_for(lambda: _ended(end_file), 60)
+            await asyncio.sleep(3.0)  # the kill's aftermath: late heartbeats, late events
+            t_end = time.time()
+            out.manager_worst_lag = await ticker.stop()
+            crossing.stop.set()
+            collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collector
+        out.kernel_oom_kills = vmstat_oom_kills() - kills_before
+        end = end_file.read_text().split() if _ended(end_file) else []
+        if end:
+            out.exit_status = int(end[0])
+            if started is not None:
+                out.runaway_lifetime = float(end[1]) - started[0]
+                if out.runaway_lifetime > give_up and not out.given_up:
+                    out.given_up = True
+            if crossing.at is not None:
+                out.crossing_to_death = float(end[1]) - crossing.at
+        out.sibling_worst_gap = max(worst_gap(b, t_trigger, t_end) for b in beats)
+        out.siblings_alive = sum(1 for s in siblings if s.alive())
+        out.runaway_shell_alive = runaway.alive()
+        for event in events:
+            if isinstance(event, OomKill):
+                out.oom_events.append(_small(event.to_dict()))
+            elif getattr(event, "kind", None) == "guard_kill":
+                out.guard_kills.append(_small(event.to_dict()))
+        if out.guard_kills:
+            out.guard_reaction = out.guard_kills[0].get("reaction_seconds")
+            out.named_agent = out.guard_kills[0].get("agent")
+        elif out.oom_events:
+            out.named_agent = out.oom_events[0].get("agent")
+    finally:
+        if way == "earlyoom":
+            with contextlib.suppress(RootHelperError):
+                log = as_root("earlyoom", "log", str(earlyoom_since))
+                out.earlyoom_kills = [
+                    line.split(": ", 1)[-1][:160]
+                    for line in log.splitlines()
+                    if " to process " in line or "escalating" in line
+                ]
+            with contextlib.suppress(RootHelperError):
+                as_root("earlyoom", "stop")
+        await asyncio.gather(*(_stop(fleet, n) for n in names))
+        await fleet.aclose()
+        del ballast
+        shutil.rmtree(work, ignore_errors=True)
+        await wait_for(recovered, 60, step=0.5)
+    return out
+
+
+async def _stop(fleet: AsyncFleet, name: str) -> None:
+    with contextlib.suppress(agentscope.AgentscopeError):
+        await fleet.stop(name, timeout=5)
+
+
+def _ended(path: Path) -> bool:
+    try:
+        return len(path.read_text().split()) == 2
+    except OSError:
+        return False
+
+
+def _stamp(path: Path) -> tuple[float, int] | None:
+    try:
+        t, pid = path.read_text().split()
+        return float(t), int(pid)
+    except (OSError, ValueError):
+        return None
+
+
+def _own_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _small(d: dict[str, Any]) -> dict[str, Any]:
+    keep = (
+        "agent",
+        "pid",
+        "comm",
+        "rss",
+        "swap",
+        "source",
+        "trigger",
+        "reaction_seconds",
+        "mem_available_percent",
+        "released",
+        "rss_last_seen",
+    )
+    return {k: d[k] for k in keep if k in d}
+
+
+async def idle_cost(manager: str, agents: int, seconds: float, pairs: int) -> dict[str, Any]:
+    """Whole-process CPU a second at ``agents`` idle agents: the monitor alone, with the guard."""
+    fleet = AsyncFleet("sq-idle", manager)
+    await fleet.open()
+    names = [f"idle-{i}" for i in range(agents)]
+    cpu: dict[str, list[float]] = {"monitor": [], "guard": [], "guard_thread": []}
+    try:
+        for n in names:
+            await fleet.launch(n, ["sleep", "3600"], stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL)
+        for _ in range(pairs):
+            for way in ("monitor", "guard"):
+                options: dict[str, Any] = {"guard": True} if way == "guard" else {}
+                async with fleet.monitor(interval=2.0, **options):
+                    await asyncio.sleep(3.0)  # settle: first samples, watches set
+                    g0 = _guard_thread_cpu()
+                    c0, t0 = time.process_time(), time.monotonic()
+                    await asyncio.sleep(seconds)
+                    wall = time.monotonic() - t0
+                    cpu[way].append((time.process_time() - c0) / wall)
+                    g1 = _guard_thread_cpu()
+                    if way == "guard" and g0 is not None and g1 is not None:
+                        cpu["guard_thread"].append((g1 - g0) / wall)
+    finally:
+        await asyncio.gather(*(_stop(fleet, n) for n in names))
+        await fleet.aclose()
+    monitor = statistics.median(cpu["monitor"])
+    guard = statistics.median(cpu["guard"])
+    thread = statistics.median(cpu["guard_thread"]) if cpu["guard_thread"] else None
+    return {
+        "agents": agents,
+        "monitor_cpu_percent": round(monitor * 100, 3),
+        "guard_cpu_percent": round(guard * 100, 3),
+        "guard_cost_percent_of_a_core": round((guard - monitor) * 100, 3),
+        "guard_thread_percent_of_a_core": None if thread is None else round(thread * 100, 3),
+        "samples": {k: [round(v * 100, 3) for v in vs] for k, vs in cpu.items()},
+    }
+
+
+def _guard_thread_cpu() -> float | None:
+    """CPU seconds of the guard's thread so far (its /proc task stat), None if not running."""
+    for t in threading.enumerate():
+        if t.name == "agentscope-guard" and t.native_id is not None:
+            try:
+                fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text()
+            except OSError:
+                return None
+            utime, stime = fields.rsplit(")", 1)[1].split()[11:13]
+            return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+def _fmt(v: float | None, unit: str = "s") -> str:
+    return "-" if v is None else f"{v:.2f}{unit}" if unit == "s" else f"{v:.0f}{unit}"
+
+
+def table(rows: list[Outcome]) -> str:
+    head = (
+        "round",
+        "lifetime",
+        "lag",
+        "gap",
+        "killed",
+        "kernel oom",
+        "named",
+        "reaction",
+        "cross->death",
+    )
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for o in rows:
+        life = _fmt(o.runaway_lifetime) + (" (gave up)" if o.given_up else "")
+        killed = f"tool call exit {o.exit_status}" if o.exit_status is not None else "?"
+        if o.earlyoom_kills:
+            killed += f"; earlyoom: {len(o.earlyoom_kills)} signals"
+        if o.siblings_alive != SIBLINGS or not o.runaway_shell_alive:
+            killed += f"; siblings alive {o.siblings_alive}/{SIBLINGS}"
+            killed += f", shell alive {o.runaway_shell_alive}"
+        lines.append(
+            " | ".join(
+                (
+                    o.round,
+                    life,
+                    _fmt(o.manager_worst_lag),
+                    _fmt(o.sibling_worst_gap),
+                    killed,
+                    str(o.kernel_oom_kills),
+                    o.named_agent or "nobody",
+                    _fmt(o.guard_reaction),
+                    _fmt(o.crossing_to_death),
+                )
+            )
+        )
+    return "\n".join(lines)
+
+
+def ratios(rows: list[Outcome]) -> list[str]:
+    by = {o.round: o for o in rows}
+    out = []
+    for a, b in (
+        ("guard", "earlyoom"),
+        ("guardproc", "earlyoom"),
+        ("guardproc", "guard"),
+        ("guardproc-big", "earlyoom-big"),
+        ("guard", "kernel"),
+        ("earlyoom", "kernel"),
+        ("guard-big", "earlyoom-big"),
+    ):
+        if a in by and b in by:
+            for what in ("runaway_lifetime", "manager_worst_lag", "sibling_worst_gap"):
+                x, y = getattr(by[a], what), getattr(by[b], what)
+                if x is not None and y:
+                    out.append(f"{a}/{b} {what}: {x / y:.3f}x ({x:.2f} / {y:.2f})")
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    manager = os.environ.get("AGENTSCOPE_TEST_MANAGER", args.manager)
+    has_guard = hasattr(agentscope, "GuardKill")
+    print(
+        f"bench_squeeze: {manager} manager, MemTotal {meminfo()['MemTotal'] >> 20} MiB, "
+        f"min_ttl_ms {_read('/sys/kernel/mm/lru_gen/min_ttl_ms')}, "
+        f"dmesg_restrict {_read('/proc/sys/kernel/dmesg_restrict')}, guard "
+        f"{'available' if has_guard else 'NOT in this build'}",
+        flush=True,
+    )
+    rows = []
+    for name in [r for r in args.rounds.split(",") if r]:
+        if name.startswith("guard") and not has_guard:
+            print(f"round {name}: skipped (no guard in this build)", flush=True)
+            continue
+        t0 = time.monotonic()
+        o = await squeeze(name, manager, args.give_up, args.ballast_mb)
+        rows.append(o)
+        print(f"round {name} ({time.monotonic() - t0:.0f}s): {json.dumps(asdict(o))}", flush=True)
+    print(
+        f"\nsqueeze, {manager} manager (lifetime: first allocation until its shell saw it die;"
+        " lag: manager's worst 50 ms tick lateness; gap: siblings' longest heartbeat gap)"
+    )
+    print(table(rows))
+    for line in ratios(rows):
+        print(line)
+    if has_guard and args.idle_agents:
+        idle = await idle_cost(manager, args.idle_agents, args.idle_seconds, args.idle_pairs)
+        print(f"idle cost: {json.dumps(idle)}", flush=True)
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return "absent"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--rounds", default="kernel,earlyoom,guard,guardproc,earlyoom-big,guard-big,guardproc-big"
+    )
+    p.add_argument("--give-up", type=float, default=300.0, help="seconds for the kernel alone")
+    p.add_argument("--ballast-mb", type=int, default=320)
+    p.add_argument("--manager", default="auto")
+    p.add_argument("--idle-agents", type=int, default=50)
+    p.add_argument("--idle-seconds", type=float, default=15.0)
+    p.add_argument("--idle-pairs", type=int, default=3)
+    asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""The memory guard against a real kernel on Debian's defaults (issue #20).
+
+No MGLRU ``min_ttl_ms`` here: the kernel's own OOM killer would take minutes
+to act, so a kill within the tests' bounds is the guard's, and the kernel's
+``oom_kill`` count in /proc/vmstat must not move. Each runaway is a tool
+call with no cap: 16 MiB every 20 ms, each chunk touched. The VM has 768 MB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentscope
+from agentscope import DEVNULL, AsyncFleet
+
+GuardKill = getattr(agentscope, "GuardKill", None)
+pytestmark = pytest.mark.skipif(GuardKill is None, reason="no guard in this build")
+
+CLI = shutil.which("agentscope") or "agentscope"
+GROW = (
+    "import time\nchunks = []\nwhile True:\n"
+    "    chunks.append(b'x' * (16 << 20))\n    time.sleep(0.02)\n"
+)
+# An agent's shell that starts the tool call, says how it ended, and lives on.
+TOOL_CALL = 'python3 -c "$1"; echo "rc=$?" > "$2"; while :; do sleep 3600; done'
+HEARTBEAT = 'while :; do date +%s.%N >> "$1"; sleep 0.2; done'
+SIBLINGS = 3
+#: What the test's manager holds so that it is the host's largest process:
+#: the runaway reaches ~200-250 MB when MemAvailable falls to 10% of 714 MiB.
+BALLAST = 280 << 20
+
+
+def kernel_oom_kills() -> int:
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    raise AssertionError("no oom_kill in /proc/vmstat")
+
+
+def rss_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    return 0
+
+
+async def wait_until(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        await asyncio.sleep(0.2)
+    return False
+
+
+def memory_back() -> bool:
+    info = {
+        k: int(v.split()[0])
+        for k, _, v in (x.partition(":") for x in Path("/proc/meminfo").read_text().splitlines())
+    }
+    return info["MemAvailable"] > info["MemTotal"] // 2
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="guard-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[AsyncFleet]:
+    async with AsyncFleet(f"g{uuid.uuid4().hex[:6]}") as f:
+        try:
+            yield f
+        finally:
+            for agent in await f.agents():
+                with contextlib.suppress(agentscope.AgentscopeError):
+                    await f.stop(agent.name, timeout=5)
+            # The next test starts from a host that has its memory back.
+            await wait_until(memory_back, 60)
+
+
+async def guard_kills(monitor: agentscope.Monitor, want: int, timeout: float) -> list[Any]:
+    """Guard kills from the monitor until ``want`` came, then 3 s more for any extra."""
+    got: list[Any] = []
+    it = monitor.__aiter__()
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return got
+        try:
+            event = await asyncio.wait_for(it.__anext__(), left)
+        except TimeoutError:
+            return got
+        if isinstance(event, GuardKill):  # type: ignore[arg-type]
+            got.append(event)
+            if len(got) == want:
+                deadline = min(deadline, time.monotonic() + 3.0)
+
+
+async def test_runaway_tool_call_is_killed_by_the_guard_not_the_kernel(
+    fleet: AsyncFleet, work: Path
+) -> None:
+    # The manager (this process) is the host's largest process throughout:
+    # never a candidate, it must not be chosen over the runaway.
+    ballast = b"\1" * BALLAST
+    beats = [work / f"beat-{i}" for i in range(SIBLINGS)]
+    siblings = [
+        await fleet.launch(
+            f"sib-{i}",
+            ["sh", "-c", HEARTBEAT, "sh", str(b)],
+            stdin=DEVNULL,
+            stdout=DEVNULL,
+            stderr=DEVNULL,
+        )
+        for i, b in enumerate(beats)
+    ]
+    rc = work / "rc"
+    kills_before = kernel_oom_kills()
+    async with fleet.monitor(interval=1.0, guard=True) as monitor:
+        agent = await fleet.launch(
+            "runaway",
+            ["sh", "-c", TOOL_CALL, "sh", GROW, str(rc)],
+            stdin=DEVNULL,
+            stdout=DEVNULL,
+            stderr=DEVNULL,
+        )
+        kills = await guard_kills(monitor, 1, 120)
+        manager_rss = rss_of(os.getpid())
+    assert len(kills) == 1, kills  # exactly one event
+    (kill,) = kills
+    print(f"guard kill: {kill.to_dict()}; manager rss {manager_rss >> 20} MiB")
+    assert kill.agent == "runaway"
+    assert kill.unit == agent.unit
+    assert kill.comm == "python3"
+    assert kill.pid not in (agent.pid, os.getpid())  # the tool call, not its shell
+    assert kill.trigger in ("memory", "psi")
+    assert 0 <= kill.reaction_seconds < 5
+    # The premise held: the manager was larger than the process the guard chose.
+    assert manager_rss > kill.rss + kill.swap
+    assert kernel_oom_kills() == kills_before, "the kernel killed something"
+    assert await wait_until(rc.exists, 10)
+    assert rc.read_text().strip() == f"rc={128 + signal.SIGKILL}"
+    assert agent.alive(), "the agent's shell lives on after its tool call"
+    # Every sibling lives, and still beats after the kill.
+    after = time.time() + 1.0
+    await asyncio.sleep(1.5)
+    for sib, beat in zip(siblings, beats, strict=True):
+        assert sib.alive()
+        assert float(beat.read_text().split()[-1]) > after - 1.0
+    recorded = await fleet.events(kind="guard_kill")
+    assert [(e.agent, e.kind) for e in recorded] == [("runaway", "guard_kill")]
+    del ballast
+
+
+async def test_two_runaways_at_once_both_killed_by_the_cli_monitor(
+    fleet: AsyncFleet, work: Path
+) -> None:
+    # `agentscope monitor --guard --json` as its own process, as a harness runs it.
+    monitor = subprocess.Popen(
+        [CLI, "--json", "--fleet", fleet.name, "monitor", "--guard", "--interval", "1"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        await asyncio.sleep(8)  # its start under TCG: imports, first samples
+        assert monitor.poll() is None, monitor.stderr.read() if monitor.stderr else ""
+        kills_before = kernel_oom_kills()
+        rcs = {n: work / f"rc-{n}" for n in ("left", "right")}
+        agents = {
+            n: await fleet.launch(
+                n,
+                ["sh", "-c", TOOL_CALL, "sh", GROW, str(rc)],
+                stdin=DEVNULL,
+                stdout=DEVNULL,
+                stderr=DEVNULL,
+            )
+            for n, rc in rcs.items()
+        }
+        assert await wait_until(lambda: all(rc.exists() for rc in rcs.values()), 150)
+    finally:
+        monitor.send_signal(signal.SIGTERM)
+        out, err = monitor.communicate(timeout=60)
+    print(err[-2000:])
+    assert "Traceback" not in err
+    kills = [e for e in map(json.loads, out.splitlines()) if e.get("kind") == "guard_kill"]
+    assert sorted(k["agent"] for k in kills) == ["left", "right"], kills
+    assert {k["comm"] for k in kills} == {"python3"}
+    assert kernel_oom_kills() == kills_before
+    for name, rc in rcs.items():
+        assert rc.read_text().strip() == f"rc={128 + signal.SIGKILL}", name
+        assert agents[name].alive()
+
+
+async def test_main_process_runaway_is_killed_when_no_descendant_qualifies(
+    fleet: AsyncFleet,
+) -> None:
+    kills_before = kernel_oom_kills()
+    async with fleet.monitor(interval=1.0, guard=True) as monitor:
+        # The agent itself grows: no tool call, no descendant at all.
+        agent = await fleet.launch(
+            "itself", ["python3", "-c", GROW], stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL
+        )
+        kills = await guard_kills(monitor, 1, 120)
+    assert [(k.agent, k.pid, k.comm) for k in kills] == [("itself", agent.pid, "python3")]
+    assert await asyncio.wait_for(agent.wait(), 30) == -signal.SIGKILL
+    assert kernel_oom_kills() == kills_before
