@@ -270,7 +270,9 @@ class _Loop:
             killed = self.act(reading, trigger)
             if killed is not None:
                 return 0.0, killed
-            return self.config.min_interval, None
+            # Nothing worth killing: the memory is held outside the slice. Scan
+            # again at the slow pace, not ten times a second on a host that is short.
+            return self.config.max_interval, None
         return next_interval(reading, prev, self.config), None
 
     def act(self, reading: HostReading, trigger: Trigger) -> _Killed | None:
@@ -301,9 +303,10 @@ class _Loop:
             cmdline = read_cmdline(proc.pid, self.proc_root, CMDLINE_LEN) or ""
             try:
                 killed = _kill(proc.pid, proc.start_time, self.proc_root)
-            except PermissionError as exc:
+            except PermissionError as exc:  # not ours to kill: the next largest then
                 _say_once(f"eperm:{proc.pid}", "cannot kill pid %d: %s", proc.pid, exc)
-                return None
+                self.killed[proc.pid, proc.start_time] = None
+                continue
             if killed is None:
                 continue
             self.killed[proc.pid, proc.start_time] = None
