@@ -43,12 +43,13 @@ from ._guardpolicy import (
     HostReader,
     HostReading,
     PressureClock,
+    SliceProcess,
     Trigger,
     choose_victim,
     next_interval,
     scan_slice_processes,
 )
-from ._proc import PROC_ROOT, read_cmdline, read_stat
+from ._proc import PROC_ROOT, read_cmdline, read_stat, read_vm_sizes
 
 __all__ = [
     "Guard",
@@ -70,6 +71,10 @@ VICTIM_WAIT = 1.0
 #: nothing in the slice is that large, the memory is held elsewhere and
 #: killing the fleet's small processes one by one would not give it back.
 MIN_VICTIM_SHARE = 0.01
+#: Near the threshold (within this factor of it) the victim is chosen at
+#: every reading, ahead of the crossing; such a choice serves for this long.
+NEAR_FACTOR = 1.5
+PREPARED_FOR = 1.0
 #: How many past victims are remembered (never chosen again while listed).
 KILLED_KEPT = 256
 #: PSI triggers that wake the guard early: 150 ms of "some" stall in 1 s;
@@ -223,6 +228,14 @@ def _arm_psi(path: Path) -> int | None:
     return None
 
 
+def _near(reading: HostReading, config: GuardConfig) -> bool:
+    """Within :data:`NEAR_FACTOR` of the memory threshold (both RAM and swap)."""
+    return (
+        reading.mem_available_percent <= NEAR_FACTOR * config.mem_available_percent
+        and reading.swap_free_percent <= NEAR_FACTOR * config.swap_free_percent
+    )
+
+
 def _sanitise(text: str) -> str:
     """A cmdline as one printable line (another user's process names it as it likes)."""
     clean = "".join(c if c.isprintable() else "?" for c in text)
@@ -258,6 +271,8 @@ class _Loop:
         # (pid, start time) of the last kills: a victim still listed (a zombie
         # its parent has not reaped, one stuck exiting) is never chosen again.
         self.killed: dict[tuple[int, int], None] = {}
+        # (when, victim and cmdline) chosen near the threshold, for the kill.
+        self.ready: tuple[float, tuple[SliceProcess, str] | None] | None = None
 
     def step(self) -> tuple[float, _Killed | None]:
         """One reading, and a kill if it calls for one: (seconds to sleep, the kill)."""
@@ -270,40 +285,68 @@ class _Loop:
             killed = self.act(reading, trigger)
             if killed is not None:
                 return 0.0, killed
-            return self.config.min_interval, None
+            # Nothing worth killing: the memory is held outside the slice. Scan
+            # again at the slow pace, not ten times a second on a host that is short.
+            return self.config.max_interval, None
+        if _near(reading, self.config):
+            # Choose now, so that at the crossing the kill is a pidfd and a
+            # signal, not a scan: every read of the scan lets go of the GIL,
+            # and each time the guard thread may wait for it behind the loop.
+            self.ready = (reading.ts, self.choose(reading))
+        else:
+            self.ready = None
         return next_interval(reading, prev, self.config), None
 
-    def act(self, reading: HostReading, trigger: Trigger) -> _Killed | None:
-        """Choose and kill the victim; None when there is none worth a kill."""
+    def choose(self, reading: HostReading) -> tuple[SliceProcess, str] | None:
+        """Scan the slice: the victim and its cmdline, or None (none worth a kill)."""
         pids, units = self.protected()
+        processes = scan_slice_processes(
+            self.slice_path, self.proc_root, protected_pids=pids, protected_units=units
+        )
+        floor = reading.mem_total * MIN_VICTIM_SHARE
+        processes = [
+            replace(p, eligible=False)
+            if p.size < floor or (p.pid, p.start_time) in self.killed
+            else p
+            for p in processes
+        ]
+        victim = choose_victim(processes, self.config.descendant_share)
+        if victim is None:
+            return None
+        proc = victim.process
+        return proc, read_cmdline(proc.pid, self.proc_root, CMDLINE_LEN) or ""
+
+    def act(self, reading: HostReading, trigger: Trigger) -> _Killed | None:
+        """Kill the victim (the one chosen near the threshold, if fresh); None: none."""
+        ready, self.ready = self.ready, None
         for _ in range(3):  # a victim gone between the scan and the kill: look again
-            processes = scan_slice_processes(
-                self.slice_path, self.proc_root, protected_pids=pids, protected_units=units
-            )
-            floor = reading.mem_total * MIN_VICTIM_SHARE
-            processes = [
-                replace(p, eligible=False)
-                if p.size < floor or (p.pid, p.start_time) in self.killed
-                else p
-                for p in processes
-            ]
-            victim = choose_victim(processes, self.config.descendant_share)
-            if victim is None:
+            if ready is not None and reading.ts - ready[0] <= PREPARED_FOR:
+                chosen = ready[1]
+            else:
+                chosen = self.choose(reading)
+            ready = None
+            if chosen is None:
                 _say_once(
                     f"none:{self.slice_path}",
                     "the host is under memory pressure (%s) but no process of the agents "
                     "slice holds %d MiB or more: nothing to kill",
                     trigger,
-                    int(floor) >> 20,
+                    int(reading.mem_total * MIN_VICTIM_SHARE) >> 20,
                 )
                 return None
-            proc = victim.process
-            cmdline = read_cmdline(proc.pid, self.proc_root, CMDLINE_LEN) or ""
+            proc, cmdline = chosen
+            if (proc.pid, proc.start_time) in self.killed:
+                continue
+            # Its size now (one read), not at the scan.
+            sizes = read_vm_sizes(proc.pid, self.proc_root)
+            if sizes is not None:
+                proc = replace(proc, rss=sizes[0], swap=sizes[1])
             try:
                 killed = _kill(proc.pid, proc.start_time, self.proc_root)
-            except PermissionError as exc:
+            except PermissionError as exc:  # not ours to kill: the next largest then
                 _say_once(f"eperm:{proc.pid}", "cannot kill pid %d: %s", proc.pid, exc)
-                return None
+                self.killed[proc.pid, proc.start_time] = None
+                continue
             if killed is None:
                 continue
             self.killed[proc.pid, proc.start_time] = None

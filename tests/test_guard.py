@@ -747,3 +747,33 @@ def test_a_guard_process_protects_its_parent_and_ends_with_its_stdin(tree: Tree)
     finally:
         child.stop()
     assert not child.running
+
+
+def test_near_the_threshold_the_victim_is_chosen_before_the_crossing(
+    tree: Tree, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("pytest", 900, 200)})
+    scans: list[float] = []
+    scan = _guard.scan_slice_processes
+
+    def counted(*args: object, **kw: object) -> list[SliceProcess]:
+        scans.append(time.monotonic())
+        return scan(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_guard, "scan_slice_processes", counted)
+    got: list[GuardKill] = []
+    _, stop = start_guard(tree, FAST, on_kill=got.append)
+    try:
+        time.sleep(0.1)
+        assert scans == []  # 50 % available: far from it, no scan
+        tree.host(12, 1)  # near (under 1.5 x 10 %): a choice at every reading
+        wait_until(lambda: len(scans) >= 2)
+        tree.host(5, 1)
+        wait_until(lambda: len(got) == 1)
+        tree.host(40, 40)
+    finally:
+        stop()
+    (kill,) = got
+    assert kill.pid == sleeper.pid
+    assert kill.rss == 900 << 20  # sized again at the kill
+    assert sleeper.wait(WAIT) == -signal.SIGKILL
