@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,10 @@ from typing import Any, NamedTuple
 from . import _scope
 from ._dicts import as_dict
 
+_log = logging.getLogger("agentscope")
+
 __all__ = [
+    "PSI_TRIGGERS",
     "CgroupMemory",
     "LimitHolder",
     "MemoryEvents",
@@ -31,6 +35,7 @@ __all__ = [
     "Pressure",
     "PressureLine",
     "ScopeCounters",
+    "arm_psi_trigger",
     "cgroup_path_for_unit",
     "cgroup_v2_mounted",
     "find_limit_holders",
@@ -48,6 +53,34 @@ __all__ = [
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+# PSI triggers (Documentation/accounting/psi.rst): 150 ms of "some" stall in a
+# 1 s window, else 300 ms in 2 s (an unprivileged writer's window must be a
+# multiple of 2 s on kernels from 6.5).
+PSI_TRIGGERS = (b"some 150000 1000000\0", b"some 300000 2000000\0")
+
+
+def arm_psi_trigger(path: Path) -> int | None:
+    """A PSI trigger fd on ``path`` (ready with EPOLLPRI), None when not permitted.
+
+    The first of :data:`PSI_TRIGGERS` the kernel accepts is armed; the fd
+    stays open for as long as the trigger should.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        _log.debug("no PSI trigger on %s: %s", path, exc)
+        return None
+    for trigger in PSI_TRIGGERS:
+        try:
+            os.write(fd, trigger)
+        except OSError as exc:
+            _log.debug("PSI trigger %r refused on %s: %s", trigger, path, exc)
+            continue
+        return fd
+    os.close(fd)
+    return None
+
 
 # The one place where OSErrors from cgroupfs and /proc are translated.
 #

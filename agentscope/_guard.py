@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from ._cgroup import arm_psi_trigger
 from ._errors import HostUnderPressure
 from ._guardpolicy import (
     CMDLINE_LEN,
@@ -77,9 +78,6 @@ NEAR_FACTOR = 1.5
 PREPARED_FOR = 1.0
 #: How many past victims are remembered (never chosen again while listed).
 KILLED_KEPT = 256
-#: PSI triggers that wake the guard early: 150 ms of "some" stall in 1 s;
-#: unprivileged writers (Linux 6.5+) need a window that is a multiple of 2 s.
-PSI_TRIGGERS = (b"some 150000 1000000\0", b"some 300000 2000000\0")
 #: process_mrelease(2), Linux 5.15; the same number on every architecture
 #: with the generic syscall table (and x86-64).
 SYS_PROCESS_MRELEASE = 448
@@ -208,24 +206,6 @@ def _kill(pid: int, start_time: int, proc_root: Path) -> _Killed | None:
 
 # ---------------------------------------------------------------------------
 # The loop
-
-
-def _arm_psi(path: Path) -> int | None:
-    """A PSI trigger fd on ``path`` (wakes with EPOLLPRI), None when not permitted."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        log.debug("no PSI trigger on %s: %s", path, exc)
-        return None
-    for trigger in PSI_TRIGGERS:
-        try:
-            os.write(fd, trigger)
-        except OSError as exc:
-            log.debug("PSI trigger %r refused on %s: %s", trigger, path, exc)
-            continue
-        return fd
-    os.close(fd)
-    return None
 
 
 def _near(reading: HostReading, config: GuardConfig) -> bool:
@@ -413,7 +393,7 @@ def run_guard(
     poller.register(stop_fd, select.EPOLLIN)
     psi_fd = None
     if psi_trigger or (psi_trigger is None and proc_root == PROC_ROOT):
-        psi_fd = _arm_psi(proc_root / "pressure" / "memory")
+        psi_fd = arm_psi_trigger(proc_root / "pressure" / "memory")
         if psi_fd is not None:
             poller.register(psi_fd, select.EPOLLPRI)
     failures = 0

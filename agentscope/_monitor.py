@@ -85,6 +85,7 @@ from ._cgroup import (
     LimitHolder,
     MemoryEvents,
     _read_kernel_file,
+    arm_psi_trigger,
     find_limit_holders,
     parse_memory_events,
     parse_pressure,
@@ -139,10 +140,6 @@ MIN_GAP = 0.2
 VICTIM_GRACE = 1.0
 #: Notes from the kernel log and from reaped children are kept this long.
 NOTE_TTL = 120.0
-#: PSI triggers: 150 ms of stall per 1 s window; unprivileged writers may
-#: only use windows that are multiples of 2 s (Linux 6.5+, psi.rst), hence
-#: the fallback with the same ratio.
-PSI_TRIGGERS = (b"some 150000 1000000\0", b"some 300000 2000000\0")
 #: A scope's processes are sized (``statm``) again when its memory.current
 #: moved by more than this or 2% since they last were, and at least every
 #: :data:`FULL_PASS_EVERY` samples, so a victim's last-seen RSS is recent
@@ -641,23 +638,7 @@ def _arm_psi(paths: Iterable[Path]) -> tuple[select.epoll, list[int]] | None:
     readable when one of its fds is ready, so the loop watches the epoll fd.
     None when no trigger could be set (no PSI, or not permitted).
     """
-    fds = []
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            log.debug("no PSI trigger on %s: %s", path, exc)
-            continue
-        for trigger in PSI_TRIGGERS:
-            try:
-                os.write(fd, trigger)
-            except OSError as exc:
-                log.debug("PSI trigger %r refused on %s: %s", trigger, path, exc)
-                continue
-            fds.append(fd)
-            break
-        else:
-            os.close(fd)
+    fds = [fd for fd in map(arm_psi_trigger, paths) if fd is not None]
     if not fds:
         return None
     poller = select.epoll()
