@@ -84,7 +84,10 @@ def test_demo_global_oom_every_outcome() -> None:
     assert {a["state"] for a in after.values()} == {"running"}
     assert sorted(summary["alive_after"]) == sorted(AGENTS)
     assert all(after[n]["oom_kills"] == 0 for n in AGENTS)
-    assert after[runaway]["memory_peak"] > 200 << 20
+    # The runaway really grew: its scope's peak holds the tool call the guard
+    # killed, and that was no small process (the threshold, not a size, made
+    # the kill: with other tests' leftovers the VM may cross it sooner).
+    assert after[runaway]["memory_peak"] >= summary["kill"]["rss"] > 100 << 20
 
     # The manager lived, less likely to be picked than any agent.
     assert summary["manager_alive"] is True
