@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -333,3 +335,66 @@ def test_the_host_header_must_name_this_host(
     except urllib.error.HTTPError as exc:
         got = exc.code
     assert got == code
+
+
+_FACE_WITH_FEW_FDS = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (24, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from cli._http import FaceState, start_face
+server = start_face(("127.0.0.1", 0), FaceState("default", "user", period=2.0, version="1.0"))
+print(server.address[1], flush=True)
+time.sleep(60)
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_face_out_of_descriptors_does_not_spin() -> None:
+    # More idle clients than the face has descriptors (a local user can open
+    # them): accept() fails with EMFILE while the listening socket stays
+    # readable. The face must wait, not spin its accept loop at 100% CPU.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FACE_WITH_FEW_FDS],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    clients: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        for _ in range(40):
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.5)  # the face has taken what it can; the rest wait in its backlog
+        before, t0 = _cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(2.0)
+        used = (_cpu_seconds(proc.pid) - before) / (time.monotonic() - t0)
+        assert used < 0.1, f"the face used {used:.0%} of a core while out of descriptors"
+        for c in clients:
+            c.close()
+        clients.clear()
+        # Once the clients are gone it serves again.
+        deadline = time.monotonic() + 10
+        status = None
+        while status is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    status = r.status
+            except urllib.error.HTTPError as exc:  # an answer: 503 before any sample
+                status = exc.code
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert status in (200, 503)
+    finally:
+        for c in clients:
+            c.close()
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
