@@ -52,7 +52,12 @@ from ._registry import (
     in_flight,
     stale,
 )
-from ._scopefiles import raise_own_oom_score_adj, read_figures, write_oom_score_adj
+from ._scopefiles import (
+    cgroup_present,
+    raise_own_oom_score_adj,
+    read_figures,
+    write_oom_score_adj,
+)
 from ._spawn import GatedChild, spawn_gated
 from ._systemd import SLICE_IFACE, Capabilities, Scopes, probe
 
@@ -746,7 +751,14 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             rows = [closed.get(r.unit, r) for r in rows]
         slice_dir = await self.slice_cgroup()
         unseen = [r for r in rows if not r.closed and r.unit not in live]
-        flying = await asyncio.to_thread(lambda: {r.unit for r in unseen if in_flight(r)})
+        # Not listed, yet not gone: a launch in flight, or a scope the listing
+        # missed (its cgroup is there): left to the next listing.
+        flying = await asyncio.to_thread(
+            lambda: (
+                {r.unit for r in unseen if in_flight(r)}
+                | cgroup_present(slice_dir, (r.unit for r in unseen))
+            )
+        )
         out: list[Agent] = []
         for rec in rows:
             if not rec.closed and rec.unit not in live:

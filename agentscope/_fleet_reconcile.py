@@ -19,7 +19,7 @@ from . import _names
 from ._agent import Agent
 from ._errors import AgentExists, RegistryError
 from ._registry import AgentRecord, LiveScope, Registry, in_flight, reconcile
-from ._scopefiles import read_scopes
+from ._scopefiles import cgroup_present, read_scopes
 
 if TYPE_CHECKING:
     from ._fleet import AsyncFleet
@@ -86,8 +86,14 @@ class ReconcileGlue:
         scopes = await asyncio.to_thread(read_scopes, slice_dir, live)
         # Their launcher records them: not "found" here.
         scopes = {u: s for u, s in scopes.items() if u not in flying}
-        # Rows of live scopes that could not be read are left as they are.
+        # Rows of live scopes that could not be read are left as they are, and
+        # so are rows of scopes not listed but whose cgroup is there (an exec's
+        # scope that started after the listing, its launch taken in from the
+        # spool as the rows were read): not gone.
         rows = [r for r in rows if r.unit not in live or r.unit in scopes]
+        unlisted = [r.unit for r in rows if r.unit not in live and not r.closed]
+        present = await asyncio.to_thread(cgroup_present, slice_dir, unlisted)
+        rows = [r for r in rows if r.unit not in present]
         plan = reconcile(rows, scopes)
         closed = await self._db(self._registry.apply_closures, plan)
         for rec in closed:

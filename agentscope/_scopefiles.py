@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from ._registry import LiveScope
 
 __all__ = [
     "Figures",
+    "cgroup_present",
     "raise_own_oom_score_adj",
     "read_figures",
     "read_scopes",
@@ -26,6 +27,17 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentscope")
+
+
+def cgroup_present(slice_dir: Path, units: Iterable[str]) -> set[str]:
+    """The units among ``units`` whose scope's cgroup directory exists in ``slice_dir``.
+
+    A scope that systemd did not list can still be there: a listing taken a
+    moment before an exec's scope started, while the registry took that
+    exec's launch in (it judges a scope by this same directory). Such a row
+    is not gone, and is not closed: the next listing sees its scope.
+    """
+    return {u for u in units if os.path.isdir(slice_dir / u)}
 
 
 def read_text(path: Path) -> str | None:

@@ -222,6 +222,39 @@ async def test_reopen_adopts_running_agents_and_closes_gone_ones(
     await stop_everything(bus)
 
 
+async def test_a_scope_the_listing_missed_is_not_gone_while_its_cgroup_is_there(
+    tmp_path: Path, bus: FakeSystemd
+) -> None:
+    # Seen on systemd 247 under chaos: an exec's scope has its cgroup (so the
+    # registry takes the launch in from the spool as running) before systemd
+    # lists the unit; a listing in between must not close the row as lost.
+    async with make_fleet(tmp_path, bus) as first:
+        agent = await first.launch("a", ["sleep", "30"])
+    hidden = bus.units.pop(agent.unit)  # not listed; its cgroup stays
+    assert (bus.slice_dir / agent.unit).is_dir()
+    async with make_fleet(tmp_path, bus) as second:
+        rows = {r.name: r for r in await second._db(second._registry.agents, "t")}  # type: ignore[union-attr]
+        assert rows["a"].state == "running"
+        await second.agents(all=True)  # the listing does not close it either
+        assert [e.kind for e in await second.events(agent="a")] == ["launched"]
+        bus.units[agent.unit] = hidden  # listed again
+        (listed,) = await second.agents()
+        assert (listed.name, listed.state, listed.pid) == ("a", "running", agent.pid)
+    # Gone for real (no unit, no cgroup): closed, once.
+    bus.units.pop(agent.unit)
+    assert agent.popen is not None
+    agent.popen.kill()
+    agent.popen.wait()
+    (bus.slice_dir / agent.unit / "cgroup.procs").unlink()
+    for child in (bus.slice_dir / agent.unit).iterdir():
+        child.unlink()
+    (bus.slice_dir / agent.unit).rmdir()
+    async with make_fleet(tmp_path, bus) as third:
+        (row,) = await third.agents(all=True)
+        assert row.state == "lost"
+    await stop_everything(bus)
+
+
 async def test_reopen_records_a_scope_the_registry_does_not_know(
     tmp_path: Path, bus: FakeSystemd
 ) -> None:
