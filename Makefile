@@ -7,7 +7,7 @@ K ?=
 JOBS ?= 2
 VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS)
 
-.PHONY: help venv host-deps check lint typecheck unit integration images test demo bench clean-vm
+.PHONY: help venv host-deps check lint typecheck unit integration images test demo bench clean-vm dashboard-shot
 
 help:
 	@echo "make demo          the main job: a fleet in a VM, a runaway agent, the guard's kill named"
@@ -16,6 +16,7 @@ help:
 	@echo "make unit          host tests"
 	@echo "make integration   the VM matrix; narrow it: DISTRO=bookworm MANAGER=user K=smoke"
 	@echo "make images        build (or reuse) the cached VM images"
+	@echo "make dashboard-shot  docs/img/dashboard.png from dashboards/sample/ (needs prometheus)"
 
 # The stamp is a file of our own: $(PY) is a symlink to the system interpreter,
 # and touching it would follow the link (Permission denied as a user; as root
@@ -44,8 +45,8 @@ host-deps:
 	@bash integration/host-deps.sh
 
 lint: venv
-	$(PY) -m ruff check agentscope cli tests integration benchmarks
-	$(PY) -m ruff format --check agentscope cli tests integration benchmarks
+	$(PY) -m ruff check agentscope cli tests integration benchmarks dashboards
+	$(PY) -m ruff format --check agentscope cli tests integration benchmarks dashboards
 
 typecheck: venv
 	$(PY) -m mypy --strict agentscope cli
@@ -76,3 +77,12 @@ clean-vm:
 BENCH ?= bench_launch.py
 bench: host-deps venv
 	$(PY) integration/vm.py --bench $(BENCH) $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d)),-d trixie) -m $(MANAGER)
+
+# The dashboard's picture, re-rendered from the committed capture of a VM run:
+# Prometheus (Debian: prometheus) evaluates the dashboard's own queries, our
+# renderer draws them (matplotlib, the [shot] extra, installed here only).
+# A new capture: $(PY) -m dashboards.shot capture (boots trixie; minutes).
+dashboard-shot: venv
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { echo "make: dashboard-shot needs prometheus and promtool: apt-get install prometheus" >&2; exit 1; }
+	$(PY) -m pip install --quiet --disable-pip-version-check '.[shot]'
+	$(PY) -m dashboards.shot render

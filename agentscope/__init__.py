@@ -27,26 +27,28 @@ if TYPE_CHECKING:
     from ._errors import LaunchError as LaunchError
     from ._errors import RegistryCorrupt as RegistryCorrupt
     from ._errors import RegistryError as RegistryError
+    from ._errors import SystemdTimeout as SystemdTimeout
     from ._errors import SystemdUnavailable as SystemdUnavailable
+    from ._events import AgentExited as AgentExited
+    from ._events import Escaped as Escaped
+    from ._events import LimitFound as LimitFound
+    from ._events import OomKill as OomKill
+    from ._events import Pressure as Pressure
+    from ._events import Throttled as Throttled
     from ._fleet import DEVNULL as DEVNULL
     from ._fleet import PIPE as PIPE
     from ._fleet import AsyncFleet as AsyncFleet
     from ._guardpolicy import GuardConfig as GuardConfig
     from ._guardpolicy import GuardKill as GuardKill
     from ._install import InstallError as InstallError
-    from ._monitor import AgentExited as AgentExited
-    from ._monitor import AgentMemory as AgentMemory
-    from ._monitor import LimitFound as LimitFound
-    from ._monitor import MemoryReport as MemoryReport
     from ._monitor import Monitor as Monitor
-    from ._monitor import OomKill as OomKill
-    from ._monitor import Pressure as Pressure
-    from ._monitor import Throttled as Throttled
-    from ._monitor import TopProcess as TopProcess
-    from ._monitor import build_report as build_report
     from ._names import DEFAULT_SLICE as DEFAULT_SLICE
     from ._registry import EventRecord as EventRecord
     from ._registry import default_registry_path as default_registry_path
+    from ._report import AgentMemory as AgentMemory
+    from ._report import MemoryReport as MemoryReport
+    from ._report import TopProcess as TopProcess
+    from ._report import build_report as build_report
     from ._systemd import Capabilities as Capabilities
     from ._systemd import probe as probe
     from ._tmux import TmuxError as TmuxError
@@ -56,6 +58,11 @@ if TYPE_CHECKING:
 del TYPE_CHECKING
 
 __version__ = "0.1.0.dev0"
+
+from ._distribution import warn_if_foreign as _warn_if_foreign  # noqa: E402
+
+_warn_if_foreign()  # one directory listing per sys.path entry: see _distribution
+del _warn_if_foreign
 
 # Where each public name lives.
 _LAZY = {
@@ -73,6 +80,7 @@ _LAZY = {
     "LaunchError": "._errors",
     "RegistryCorrupt": "._errors",
     "RegistryError": "._errors",
+    "SystemdTimeout": "._errors",
     "SystemdUnavailable": "._errors",
     "DEVNULL": "._fleet",
     "PIPE": "._fleet",
@@ -83,16 +91,17 @@ _LAZY = {
     "GuardConfig": "._guardpolicy",
     "GuardKill": "._guardpolicy",
     "InstallError": "._install",
-    "AgentExited": "._monitor",
-    "AgentMemory": "._monitor",
-    "LimitFound": "._monitor",
-    "MemoryReport": "._monitor",
+    "AgentExited": "._events",
+    "Escaped": "._events",
+    "AgentMemory": "._report",
+    "LimitFound": "._events",
+    "MemoryReport": "._report",
     "Monitor": "._monitor",
-    "OomKill": "._monitor",
-    "Pressure": "._monitor",
-    "Throttled": "._monitor",
-    "TopProcess": "._monitor",
-    "build_report": "._monitor",
+    "OomKill": "._events",
+    "Pressure": "._events",
+    "Throttled": "._events",
+    "TopProcess": "._report",
+    "build_report": "._report",
     "DEFAULT_SLICE": "._names",
     "EventRecord": "._registry",
     "default_registry_path": "._registry",
@@ -116,6 +125,7 @@ __all__ = [
     "BlockingMonitor",
     "BusError",
     "Capabilities",
+    "Escaped",
     "EventRecord",
     "Fleet",
     "GuardConfig",
@@ -132,6 +142,7 @@ __all__ = [
     "Pressure",
     "RegistryCorrupt",
     "RegistryError",
+    "SystemdTimeout",
     "SystemdUnavailable",
     "Throttled",
     "TmuxError",

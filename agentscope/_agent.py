@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from . import _fdlimit
 from ._proc import read_cgroup
 from ._registry import AgentRecord
+from ._scopeprops import DEFAULT_REAP_AFTER
 
 if TYPE_CHECKING:
     from ._fleet import AsyncFleet
@@ -49,8 +51,17 @@ class Agent:
         self.pid = pid
         self.popen = popen
         self.started = time.time()
-        #: starting, running, frozen, stopping, exited, failed or lost
+        #: starting, running, frozen, stopping, lingering (its main process
+        #: ended, its scope still holds ``leftovers`` processes), exited,
+        #: failed or lost
         self.state = "running"
+        #: processes left in its scope while it lingers (see _reaper)
+        self.leftovers = 0
+        #: seconds its leftovers may run on after its main process; None: kept
+        self.reap_after: float | None = DEFAULT_REAP_AFTER
+        #: what systemd dropped or changed, or the kernel does not enforce, of
+        #: the resource controls it was launched with (one dict per property)
+        self.property_issues: list[dict[str, Any]] = []
         self.memory_current: int | None = None
         self.memory_peak: int | None = None
         self.oom_kills = 0
@@ -79,6 +90,9 @@ class Agent:
         agent.memory_peak = rec.memory_peak
         agent.argv = list(rec.argv)
         agent.terminal = fleet._terminals.get(rec.unit)
+        agent.reap_after = rec.reap_after
+        if rec.lingering is not None and not rec.closed and rec.state != "stopping":
+            agent.state = "lingering"
         return agent
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +110,8 @@ class Agent:
             "exit_status": self.returncode,
             "argv": self.argv,
             "terminal": self.terminal,
+            "leftovers": self.leftovers,
+            "reap_after": "keep" if self.reap_after is None else self.reap_after,
         }
 
     @property
@@ -126,6 +142,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int | None] = loop.create_future()
         self._exited = fut
+        _fdlimit.make_room(1)  # an adopted fleet's agents each get one here too
         try:
             pidfd = os.pidfd_open(self.pid)
         except ProcessLookupError:
@@ -138,6 +155,7 @@ class Agent:
             self._poller = loop.create_task(self._poll_exit())
             return fut
         self._pidfd = pidfd
+        _fdlimit.hold()
 
         def on_exit() -> None:
             self._unwatch()
@@ -168,6 +186,7 @@ class Agent:
                 asyncio.get_running_loop().remove_reader(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
+            _fdlimit.release()
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None

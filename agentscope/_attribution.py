@@ -20,6 +20,7 @@ from ._proc import PROC_ROOT, MemInfo, read_stat, read_wchan
 __all__ = [
     "THROTTLE_WCHANS",
     "KernelOomKill",
+    "OomTask",
     "PressureEvent",
     "PressureSample",
     "PressureWindow",
@@ -30,6 +31,7 @@ __all__ = [
     "is_throttled",
     "oom_victims",
     "parse_oom_kill_line",
+    "parse_oom_task_line",
 ]
 
 
@@ -103,9 +105,23 @@ class KernelOomKill:
     pid: int
     comm: str
     memcg: bool
+    #: The victim's RSS when it was killed (anon + file + shmem, bytes), if the line says.
+    rss: int | None = None
 
 
 _KILLED = "Killed process "
+_RSS_FIELDS = ("anon-rss:", "file-rss:", "shmem-rss:")
+
+
+def _line_rss(rest: str) -> int | None:
+    """The sum of the ``anon-rss:NkB, file-rss:NkB, shmem-rss:NkB`` fields, in bytes."""
+    total, found = 0, False
+    for item in rest.split(","):
+        key, sep, value = item.strip().partition(":")
+        if sep and key + ":" in _RSS_FIELDS and value.endswith("kB") and value[:-2].isdigit():
+            total += int(value[:-2]) * 1024
+            found = True
+    return total if found else None
 
 
 def parse_oom_kill_line(line: str) -> KernelOomKill | None:
@@ -118,7 +134,7 @@ def parse_oom_kill_line(line: str) -> KernelOomKill | None:
 
     >>> line = "Memory cgroup out of memory: Killed process 1234 (python3) total-vm:1kB"
     >>> parse_oom_kill_line(line)
-    KernelOomKill(pid=1234, comm='python3', memcg=True)
+    KernelOomKill(pid=1234, comm='python3', memcg=True, rss=None)
     """
     prefix, sep, rest = line.partition(_KILLED)
     if not sep or "out of memory" not in prefix.lower():
@@ -126,13 +142,59 @@ def parse_oom_kill_line(line: str) -> KernelOomKill | None:
     pid_text, sep, rest = rest.partition(" (")
     if not sep or not pid_text.isdigit():
         return None
-    comm, sep, _ = rest.rpartition(") total-vm:")
+    comm, sep, sizes = rest.rpartition(") total-vm:")
     if not sep:
         # Older or truncated lines: the comm ends at the last ')'.
-        comm, sep, _ = rest.rpartition(")")
+        comm, sep, sizes = rest.rpartition(")")
         if not sep:
             return None
-    return KernelOomKill(pid=int(pid_text), comm=comm, memcg="Memory cgroup" in prefix)
+    return KernelOomKill(
+        pid=int(pid_text), comm=comm, memcg="Memory cgroup" in prefix, rss=_line_rss(sizes)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OomTask:
+    """The kernel's ``oom-kill:`` summary line: which task it chose, in which cgroup.
+
+    ``memcg`` is the victim's cgroup (``task_memcg``) as a path below the
+    cgroup root, e.g. ``/app.slice/x.scope``; ``comm`` is ``task=`` (cut at
+    a comma that the comm itself may hold: the ``Killed process`` line has
+    the whole name).
+    """
+
+    pid: int
+    comm: str
+    memcg: str
+
+
+#: A cgroup path the kernel prints is at most PATH_MAX; longer text is not one.
+_MAX_MEMCG = 4096
+
+
+def parse_oom_task_line(line: str) -> OomTask | None:
+    """Parse the kernel's ``oom-kill:constraint=...`` summary line; None for other lines.
+
+    mm/oom_kill.c (dump_oom_summary, Linux 4.19+) prints it right before
+    ``Killed process``: ``oom-kill:constraint=CONSTRAINT_MEMCG,...,
+    oom_memcg=/a.slice/x.scope,task_memcg=/a.slice/x.scope,task=python3,pid=1234,uid=0``.
+    A ``task_memcg`` that is not an absolute path without ``..`` is refused.
+
+    >>> parse_oom_task_line("oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/a.scope,pid=7")
+    OomTask(pid=7, comm='', memcg='/a.scope')
+    """
+    _, sep, rest = line.partition("oom-kill:")
+    if not sep:
+        return None
+    fields = dict(item.partition("=")[::2] for item in rest.strip().split(","))
+    memcg, pid = fields.get("task_memcg"), fields.get("pid", "")
+    if memcg is None or not pid.isdigit() or len(pid) > 10:
+        return None
+    if not memcg.startswith("/") or len(memcg) > _MAX_MEMCG or "\0" in memcg:
+        return None
+    if ".." in memcg.split("/"):
+        return None
+    return OomTask(pid=int(pid), comm=fields.get("task", ""), memcg=memcg)
 
 
 # ---------------------------------------------------------------------------

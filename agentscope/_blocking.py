@@ -17,11 +17,13 @@ from typing import IO, Any, TypeVar
 from . import _names
 from ._bus import SystemdBus
 from ._errors import AgentscopeError
+from ._events import Event as MonitorEvent
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
 from ._guardpolicy import GuardConfig
-from ._monitor import Event as MonitorEvent
-from ._monitor import MemoryReport, Monitor
+from ._monitor import Monitor
 from ._registry import EventRecord
+from ._report import MemoryReport
+from ._scopeprops import DEFAULT_REAP_AFTER
 
 __all__ = ["BlockingAgent", "BlockingMonitor", "Fleet", "probe_sync"]
 
@@ -95,6 +97,18 @@ class BlockingAgent:
     @property
     def oom_kills(self) -> int:
         return self._agent.oom_kills
+
+    @property
+    def leftovers(self) -> int:
+        return self._agent.leftovers
+
+    @property
+    def reap_after(self) -> float | None:
+        return self._agent.reap_after
+
+    @property
+    def property_issues(self) -> list[dict[str, Any]]:
+        return self._agent.property_issues
 
     @property
     def returncode(self) -> int | None:
@@ -194,6 +208,11 @@ class Fleet:
         stderr: Stdio = None,
         memory_max: int | None = None,
         terminal: str | None = None,
+        tasks_max: int | None = None,
+        cpu_weight: int | None = None,
+        io_weight: int | None = None,
+        properties: Mapping[str, str | int] | None = None,
+        reap_after: float | str = DEFAULT_REAP_AFTER,
     ) -> BlockingAgent:
         """See :meth:`AsyncFleet.launch`."""
         agent = self._portal.call(
@@ -207,14 +226,41 @@ class Fleet:
                 stderr=stderr,
                 memory_max=memory_max,
                 terminal=terminal,
+                tasks_max=tasks_max,
+                cpu_weight=cpu_weight,
+                io_weight=io_weight,
+                properties=properties,
+                reap_after=reap_after,
                 _streams=False,
             )
         )
         return BlockingAgent(self._portal, agent)
 
-    def adopt(self, pid: int, name: str, *, memory_max: int | None = None) -> BlockingAgent:
+    def adopt(
+        self,
+        pid: int,
+        name: str,
+        *,
+        memory_max: int | None = None,
+        tasks_max: int | None = None,
+        cpu_weight: int | None = None,
+        io_weight: int | None = None,
+        properties: Mapping[str, str | int] | None = None,
+        reap_after: float | str = DEFAULT_REAP_AFTER,
+    ) -> BlockingAgent:
         """See :meth:`AsyncFleet.adopt`."""
-        agent = self._portal.call(self._fleet.adopt(pid, name, memory_max=memory_max))
+        agent = self._portal.call(
+            self._fleet.adopt(
+                pid,
+                name,
+                memory_max=memory_max,
+                tasks_max=tasks_max,
+                cpu_weight=cpu_weight,
+                io_weight=io_weight,
+                properties=properties,
+                reap_after=reap_after,
+            )
+        )
         return BlockingAgent(self._portal, agent)
 
     def stop(self, name: str, timeout: float = 10) -> None:
@@ -280,10 +326,20 @@ class Fleet:
         top: int = 10,
         *,
         guard: bool | GuardConfig = False,
+        reclaim_escaped: bool = False,
         **options: Any,
     ) -> BlockingMonitor:
         """See :meth:`AsyncFleet.monitor`; iterate it (blocking) or pass ``on_event``."""
-        mon = self._portal.call(_call(self._fleet.monitor, interval, top, guard=guard, **options))
+        mon = self._portal.call(
+            _call(
+                self._fleet.monitor,
+                interval,
+                top,
+                guard=guard,
+                reclaim_escaped=reclaim_escaped,
+                **options,
+            )
+        )
         return BlockingMonitor(self._portal, mon)
 
     def slice_limits(self) -> dict[str, int | None]:

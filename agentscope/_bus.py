@@ -24,7 +24,7 @@ from dbus_fast.aio.message_reader import build_message_reader
 from dbus_fast.errors import AuthError, InvalidAddressError
 
 from . import _names, _wire
-from ._errors import BusError, SystemdUnavailable
+from ._errors import BusError, SystemdTimeout, SystemdUnavailable
 from ._scope import CGROUP_ROOT
 
 __all__ = [
@@ -327,12 +327,14 @@ class SystemdBus:
             # harness's cancel (Ctrl-C, SIGTERM) would be lost.
             async with asyncio.timeout(CALL_TIMEOUT):
                 reply = await bus.call(msg)
-        except (OSError, EOFError) as exc:
-            raise SystemdUnavailable(self.manager, self.address, str(exc)) from exc
-        except TimeoutError as exc:
+        except TimeoutError as exc:  # first: TimeoutError is an OSError
             # A manager that never answers must not hang the caller for good.
+            raise SystemdTimeout(
+                self.manager, self.address, f"reply to {member}", CALL_TIMEOUT
+            ) from exc
+        except (OSError, EOFError) as exc:
             raise SystemdUnavailable(
-                self.manager, self.address, f"no reply to {member} within {CALL_TIMEOUT:.0f}s"
+                self.manager, self.address, str(exc) or "connection lost"
             ) from exc
         return _check(member, reply)
 

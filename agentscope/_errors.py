@@ -135,17 +135,38 @@ class SystemdUnavailable(AgentscopeError):
     ``bus`` names the bus address tried and ``reason`` says why it failed.
     """
 
-    def __init__(self, manager: str, bus: str, reason: str) -> None:
+    def __init__(self, manager: str, bus: str, reason: str, *, hint: str | None = None) -> None:
         self.manager = manager
         self.bus = bus
         self.reason = reason
-        hint = (
-            "is this a systemd host with the system bus running?"
-            if manager == "system"
-            else "is a user manager running (loginctl enable-linger, or log in) and "
-            "XDG_RUNTIME_DIR set?"
-        )
+        if hint is None:
+            hint = (
+                "is this a systemd host with the system bus running?"
+                if manager == "system"
+                else "is a user manager running (loginctl enable-linger, or log in) and "
+                "XDG_RUNTIME_DIR set?"
+            )
         super().__init__(f"cannot reach the {manager} systemd manager at {bus}: {reason}; {hint}")
+
+
+class SystemdTimeout(SystemdUnavailable):
+    """A systemd manager that was reached did not answer in time.
+
+    It is there but busy (a daemon-reload, thousands of units starting or
+    stopping) or hung: retrying later may work. ``waiting`` says what was
+    waited for.
+    """
+
+    def __init__(self, manager: str, bus: str, waiting: str, seconds: float) -> None:
+        self.waiting = waiting
+        self.seconds = seconds
+        status = "systemctl status" if manager == "system" else "systemctl --user status"
+        super().__init__(
+            manager,
+            bus,
+            f"no {waiting} within {seconds:.0f}s",
+            hint=f"the manager is busy or hung; retry later, and see `{status}`",
+        )
 
 
 class BusError(AgentscopeError):

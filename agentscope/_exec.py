@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import _names, _scope, _spool, _wire
+from . import _names, _scope, _scopeprops, _spool, _wire
 from ._errors import BusError, LaunchError, SystemdUnavailable
 
 TYPE_CHECKING = False
@@ -42,6 +42,11 @@ def adopt_self(
     *,
     manager: str = "auto",
     memory_max: int | None = None,
+    tasks_max: int | None = None,
+    cpu_weight: int | None = None,
+    io_weight: int | None = None,
+    properties: Mapping[str, str | int] | None = None,
+    reap_after: float | str = _scopeprops.DEFAULT_REAP_AFTER,
     slice: str = _names.DEFAULT_SLICE,
     agent_oom_score_adj: int = 800,
     env: Mapping[str, str] = os.environ,
@@ -51,14 +56,25 @@ def adopt_self(
 
     Returns the scope's unit once its start job is done; the process then
     has ``agent_oom_score_adj``. ``warn`` receives warnings (by default the
-    ``agentscope`` logger).
+    ``agentscope`` logger), among them each resource control that systemd
+    dropped or changed, or the kernel does not enforce. The resource
+    controls and ``reap_after`` are as for :meth:`AsyncFleet.launch`; the
+    spool entry carries ``reap_after`` to the registry.
 
     Raises:
         SlowPath: use :meth:`Fleet.adopt` instead (nothing was done).
-        InvalidName, SystemdUnavailable, BusError, LaunchError.
+        InvalidName, InvalidConfig, SystemdUnavailable, BusError, LaunchError.
     """
     _names.validate_name("fleet", fleet)
     _names.validate_name("agent", name)
+    controls = _scopeprops.build(
+        memory_max=memory_max,
+        tasks_max=tasks_max,
+        cpu_weight=cpu_weight,
+        io_weight=io_weight,
+        properties=properties,
+    )
+    grace = _scopeprops.parse_reap_after(reap_after)
     manager = _names.resolve_manager(manager)
     slice_dir = _scope.slice_cgroup(manager, slice)
     _check_slice(slice_dir, f"agentscope-{fleet}-{name}-")
@@ -71,9 +87,8 @@ def adopt_self(
         cwd = os.getcwd()
     except OSError:  # run from a removed directory
         cwd = ""
-    entry = _spool.Entry(
-        fleet, name, unit, pid, _spool.start_time(pid) or 0, time.time(), slice_dir, cwd, argv
-    )
+    start = _spool.start_time(pid) or 0
+    entry = _spool.Entry(fleet, name, unit, pid, start, time.time(), slice_dir, cwd, argv, grace)
     spool = os.path.join(state, "spool")
     if len(_spool.pending(spool)) >= _spool.MAX_PENDING:
         # Nothing else may have opened the registry for a while: let the
@@ -86,9 +101,9 @@ def adopt_self(
     if claimed is None:
         raise SlowPath(f"an exec of agent {name} runs")
     try:
-        props = _scope.scope_properties(fleet, name, slice, memory_max)
+        props = _scope.scope_properties(fleet, name, slice, controls)
         props["PIDs"] = ("au", [pid])  # this very process: its pid cannot be reused meanwhile
-        _start(manager, env, unit, props, warn)
+        _start(manager, env, unit, props, warn, controls)
     except BaseException:
         try:  # noqa: SIM105 (contextlib is one import too many on this path)
             os.unlink(claimed)
@@ -126,6 +141,7 @@ def _start(
     unit: str,
     props: dict[str, tuple[str, object]],
     warn: Callable[[str], None] | None,
+    controls: dict[str, tuple[str, object]] | None = None,
 ) -> None:
     tried: list[str] = []
     addresses = _wire.addresses(manager, env)
@@ -139,6 +155,8 @@ def _start(
             continue
         try:
             _run(conn, unit, props, warn)
+            if controls:
+                _read_back(conn, unit, controls, warn)
         finally:
             conn.close()
         return
@@ -153,14 +171,15 @@ def _run(
 ) -> None:
     signature = "ssa(sv)a(sa(sv))"
     opening = conn.greet()
-    with_policy = {**props, "OOMPolicy": ("s", "continue")}
-    serial = conn.send("StartTransientUnit", signature, [unit, "fail", with_policy.items(), []])
-    for sent, method in opening:
-        conn.reply(sent, method)
+    fallback = _scope.OOMPolicyFallback()
+    sent = fallback.properties(props)
+    serial = conn.send("StartTransientUnit", signature, [unit, "fail", sent.items(), []])
+    for opened, method in opening:
+        conn.reply(opened, method)
     try:
         (job,) = conn.reply(serial, "StartTransientUnit")
     except BusError as exc:
-        if not _scope.refuses_oom_policy(exc.dbus_name, exc.message):
+        if not fallback.refused(sent, exc.dbus_name, exc.message):
             raise
         (version,) = conn.reply(
             conn.send(
@@ -171,11 +190,42 @@ def _run(
             ),
             "Get",
         )
-        _warn(warn, _scope.OOMPOLICY_WARNING % version)
-        (job,) = conn.call("StartTransientUnit", signature, [unit, "fail", props.items(), []])
+        warning = fallback.warning(version)
+        if warning is not None:
+            _warn(warn, warning)
+        retry = [unit, "fail", fallback.properties(props).items(), []]
+        (job,) = conn.call("StartTransientUnit", signature, retry)
     result = conn.job_result(job)
     if result != "done":
         raise LaunchError(_scope.job_failed_message(unit, result, conn.manager))
+
+
+def _read_back(
+    conn: _wire.Connection,
+    unit: str,
+    controls: dict[str, tuple[str, object]],
+    warn: Callable[[str], None] | None,
+) -> None:
+    """Warn of each of ``controls`` the started scope does not hold or enforce."""
+    try:
+        (path,) = conn.call("GetUnit", "s", [unit])
+        (read,) = conn.reply(
+            conn.send(
+                "GetAll",
+                "s",
+                ["org.freedesktop.systemd1.Scope"],
+                path=str(path),
+                interface="org.freedesktop.DBus.Properties",
+            ),
+            "GetAll",
+        )
+    except BusError:
+        return  # gone already: nothing to say of it
+    cgroup = str(read.get("ControlGroup") or "")
+    root = _scope.CGROUP_ROOT
+    files = _scopeprops.read_cgroup_files(root + cgroup, controls) if cgroup else {}
+    for issue in _scopeprops.compare(controls, read, files):
+        _warn(warn, _scopeprops.describe(unit, issue))
 
 
 def _warn(warn: Callable[[str], None] | None, message: str) -> None:

@@ -11,8 +11,6 @@ before it execs, so nothing runs outside its scope and nothing is left over.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
 import os
 import signal as _signal
@@ -22,9 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
-import psutil
-
-from . import _names, _scope, _tmux
+from . import _claim, _fdlimit, _names, _scope, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
 from ._errors import (
@@ -35,28 +31,26 @@ from ._errors import (
     LaunchError,
     RegistryError,
 )
+from ._fleet_adopt import AdoptGlue
+from ._fleet_monitor import MonitorGlue
 from ._fleet_reconcile import ReconcileGlue
+from ._fleet_recovery import RecoveryGlue
 from ._fleet_registry import RegistryGlue
 from ._fleet_tmux import TmuxChild, TmuxGlue
-from ._guard import admit
-from ._guardpolicy import GuardConfig
 from ._launchargs import check_argv, check_memory_max
-from ._monitor import AgentExited, MemoryReport, Monitor, OomKill, build_report
-from ._monitor import Event as MonitorEvent
-from ._monitor import Pressure as MonitorPressure
-from ._proc import ProcStat, exec_comm, read_stat
+from ._monitor import Monitor
+from ._proc import exec_comm, read_stat
+from ._reaper import DEFAULT_REAP_AFTER, ReapGlue
 from ._registry import (
     InvalidTransition,
     Registry,
     default_registry_path,
     in_flight,
-    stale,
 )
 from ._scopefiles import (
     cgroup_present,
     raise_own_oom_score_adj,
     read_figures,
-    write_oom_score_adj,
 )
 from ._spawn import GatedChild, spawn_gated
 from ._systemd import SLICE_IFACE, Capabilities, Scopes, probe
@@ -72,7 +66,9 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
+class AsyncFleet(
+    AdoptGlue, MonitorGlue, ReconcileGlue, RecoveryGlue, RegistryGlue, TmuxGlue, ReapGlue
+):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -136,6 +132,7 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         # few at a time keep the GIL (and the event loop) free for the rest.
         self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
         self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
+        self._init_recovery()
         # tmux agents: their units, and the fleet's server on its private socket.
         self._terminals: dict[str, str] = {}
         self._tmux = _tmux.TmuxServer(
@@ -145,6 +142,9 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             else _tmux.socket_dir(_tmux.runtime_dir(self.manager, env), self.name),
         )
         self._tmux_lock = asyncio.Lock()
+        # Lingering agents' reaps due while this fleet is open (_reaper.py).
+        self._reap_timers: dict[str, asyncio.TimerHandle] = {}
+        self._last_sweep = 0.0
 
     async def __aenter__(self) -> AsyncFleet:
         await self.open()
@@ -171,6 +171,7 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             self._registry = await asyncio.to_thread(Registry, self.registry_path)
             await self._load_terminals()
             await self._reconcile()
+            await self._recover_oom()  # kills while no monitor ran, recorded once
         except BaseException:
             await self.aclose()  # a fleet that failed to open holds nothing open
             raise
@@ -178,6 +179,7 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
     async def aclose(self) -> None:
         """Close the connection and the registry. Agents keep running."""
         self._closed = True
+        self._cancel_reaps()  # due ones are done by the next open or monitor
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
         for agent in self._agents.values():
@@ -200,8 +202,14 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             )
         if self._registry is None:
             return
-        agent.state = "exited"
         registry = self._registry
+        try:
+            if await self._main_exited(agent.unit, agent.pid, status):
+                agent.state = "lingering"  # its scope holds processes: see _reaper
+                return
+        except (RegistryError, OSError) as exc:
+            log.warning("could not look for leftovers of %s: %s", agent.name, exc)
+        agent.state = "exited"
 
         detail = {"unit": agent.unit, "pid": agent.pid, "status": status}
         try:
@@ -235,117 +243,6 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         root = str(self._bus.cgroup_root)
         return Path(_scope.slice_cgroup(self.manager, self.slice, root=root))
 
-    # -- monitor --------------------------------------------------------------
-
-    def unit_agent(self, unit: str) -> str | None:
-        """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
-        known = self._unit_names.get(unit)
-        if known is not None:
-            return known
-        if unit in self._foreign or not unit.startswith(f"agentscope-{self.name}-"):
-            return None
-        # The unit name cannot say (fleet a-b's agent c and fleet a's agent
-        # b-c share it): the registry's row, or the scope's Description in a
-        # listing (_live), says whose agent it is.
-        registry = self._registry
-        if registry is None:
-            return None
-        try:
-            rec = registry.by_unit(unit)
-        except RegistryError:
-            return None
-        if rec is None:
-            return None  # not recorded (yet): no claim
-        if rec.fleet != self.name:
-            self._foreign.add(unit)
-            return None
-        self._unit_names[unit] = rec.name
-        return rec.name
-
-    def monitor(
-        self,
-        interval: float = 2.0,
-        top: int = 10,
-        *,
-        guard: bool | GuardConfig = False,
-        **options: Any,
-    ) -> Monitor:
-        """A memory monitor for this fleet: ``async with fleet.monitor() as m: async for e in m``.
-
-        Events (OOM kills, throttling, pressure, exits, limits found, guard
-        kills) are also recorded in the registry. ``guard`` (True or a
-        :class:`GuardConfig`) runs the memory guard with the monitor
-        (docs/guard.md); it never kills this process or the fleet's tmux
-        server, and while it sees the host short, :meth:`launch` and
-        :meth:`adopt` wait ``admission_wait`` seconds, then raise
-        :class:`HostUnderPressure`. ``options`` go to :class:`Monitor`.
-        """
-        self._check_open()
-        # The slice may not exist yet (no agent so far): watch where it will be.
-        slice_path = self._slice_cgroup or self._expected_slice_cgroup()
-        theirs = options.pop("on_event", None)
-        if guard is not False:
-            options.setdefault("guard_protect", self._guard_protected)
-
-        def on_event(event: MonitorEvent) -> None:
-            self._on_monitor_event(event)
-            if theirs is not None:
-                theirs(event)
-
-        mon = Monitor(
-            slice_path=slice_path,
-            unit_agent=self.unit_agent,
-            interval=interval,
-            top=top,
-            manager=self.manager,
-            on_event=on_event,
-            guard=guard,
-            **options,
-        )
-        self._monitors.add(mon)
-        return mon
-
-    def _guard_protected(self) -> tuple[frozenset[int], frozenset[str]]:
-        """What a guard must never kill: this process and the fleet's tmux server (any thread)."""
-        pids = {os.getpid()}
-        tmux_pid = self._tmux.known_pid
-        if tmux_pid is not None:
-            pids.add(tmux_pid)
-        return frozenset(pids), frozenset({_tmux.tmux_unit(self.name)})
-
-    async def _admit(self) -> None:
-        """Admission control: wait for (or refuse on) pressure this fleet's guards see."""
-        guards = [m.guard for m in list(self._monitors) if m.guard is not None]
-        if guards:
-            await admit(guards, self.admission_wait)
-
-    async def report(self, top: int = 10) -> MemoryReport:
-        """A memory report now: host, PSI, every agent, the top processes with their agent."""
-        self._check_open()
-        return await build_report(await self.slice_cgroup(), self.unit_agent, top=top)
-
-    def _on_monitor_event(self, event: MonitorEvent) -> None:
-        task = asyncio.get_running_loop().create_task(self._record_monitor_event(event))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _record_monitor_event(self, event: MonitorEvent) -> None:
-        if self._registry is None:
-            return
-        data = event.to_dict()
-        agent = data.pop("agent", None)
-        agent = agent if isinstance(agent, str) else None
-        try:
-            if isinstance(event, OomKill) and event.unit and agent is not None:
-                with contextlib.suppress(RegistryError):
-                    await self._db(self._registry.add_oom_kills, event.unit, 1)
-            if not isinstance(event, AgentExited):  # exits are recorded by the fleet
-                if isinstance(event, MonitorPressure):
-                    data.pop("report", None)  # a whole report per event would bloat the file
-                await self._event(agent, data.pop("kind"), **data)
-        except RegistryError as exc:
-            log.warning("could not record %s: %s", event.kind, exc)
-
     @property
     def systemd_version(self) -> str:
         """The manager's systemd version string, as it reports it ("" before open)."""
@@ -378,6 +275,11 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         stderr: Stdio = None,
         memory_max: int | None = None,
         terminal: str | None = None,
+        tasks_max: int | None = None,
+        cpu_weight: int | None = None,
+        io_weight: int | None = None,
+        properties: Mapping[str, str | int] | None = None,
+        reap_after: float | str = DEFAULT_REAP_AFTER,
         _streams: bool = True,
     ) -> Agent:
         """Start ``argv`` as agent ``name`` in a new scope; return once it exec'd.
@@ -385,12 +287,24 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         ``stdin``/``stdout``/``stderr`` take what ``subprocess`` takes (None,
         ``DEVNULL``, ``PIPE``, a file or an fd). ``memory_max`` (bytes) caps
         this agent's scope only (with no swap); the slice itself never gets a
-        limit. ``terminal="tmux"`` runs the agent in a window named ``name``
+        limit. ``tasks_max`` (TasksMax: processes and threads), ``cpu_weight``
+        and ``io_weight`` (CPUWeight, IOWeight: 1-10000, systemd's default
+        100) and ``properties`` (more systemd properties by name, from the
+        vetted list ``_scopeprops.PROPERTIES``: ``{"CPUQuota": "200%"}``)
+        control its scope too; what systemd dropped or changed, or the
+        kernel does not enforce, is logged, recorded (a
+        ``properties_not_applied`` event) and left in
+        :attr:`Agent.property_issues`. ``reap_after`` is how many seconds
+        the processes it leaves in its scope when its main process ends
+        may run on before they are stopped (``"keep"``: never; docs/python-api.md).
+        ``terminal="tmux"`` runs the agent in a window named ``name``
         of the fleet's tmux session (see :meth:`attach`, :meth:`logs`,
         :meth:`send`); its stdio is the pane, so the stdio arguments must
         stay None.
 
         Raises:
+            InvalidConfig: a resource control or ``reap_after`` out of range,
+                or a property not on the list (nothing was started).
             InvalidName, LaunchError, AgentExists, BusError, SystemdUnavailable,
             HostUnderPressure (the guard sees the host short: nothing was started),
             TmuxError (tmux missing, its directory not writable, the window
@@ -402,6 +316,14 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         # PATH lookups and stat()s: off the loop.
         await asyncio.to_thread(check_argv, argv, env, cwd_s)
         check_memory_max(memory_max)
+        controls = _scopeprops.build(
+            memory_max=memory_max,
+            tasks_max=tasks_max,
+            cpu_weight=cpu_weight,
+            io_weight=io_weight,
+            properties=properties,
+        )
+        grace = _scopeprops.parse_reap_after(reap_after)
         if terminal not in (None, "tmux"):
             raise LaunchError(f"terminal must be None or 'tmux', not {terminal!r}")
         if terminal is not None and (stdin, stdout, stderr) != (None, None, None):
@@ -427,12 +349,14 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         unit = _names.scope_unit_name(self.name, name)
         async with self._spawn_slots:
-            popen, pid = await self._spawn_in_scope(
-                unit, name, argv, cwd_s, env, stdin, stdout, stderr, memory_max, terminal
+            popen, pid, issues = await self._spawn_in_scope(
+                unit, name, argv, cwd_s, env, stdin, stdout, stderr, controls, terminal, grace
             )
         agent = Agent(self, name, unit, pid, popen)
         agent.argv = list(argv)
         agent.terminal = terminal
+        agent.reap_after = grace
+        agent.property_issues = issues
         self._unit_names[unit] = name
         launched: dict[str, Any] = {"pid": agent.pid, "argv": list(argv)}
         if terminal is not None:
@@ -447,6 +371,8 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             # not in _agents yet), so the pidfd still finds it, a zombie at worst.
             self._agents[name] = agent
             agent._watch_exit()
+        if issues:
+            await self._event(name, "properties_not_applied", unit=unit, issues=issues)
         if _streams and popen is not None:  # the blocking facade reads the plain pipes instead
             await agent._attach_streams()
         log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
@@ -462,45 +388,58 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         stdin: Stdio,
         stdout: Stdio,
         stderr: Stdio,
-        memory_max: int | None,
+        controls: dict[str, tuple[str, Any]],
         terminal: str | None = None,
-    ) -> tuple[subprocess.Popen[bytes] | None, int]:
+        reap_after: float | None = DEFAULT_REAP_AFTER,
+    ) -> tuple[subprocess.Popen[bytes] | None, int, list[dict[str, Any]]]:
         """Fork the gated child (or open its tmux pane), record it, make its scope, let it exec.
 
-        Returns the Popen (None for a tmux pane, the tmux server's child) and the PID.
+        Returns the Popen (None for a tmux pane, the tmux server's child),
+        the PID and what systemd did not take of ``controls``.
         """
         # This launch's own reference: cleanup must work even if the fleet is
         # closed meanwhile (a gather of launches cancelled at shutdown).
         registry = self._registry
         assert registry is not None
         child: GatedChild | TmuxChild
-        try:
-            if terminal is not None:
-                child = await self._open_pane(unit, name, argv, cwd, env)
-            else:
-                child = await spawn_gated(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=stdin,
-                    stdout=stdout,
-                    stderr=stderr,
-                    oom_score_adj=self.agent_oom_score_adj,
-                )
-        except OSError as exc:
-            raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
+        # Each agent keeps a pidfd here: past the soft fd limit, raise it (_fdlimit).
+        _fdlimit.make_room()
+        for attempt in range(2):
+            try:
+                if terminal is not None:
+                    child = await self._open_pane(unit, name, argv, cwd, env)
+                else:
+                    child = await spawn_gated(
+                        argv,
+                        cwd=cwd,
+                        env=env,
+                        stdin=stdin,
+                        stdout=stdout,
+                        stderr=stderr,
+                        oom_score_adj=self.agent_oom_score_adj,
+                    )
+                break
+            except OSError as exc:
+                if not _fdlimit.out_of_descriptors(exc):
+                    raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
+                # Descriptors nobody counted fill the table: raise the limit and
+                # try once more (nothing was started), else say what to do.
+                if attempt or not _fdlimit.make_room(force=True):
+                    raise _fdlimit.no_room(argv[0], exc) from exc
         recorded = False
         try:
-            await self._record_launch(registry, name, unit, child.pid, argv, cwd)
+            await self._record_launch(registry, name, unit, child.pid, argv, cwd, reap_after)
             recorded = True
-            await self._scopes.start_scope(unit, name, [child.pid], memory_max)
-        except BaseException:
+            issues = await self._scopes.start_scope(unit, name, [child.pid], controls)
+        except BaseException as exc:
             await child.abort()
             if recorded:
                 try:
                     await asyncio.to_thread(registry.delete, unit)
-                except RegistryError as exc:  # closed meanwhile: reconciliation closes the row
-                    log.debug("could not forget %s: %s", unit, exc)
+                except RegistryError as err:  # closed meanwhile: reconciliation closes the row
+                    log.debug("could not forget %s: %s", unit, err)
+            if _fdlimit.out_of_descriptors(exc):  # the pidfd systemd was to get
+                raise _fdlimit.no_room(argv[0], exc) from exc
             raise
         try:
             popen = await child.release()
@@ -509,7 +448,7 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             await self._db(registry.set_state, unit, "failed")
             await self._event(name, "failed", unit=unit, error=str(exc))
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
-        return popen, child.pid
+        return popen, child.pid, issues
 
     async def _record_launch(
         self,
@@ -519,17 +458,20 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         pid: int,
         argv: Sequence[str],
         cwd: str | None,
+        reap_after: float | None,
     ) -> None:
         """Record the launch (state starting) before its scope exists.
 
-        The registry's partial unique index allows one open row per name, so
-        another launch of the same name, in this process or another, fails
-        here with nothing started. An open row whose scope is gone (its
-        launcher died unseen) is closed, and the launch recorded after all.
+        The name is claimed by the one rule of every launch path
+        (:func:`._claim.claim`): another launch of the same name, in this
+        process or another, fails here with nothing started; a stale row of
+        the name (its scope gone, its launcher not at work) is closed, and the
+        launch recorded after all.
         """
         stat = await asyncio.to_thread(read_stat, pid)
-        record = functools.partial(
-            registry.record_launch,
+        await self._db(
+            _claim.claim,
+            registry,
             self.name,
             name,
             unit,
@@ -537,18 +479,10 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
             stat.start_time if stat else 0,
             list(argv),
             cwd or os.getcwd(),
+            slice_dir=await self.slice_cgroup(),
+            close=self._close_row,
+            reap_after=reap_after,
         )
-        try:
-            await self._db(record)
-        except AgentExists:
-            rec = await self._db(registry.get, self.name, name)
-            if rec is None or rec.closed:
-                raise
-            live = await self._scopes.unit_active(rec.unit)
-            if not await asyncio.to_thread(stale, rec, live):
-                raise
-            await self._close_gone(rec)
-            await self._db(record)
 
     def _refuse_known(self, name: str) -> None:
         known = self._agents.get(name)
@@ -561,12 +495,12 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         # (ListUnitsByPatterns costs systemd O(units) per launch).
         self._refuse_known(name)
         assert self._registry is not None
-        rec = await self._db(self._registry.get, self.name, name)
-        if rec is not None and not rec.closed:
-            live = await self._scopes.unit_active(rec.unit)
-            if not await asyncio.to_thread(stale, rec, live):
-                raise AgentExists(self.name, name, rec.unit)
-            await self._close_gone(rec)  # its scope is gone: close the row first
+        slice_dir = await self.slice_cgroup()
+        held = await self._db(
+            _claim.holder, self._registry, self.name, name, slice_dir, self._close_row
+        )
+        if held is not None:
+            raise AgentExists(self.name, name, held.unit)
 
     async def _clear_slice_limits(self) -> None:
         if self._slice_checked:
@@ -602,60 +536,6 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
     async def slice_limits(self) -> dict[str, int | None]:
         """The agents slice's MemoryHigh/MemoryMax/MemorySwapMax; None means infinity."""
         return await self._scopes.slice_limits()
-
-    # -- adopt ------------------------------------------------------------
-
-    async def adopt(self, pid: int, name: str, *, memory_max: int | None = None) -> Agent:
-        """Move a running process and all its descendants into a new agent scope.
-
-        ``memory_max`` (bytes) caps the new scope, as for :meth:`launch`.
-
-        Raises:
-            InvalidName, AgentExists, LaunchError (no such process), BusError,
-            HostUnderPressure (as for :meth:`launch`).
-        """
-        self._check_open()
-        name = _names.validate_name("agent", name)
-        try:  # a walk of /proc: off the loop, as every read of many files
-            root, pids = await asyncio.to_thread(_process_tree, pid)
-        except psutil.NoSuchProcess as exc:
-            raise LaunchError(f"no process with pid {pid} to adopt") from exc
-        await self._admit()
-        await self._refuse_running(name)
-        await self._clear_slice_limits()
-        unit = _names.scope_unit_name(self.name, name)
-        assert self._registry is not None
-        stat, argv, cwd = await asyncio.to_thread(_identity, root)
-        await self._db(
-            self._registry.record_launch,
-            self.name,
-            name,
-            unit,
-            pid,
-            stat.start_time if stat else 0,
-            argv,
-            cwd,
-        )
-        try:
-            await self._scopes.start_scope(unit, name, pids, check_memory_max(memory_max))
-        except BaseException:
-            await self._db(self._registry.delete, unit)
-            raise
-        await self._db(self._mark_running, unit, adopted={"pid": pid, "pids": pids})
-        # Children forked while the scope was being made: move them too.
-        try:
-            _root, now = await asyncio.to_thread(_process_tree, pid)
-        except psutil.NoSuchProcess:
-            now = []
-        late = [p for p in now if p not in pids]
-        if late:
-            await self._bus.call("AttachProcessesToUnit", "ssau", [unit, "", late])
-        adj = self.agent_oom_score_adj
-        await asyncio.to_thread(lambda: [write_oom_score_adj(p, adj) for p in [*pids, *late]])
-        agent = Agent(self, name, unit, pid, None)
-        self._agents[name] = agent
-        self._unit_names[unit] = name
-        return agent
 
     # -- control ----------------------------------------------------------
 
@@ -694,11 +574,10 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         if agent is not None and (agent.popen is not None or agent.terminal is not None):
             await agent.wait()  # its exit watcher records the exit
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        if agent is None or agent.popen is None:
-            assert self._registry is not None
-            rec = await self._db(self._registry.by_unit, unit)
-            if rec is not None and not rec.closed:
-                await self._db(self._registry.set_state, unit, "exited")
+        assert self._registry is not None
+        rec = await self._db(self._registry.by_unit, unit)
+        if rec is not None and not rec.closed:  # not seen exiting here, or lingering
+            await self._db(self._registry.set_state, unit, "exited", exit_status=rec.exit_status)
         await self._event(name, "stopped", unit=unit)
 
     async def kill(self, name: str, signal: int = _signal.SIGTERM) -> None:
@@ -738,13 +617,23 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
         assert self._registry is not None
         live = await self._live()
         for agent in list(self._agents.values()):
-            if agent.popen is not None and agent.state != "exited" and not agent.alive():
+            ended = agent.state in ("exited", "lingering")
+            if agent.popen is not None and not ended and not agent.alive():
                 await self._record_exit(agent, agent.popen.returncode)
         rows = await self._db(self._registry.agents, self.name, include_closed=all)
+        # Main processes that ended unseen (exec'd, adopted, another
+        # manager's): their leftovers linger, or are reaped when due.
+        swept = await self._sweep([r for r in rows if r.unit in live])
+        rows = [swept[r.unit][0] if r.unit in swept else r for r in rows]
+        # A lingering tmux agent's window is gone with its main process:
+        # its leftovers are the reaper's (reap_after), not killed here.
         windowed = [
             r
             for r in rows
-            if r.unit in self._terminals and r.unit in live and r.state not in _CLOSED
+            if r.unit in self._terminals
+            and r.unit in live
+            and r.state not in _CLOSED
+            and r.lingering is None
         ]
         if windowed:
             closed = await self._close_windowless(windowed)
@@ -773,6 +662,9 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
                 agent = Agent._from_record(self, rec)
             if not rec.closed:
                 agent.state = "stopping" if live[rec.unit][1] == "deactivating" else rec.state
+                if rec.lingering is not None and agent.state == "running":
+                    agent.state = "lingering"
+                    agent.leftovers = swept[rec.unit][1] if rec.unit in swept else 0
             out.append(agent)
         figures = await asyncio.to_thread(
             read_figures, slice_dir, [a.unit for a in out if a.state not in _CLOSED]
@@ -791,18 +683,3 @@ class AsyncFleet(ReconcileGlue, RegistryGlue, TmuxGlue):
 
 
 _CLOSED = ("exited", "failed", "lost")
-
-
-def _process_tree(pid: int) -> tuple[psutil.Process, list[int]]:
-    """A process and its descendants' PIDs (it first); raises psutil.NoSuchProcess."""
-    root = psutil.Process(pid)
-    return root, [pid, *(c.pid for c in root.children(recursive=True))]
-
-
-def _identity(root: psutil.Process) -> tuple[ProcStat | None, list[str], str]:
-    """Its stat, argv and cwd (another user's argv and cwd may be hidden from us)."""
-    try:
-        argv, cwd = root.cmdline(), root.cwd()
-    except psutil.Error:
-        argv, cwd = [], ""
-    return read_stat(root.pid), argv, cwd

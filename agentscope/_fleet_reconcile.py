@@ -3,21 +3,23 @@
 :class:`ReconcileGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin):
 the fleet's live scopes in one listing (by Description), and ``open()``'s
 reconciliation of the registry's rows with them: adopt, record what was
-found, close what is gone, finish the launches of a manager that died,
-stop scopes that hold nothing.
+found, close what is gone, reopen a closed row whose scope runs, finish the
+launches of a manager that died, stop scopes that hold nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from . import _names
+from . import _claim, _names
 from ._agent import Agent
 from ._errors import AgentExists, RegistryError
+from ._reconcile_plan import Revival
 from ._registry import AgentRecord, LiveScope, Registry, in_flight, reconcile
 from ._scopefiles import cgroup_present, read_scopes
 
@@ -48,6 +50,10 @@ class ReconcileGlue:
         async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
         async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
         async def _close_gone(self, rec: AgentRecord) -> AgentRecord: ...
+        def _close_row(self, rec: AgentRecord) -> AgentRecord: ...
+        async def _sweep(
+            self, rows: Iterable[AgentRecord] | None = None
+        ) -> dict[str, tuple[AgentRecord, int]]: ...
         async def slice_cgroup(self) -> Path: ...
 
     def _fleet(self) -> AsyncFleet:
@@ -79,10 +85,12 @@ class ReconcileGlue:
         # such rows to their launcher.
         flying = await asyncio.to_thread(lambda: {r.unit for r in rows if in_flight(r)})
         rows = [r for r in rows if r.unit not in flying]
-        # A tmux agent whose scope is gone ended in its window: exited, not lost.
-        for rec in [r for r in rows if r.unit in self._terminals and r.unit not in live]:
+        # A tmux agent whose scope is gone ended in its window, and a
+        # lingering one's main process was seen ending: exited, not lost.
+        ended = [r for r in rows if r.unit in self._terminals or r.lingering is not None]
+        for rec in [r for r in ended if r.unit not in live]:
             await self._close_gone(rec)
-        rows = [r for r in rows if r.unit not in self._terminals or r.unit in live]
+        rows = [r for r in rows if (r in ended and r.unit in live) or r not in ended]
         scopes = await asyncio.to_thread(read_scopes, slice_dir, live)
         # Their launcher records them: not "found" here.
         scopes = {u: s for u, s in scopes.items() if u not in flying}
@@ -94,7 +102,19 @@ class ReconcileGlue:
         unlisted = [r.unit for r in rows if r.unit not in live and not r.closed]
         present = await asyncio.to_thread(cgroup_present, slice_dir, unlisted)
         rows = [r for r in rows if r.unit not in present]
+        # A live scope no open row claims may have a closed row (closed while
+        # its scope lived on): judged too, so that it is reopened once rather
+        # than "found" again at every open.
+        unclaimed = [u for u in scopes if u not in {r.unit for r in rows}]
+        rows += await self._db(self._closed_rows, unclaimed)
         plan = reconcile(rows, scopes)
+        # A row whose main process ended while its scope still holds
+        # processes lingers (its leftovers are reaped when due, _reaper.py)
+        # rather than closing as lost; one with an empty scope is closed.
+        lingering = tuple(r for r in plan.headless if scopes[r.unit].pids)
+        plan = dataclasses.replace(
+            plan, headless=tuple(r for r in plan.headless if not scopes[r.unit].pids)
+        )
         closed = await self._db(self._registry.apply_closures, plan)
         for rec in closed:
             log.info("agent %s (%s) is gone: closed as %s", rec.name, rec.unit, rec.state)
@@ -113,6 +133,16 @@ class ReconcileGlue:
                 log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
             self._agents[rec.name] = Agent._from_record(self._fleet(), rec)
             self._unit_names[rec.unit] = rec.name
+        if lingering and self.policy != "stop":
+            swept = await self._sweep(lingering)
+            for rec in lingering:
+                now = swept[rec.unit][0] if rec.unit in swept else rec
+                if not now.closed:
+                    self._agents[now.name] = Agent._from_record(self._fleet(), now)
+                    self._unit_names[now.unit] = now.name
+        elif lingering:  # stopped below with the others; closed as they are
+            plan = dataclasses.replace(plan, headless=plan.headless + lingering)
+            await self._db(self._registry.apply_closures, plan)
         # A scope that holds no process and no open row claims (the child of
         # a manager that died mid-start exited before systemd moved it: such
         # a scope never empties, so it stays active) is stopped, once.
@@ -132,20 +162,23 @@ class ReconcileGlue:
             await self._event(name, "found", unit=scope.unit, pids=list(scope.pids))
         if self.policy == "stop":
             units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
-            units += [r.unit for r in plan.headless]
+            units += [r.unit for r in plan.headless] + [v.row.unit for v in plan.revive]
             await asyncio.gather(*(self._scopes.stop_unit(u, 10) for u in units))
             for rec in plan.adopt:
                 await self._db(self._registry.set_state, rec.unit, "exited")
                 await self._event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
             self._agents.clear()
             return
+        for revival in plan.revive:
+            await self._reopen(revival, scopes[revival.row.unit])
         for name, scope in found:
             if not scope.pids:
                 continue
             pid = min(scope.pids)
             try:
                 rec = await self._db(
-                    self._registry.record_launch,
+                    _claim.claim,
+                    self._registry,
                     self.name,
                     name,
                     scope.unit,
@@ -154,6 +187,8 @@ class ReconcileGlue:
                     [],
                     "",
                     "running",
+                    slice_dir=slice_dir,
+                    close=self._close_row,
                 )
             except (AgentExists, RegistryError) as exc:
                 # Its row was closed meanwhile, or the name is taken by another
@@ -161,3 +196,34 @@ class ReconcileGlue:
                 log.warning("cannot record found agent %s (%s): %s", name, scope.unit, exc)
                 continue
             self._agents[name] = Agent._from_record(self._fleet(), rec)
+
+    def _closed_rows(self, units: list[str]) -> list[AgentRecord]:
+        """The closed rows of ``units`` (in a worker thread)."""
+        assert self._registry is not None
+        rows = (self._registry.by_unit(u) for u in units)
+        return [r for r in rows if r is not None and r.closed and r.fleet == self.name]
+
+    async def _reopen(self, revival: Revival, scope: LiveScope) -> None:
+        """Reopen a closed row whose scope runs, as running, with its event once."""
+        assert self._registry is not None
+        row = revival.row
+        try:
+            rec = await self._db(
+                self._registry.reopen,
+                row.unit,
+                revival.pid,
+                revival.start_time,
+                detail={"pids": list(scope.pids)},
+            )
+        except (AgentExists, RegistryError) as exc:
+            # Another row of the name is open: that agent keeps the name.
+            log.warning("cannot reopen agent %s (%s): %s", row.name, row.unit, exc)
+            return
+        log.warning(
+            "agent %s (%s) was recorded %s but its scope runs: reopened as running",
+            row.name,
+            row.unit,
+            row.state,
+        )
+        self._agents[rec.name] = Agent._from_record(self._fleet(), rec)
+        self._unit_names[rec.unit] = rec.name

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from . import _claim
 from ._registry import AgentRecord, EventRecord, InvalidTransition, Registry
 
 if TYPE_CHECKING:
@@ -84,28 +85,35 @@ class RegistryGlue:
 
     async def _close_gone(self, rec: AgentRecord) -> AgentRecord:
         """Close the row of an agent whose scope is gone: exited if seen, else lost."""
-        assert self._registry is not None
-        if rec.unit in self._terminals:  # it ended in (or with) its tmux window
-            try:
-                closed = await self._db(self._registry.set_state, rec.unit, "exited")
-            except InvalidTransition:
-                return await self._db(self._registry.by_unit, rec.unit) or rec
-            await self._event(rec.name, "exited", unit=rec.unit, pid=rec.pid, status=None)
-            return closed
-        agent = self._agents.get(rec.name)
-        if agent is not None and agent.unit == rec.unit and agent.popen is not None:
-            status = agent.popen.poll()
-            if status is not None:
-                agent.state = "exited"
-                try:
-                    return await self._db(
-                        self._registry.set_state, rec.unit, "exited", exit_status=status
-                    )
-                except InvalidTransition:
-                    return await self._db(self._registry.by_unit, rec.unit) or rec
+        return await self._db(self._close_row, rec)
+
+    def _close_row(self, rec: AgentRecord) -> AgentRecord:
+        """:meth:`_close_gone` in a worker thread, and the fleet's close of a stale
+        holder of a name (``_claim.Close``); every move records its event once."""
+        registry = self._registry
+        assert registry is not None
         try:
-            closed = await self._db(self._registry.set_state, rec.unit, "lost")
-        except InvalidTransition:
-            return await self._db(self._registry.by_unit, rec.unit) or rec
-        await self._event(rec.name, "lost", unit=rec.unit, pid=rec.pid)
-        return closed
+            if rec.unit in self._terminals:  # it ended in (or with) its tmux window
+                detail = {"unit": rec.unit, "pid": rec.pid, "status": None}
+                return registry.set_state(
+                    rec.unit, "exited", event="exited", detail=detail, only_on_change=True
+                )
+            agent = self._agents.get(rec.name)
+            if agent is not None and agent.unit == rec.unit and agent.popen is not None:
+                status = agent.popen.poll()
+                if status is not None:
+                    agent.state = "exited"
+                    return registry.set_state(rec.unit, "exited", exit_status=status)
+            if rec.lingering is not None:  # its main process was seen ending: its status is known
+                detail = {"unit": rec.unit, "pid": rec.pid, "status": rec.exit_status}
+                return registry.set_state(
+                    rec.unit,
+                    "exited",
+                    exit_status=rec.exit_status,
+                    event="exited",
+                    detail=detail,
+                    only_on_change=True,
+                )
+            return _claim.close_lost(registry, rec)
+        except InvalidTransition:  # closed meanwhile, otherwise: that close stands
+            return registry.by_unit(rec.unit) or rec

@@ -15,7 +15,7 @@ import os
 import signal as _signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _tmux
@@ -53,6 +53,9 @@ class TmuxGlue:
         async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
         async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
         async def _close_gone(self, rec: AgentRecord) -> AgentRecord: ...
+        async def _sweep(
+            self, rows: Iterable[AgentRecord] | None = None
+        ) -> dict[str, tuple[AgentRecord, int]]: ...
         async def _resolve(self, name: str) -> str: ...
         def _check_open(self) -> None: ...
 
@@ -162,6 +165,12 @@ class TmuxGlue:
         closed = {}
         for rec in recs:
             if rec.pid in panes:
+                continue
+            # Its main process ended with its window: what it left in its scope
+            # is the reaper's (reap_after, _reaper.py), not killed here.
+            swept = await self._sweep([rec])
+            if rec.unit in swept:
+                closed[rec.unit] = swept[rec.unit][0]
                 continue
             log.info("the tmux window of %s (%s) closed: stopping it", rec.name, rec.unit)
             with contextlib.suppress(BusError):

@@ -48,6 +48,8 @@ from ._guardpolicy import (
     Trigger,
     choose_victim,
     next_interval,
+    own_limit_stall,
+    read_scope_stalls,
     scan_slice_processes,
 )
 from ._proc import PROC_ROOT, read_cmdline, read_stat, read_vm_sizes
@@ -299,6 +301,22 @@ class _Loop:
     def act(self, reading: HostReading, trigger: Trigger) -> _Killed | None:
         """Kill the victim (the one chosen near the threshold, if fresh); None: none."""
         ready, self.ready = self.ready, None
+        if trigger == "psi":
+            stall = own_limit_stall(read_scope_stalls(self.slice_path), reading, self.config)
+            if stall is not None:
+                # Its own limit at work, on a host with memory to spare: no
+                # other agent's process is to pay for it (the monitor reports
+                # the throttle, with its fix).
+                _say_once(
+                    f"own:{stall.unit}",
+                    "the host's memory pressure (PSI full %.0f%%) is %s reclaiming under its "
+                    "own limit of %d MiB, with %.0f%% of memory available: nothing killed",
+                    reading.psi_full_avg10 or 0.0,
+                    self.unit_agent(stall.unit) or stall.unit,
+                    (stall.limit or 0) >> 20,
+                    reading.mem_available_percent,
+                )
+                return None
         for _ in range(3):  # a victim gone between the scan and the kill: look again
             if ready is not None and reading.ts - ready[0] <= PREPARED_FOR:
                 chosen = ready[1]

@@ -25,9 +25,16 @@ import os
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
-from ._cgroup import _GONE, _GONE_OR_UNSUPPORTED, _read_kernel_file, parse_pressure, parse_procs
+from ._cgroup import (
+    _GONE,
+    _GONE_OR_UNSUPPORTED,
+    _read_kernel_file,
+    parse_limit,
+    parse_pressure,
+    parse_procs,
+)
 from ._dicts import as_dict
 from ._errors import InvalidConfig
 from ._proc import PROC_ROOT, parse_meminfo, read_oom_score_adj, read_stat, read_vm_sizes
@@ -39,12 +46,15 @@ __all__ = [
     "HostReader",
     "HostReading",
     "PressureClock",
+    "ScopeStall",
     "SliceProcess",
     "Trigger",
     "Victim",
     "choose_victim",
     "next_interval",
+    "own_limit_stall",
     "read_host",
+    "read_scope_stalls",
     "scan_slice_processes",
     "under_pressure",
 ]
@@ -385,6 +395,95 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
 
 
 # ---------------------------------------------------------------------------
+# A stall that is one scope's own limit
+
+#: A scope whose ``memory.current`` is this share of its own lowest limit is at it.
+OWN_LIMIT_SHARE: Final = 0.9
+#: A scope at its limit whose PSI full avg10 is this share of the host's or
+#: more makes the host's stall.
+OWN_STALL_SHARE: Final = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeStall:
+    """A scope's memory stall (PSI full avg10, %) and its own limit (bytes).
+
+    ``limit`` is the lower of ``memory.high`` and ``memory.max`` (None: neither).
+    """
+
+    unit: str
+    full_avg10: float
+    current: int
+    limit: int | None
+
+    @property
+    def at_own_limit(self) -> bool:
+        """It reclaims against a limit of its own, not the host's shortage."""
+        return self.limit is not None and self.current >= self.limit * OWN_LIMIT_SHARE
+
+
+def _scopes_of(slice_path: Path) -> list[tuple[str, str]]:
+    """(unit, path) of each ``*.scope`` directly under the slice; [] without the slice."""
+    try:
+        with os.scandir(slice_path) as it:
+            return sorted((e.name, e.path) for e in it if e.name.endswith(".scope"))
+    except OSError as exc:
+        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+            return []
+        raise
+
+
+def read_scope_stalls(slice_path: Path) -> list[ScopeStall]:
+    """Each scope under the agents slice: its PSI full avg10, ``memory.current`` and limit.
+
+    Scopes that vanish meanwhile, or whose kernel has no PSI, are left out.
+    """
+    scopes = _scopes_of(slice_path)
+    found = []
+    for unit, path in scopes:
+        psi = _read_kernel_file(path + "/memory.pressure", _GONE_OR_UNSUPPORTED)
+        current = _read_kernel_file(path + "/memory.current")
+        high = _read_kernel_file(path + "/memory.high")
+        top = _read_kernel_file(path + "/memory.max")
+        if psi is None or current is None or high is None or top is None:
+            continue
+        full = parse_pressure(psi).full
+        limits = [v for v in (parse_limit(high), parse_limit(top)) if v is not None]
+        found.append(
+            ScopeStall(
+                unit,
+                0.0 if full is None else full.avg10,
+                int(current.strip()),
+                min(limits) if limits else None,
+            )
+        )
+    return found
+
+
+def own_limit_stall(
+    scopes: Iterable[ScopeStall], reading: HostReading, config: GuardConfig
+) -> ScopeStall | None:
+    """The scope whose reclaim under its own limit is the host's PSI stall, or None.
+
+    PSI full counts the time when every task that wants to run waits for
+    memory. On a quiet host, one scope reclaiming under its own
+    ``memory.high`` or ``memory.max`` holds it high while MemAvailable is
+    ample: that is the scope's limit at work (the monitor reports it as
+    throttled), not a host about to thrash, and killing the largest agent
+    would kill a sibling (measured in a VM: a 96 MiB tool call under
+    ``MemoryHigh=48M`` held host PSI full over 60% for 10 s with 64% of
+    memory available). So: a scope at its own limit with at least
+    :data:`OWN_STALL_SHARE` of the host's full avg10, on a host with at least
+    twice its memory threshold available.
+    """
+    host = reading.psi_full_avg10
+    if host is None or reading.mem_available_percent < 2 * config.mem_available_percent:
+        return None
+    local = [s for s in scopes if s.at_own_limit and s.full_avg10 >= OWN_STALL_SHARE * host]
+    return max(local, key=lambda s: s.full_avg10, default=None)
+
+
+# ---------------------------------------------------------------------------
 # The victim
 
 
@@ -462,13 +561,7 @@ def scan_slice_processes(
     Raises:
         OSError: other than processes or cgroups vanishing.
     """
-    try:
-        with os.scandir(slice_path) as it:
-            scopes = sorted((e.name, e.path) for e in it if e.name.endswith(".scope"))
-    except OSError as exc:
-        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
-            return []
-        raise
+    scopes = _scopes_of(slice_path)
     own = os.getpid()
     found: list[SliceProcess] = []
     for unit, path in scopes:

@@ -13,12 +13,14 @@ from . import _names
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 __all__ = [
     "CGROUP_ROOT",
     "NO_OOMPOLICY",
     "OOMPOLICY_WARNING",
+    "OOMPolicyFallback",
     "job_failed_message",
     "manager_cgroup",
     "refuses_oom_policy",
@@ -50,13 +52,15 @@ def scope_properties(
     fleet: str,
     agent: str,
     slice: str,
-    memory_max: int | None,
+    controls: Mapping[str, tuple[str, Any]] | None = None,
     description: str | None = None,
 ) -> dict[str, tuple[str, Any]]:
     """The properties of an agent's scope, ``{name: (signature, value)}``.
 
-    Without the processes (``PIDs`` or ``PIDFDs``) and without ``OOMPolicy``,
-    which the caller adds when this systemd accepts it.
+    ``controls`` are its resource properties as :func:`._scopeprops.build`
+    made them. Without the processes (``PIDs`` or ``PIDFDs``) and without
+    ``OOMPolicy``, which :class:`OOMPolicyFallback` adds while this systemd
+    accepts it.
     """
     props: dict[str, tuple[str, Any]] = {
         "Description": ("s", description or _names.describe(fleet, agent)),
@@ -64,15 +68,50 @@ def scope_properties(
         "CollectMode": ("s", "inactive-or-failed"),
         "MemoryAccounting": ("b", True),
     }
-    if memory_max is not None:
-        props["MemoryMax"] = ("t", memory_max)
-        props["MemorySwapMax"] = ("t", 0)
+    props.update(controls or {})
     return props
 
 
 def refuses_oom_policy(dbus_name: str, message: str) -> bool:
     """Whether a StartTransientUnit error means: this systemd has no scope OOMPolicy."""
     return dbus_name in NO_OOMPOLICY and "OOMPolicy" in message
+
+
+class OOMPolicyFallback:
+    """The one OOMPolicy rule of both clients (``Scopes`` over dbus-fast, exec over ``_wire``).
+
+    A scope is asked for with ``OOMPolicy=continue`` until this systemd
+    refuses it once; from then on without. A client starts a scope with
+    :meth:`properties`; when the start fails, :meth:`refused` says whether
+    that was the refusal (then it starts again with :meth:`properties`, once)
+    and :meth:`warning` gives the warning to log, to the first caller only:
+    launches in flight together are all refused, and the user is told once.
+    One object per fleet (the async core) or per process (exec).
+    """
+
+    __slots__ = ("_refused", "_warned")
+
+    def __init__(self) -> None:
+        self._refused = False
+        self._warned = False
+
+    def properties(self, props: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
+        """``props`` with ``OOMPolicy=continue``, unless this systemd refused it."""
+        return dict(props) if self._refused else {**props, "OOMPolicy": ("s", "continue")}
+
+    def refused(self, sent: dict[str, tuple[str, Any]], dbus_name: str, message: str) -> bool:
+        """Whether a start with ``sent`` failed for its OOMPolicy: then start again."""
+        if "OOMPolicy" not in sent or not refuses_oom_policy(dbus_name, message):
+            return False
+        self._refused = True
+        return True
+
+    def warning(self, version: str) -> str | None:
+        """The warning for the user, the first time only (None after that)."""
+        if self._warned:
+            return None
+        self._warned = True
+        return OOMPOLICY_WARNING % version
 
 
 def job_failed_message(unit: str, result: str, manager: str) -> str:

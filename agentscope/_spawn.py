@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import select
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from ._fdlimit import child_limit
 from ._proc import exec_comm
 
 __all__ = ["GatedChild", "spawn_gated"]
@@ -40,6 +42,7 @@ def _gate(
     parent_fd: int,
     oom_score_adj: int | None,
     comm: bytes,
+    nofile: tuple[int, int] | None,
 ) -> None:  # pragma: no cover - runs in the forked child
     # Only os calls here: this runs after fork() in a copy of a possibly
     # multi-threaded process, where taking any Python-level lock can hang.
@@ -76,6 +79,11 @@ def _gate(
             os.write(fd, str(oom_score_adj).encode())
         finally:
             os.close(fd)
+    if nofile is not None:
+        # The launcher raised its own soft limit for its pidfds (_fdlimit): the
+        # agent gets the one it would have had, as programs built on select()
+        # expect. setrlimit(2) is a plain C call: no Python lock.
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
 
 class GatedChild:
@@ -126,9 +134,18 @@ async def spawn_gated(
 ) -> GatedChild:
     """Fork a child that waits at the gate; return once its PID is known."""
     loop = asyncio.get_running_loop()
-    pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
-    go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    parent_fd = os.pidfd_open(os.getpid())
+    opened: list[int] = []
+    try:  # one may fail with EMFILE: the others are closed, not leaked
+        pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
+        opened += (pid_r, pid_w)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        opened += (go_r, go_w)
+        parent_fd = os.pidfd_open(os.getpid())
+    except OSError:
+        for fd in opened:
+            os.close(fd)
+        raise
+    nofile = child_limit()
     comm = exec_comm(argv[0]).encode()
     popen_fut: asyncio.Future[subprocess.Popen[bytes]] = loop.create_future()
 
@@ -150,7 +167,7 @@ async def spawn_gated(
                 stdout=stdout,
                 stderr=stderr,
                 close_fds=True,
-                preexec_fn=lambda: _gate(pid_w, go_r, go_w, parent_fd, oom_score_adj, comm),
+                preexec_fn=lambda: _gate(pid_w, go_r, go_w, parent_fd, oom_score_adj, comm, nofile),
             )
         except BaseException as exc:
             loop.call_soon_threadsafe(settle, None, exc)

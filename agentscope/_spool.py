@@ -10,12 +10,15 @@ An entry is first written under the agent's name, ``FLEET+NAME``, with
 has ended is renamed to its unit's name to free the agent's name, and waits
 there for the registry like the others.
 
-Only :mod:`os` is used here: the exec fast path imports this module.
+Only :mod:`os` (and the light :mod:`._scopeprops`) is used here: the exec
+fast path imports this module.
 """
 
 from __future__ import annotations
 
 import os
+
+from ._scopeprops import DEFAULT_REAP_AFTER
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
@@ -39,7 +42,8 @@ __all__ = [
 # spool: a harness that only ever execs still keeps it small.
 MAX_PENDING = 64
 
-_MAGIC = "agentscope-spool-1"
+_MAGIC = "agentscope-spool-2"  # 2: reap_after before argv
+_MAGIC_1 = "agentscope-spool-1"
 OWN_DIR_NAME = "agentscope"
 
 
@@ -98,6 +102,7 @@ class Entry:
         "fleet",
         "name",
         "pid",
+        "reap_after",
         "slice_dir",
         "start_time",
         "unit",
@@ -114,29 +119,42 @@ class Entry:
         slice_dir: str,
         cwd: str,
         argv: Sequence[str],
+        reap_after: float | None = DEFAULT_REAP_AFTER,
     ) -> None:
         self.fleet, self.name, self.unit = fleet, name, unit
         self.pid, self.start_time, self.created = pid, start_time, created
         self.slice_dir, self.cwd, self.argv = slice_dir, cwd, list(argv)
+        #: seconds its leftovers may outlive it (None: kept); see _reaper
+        self.reap_after = reap_after
 
     def encode(self) -> bytes:
         # NUL-separated: no field can hold a NUL (names, paths and argv are C strings).
         fields = [_MAGIC, self.fleet, self.name, self.unit, str(self.pid), str(self.start_time)]
-        fields += [repr(self.created), self.slice_dir, self.cwd, *self.argv]
+        keep = "keep" if self.reap_after is None else repr(float(self.reap_after))
+        fields += [repr(self.created), self.slice_dir, self.cwd, keep, *self.argv]
         return b"\0".join(os.fsencode(f) for f in fields)
 
     @classmethod
     def decode(cls, data: bytes) -> Entry | None:
         """The entry, or None for a file that is not one (a torn or foreign write)."""
         fields = [os.fsdecode(f) for f in data.split(b"\0")]
-        if len(fields) < 9 or fields[0] != _MAGIC:
+        if len(fields) < 9 or fields[0] not in (_MAGIC, _MAGIC_1):
             return None
+        reap_after: float | None = DEFAULT_REAP_AFTER  # version 1 had none
+        argv = fields[9:]
         try:
             pid, start, created = int(fields[4]), int(fields[5]), float(fields[6])
+            if fields[0] == _MAGIC:
+                if not argv:
+                    return None
+                keep, argv = argv[0], argv[1:]
+                reap_after = None if keep == "keep" else float(keep)
+                if reap_after is not None and not 0 <= reap_after <= 7 * 86400:
+                    return None
         except ValueError:
             return None
         fleet, name, unit, slice_dir, cwd = fields[1], fields[2], fields[3], fields[7], fields[8]
-        return cls(fleet, name, unit, pid, start, created, slice_dir, cwd, fields[9:])
+        return cls(fleet, name, unit, pid, start, created, slice_dir, cwd, argv, reap_after)
 
     def alive(self) -> bool:
         """Whether the launching process still runs (the same one: its start time matches)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _names, _scope
+from . import _names, _scope, _scopeprops
 from ._bus import INFINITY, SystemdBus
 from ._cgroup import cgroup_v2_mounted, memory_controller_enabled
 from ._errors import AgentscopeError, BusError, LaunchError
@@ -31,7 +31,6 @@ SLICE_IFACE = "org.freedesktop.systemd1.Slice"
 _UNIT_IFACE = "org.freedesktop.systemd1.Unit"
 _SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
 _LIMITS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
-# systemd < 253 (and vanilla 252.0-252.4) refuse OOMPolicy on a scope with one of these.
 # KillUnit on a scope that stopped meanwhile: unloaded, or loaded with no process left.
 _STOPPED_MEANWHILE = (
     "org.freedesktop.systemd1.NoSuchUnit",
@@ -65,7 +64,7 @@ class Scopes:
         self.fleet = fleet
         self.slice = slice
         self.manager = bus.manager
-        self._oom_policy: bool | None = None  # None: not tried yet
+        self._oom_policy = _scope.OOMPolicyFallback()
 
     async def unit_active(self, unit: str) -> bool:
         try:
@@ -93,10 +92,15 @@ class Scopes:
         unit: str,
         name: str,
         pids: list[int],
-        memory_max: int | None,
+        controls: dict[str, tuple[str, Any]] | None = None,
         description: str | None = None,
-    ) -> None:
-        props = _scope.scope_properties(self.fleet, name, self.slice, memory_max, description)
+    ) -> list[dict[str, Any]]:
+        """Start ``unit`` holding ``pids``; what systemd did not take of ``controls``.
+
+        The resource ``controls`` (:func:`._scopeprops.build`) are read back
+        once the start job is done (:meth:`read_back`).
+        """
+        props = _scope.scope_properties(self.fleet, name, self.slice, controls, description)
         fds: list[int] = []
         await self._bus.connect()  # the version decides PIDs or PIDFDs
         try:
@@ -110,21 +114,45 @@ class Scopes:
         finally:
             for fd in fds:
                 os.close(fd)
+        return await self.read_back(unit, controls) if controls else []
+
+    async def read_back(
+        self, unit: str, controls: dict[str, tuple[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Which of ``controls`` the started ``unit`` does not hold or enforce (logged).
+
+        One GetAll of its Scope properties, and its cgroup's files for the
+        controllers. A scope gone meanwhile (its command ended) reports nothing.
+        """
+        try:
+            path = await self._bus.unit_path(unit)
+            read = await self._bus.get_all(path, _SCOPE_IFACE)
+            cgroup = str(read.get("ControlGroup") or "")
+        except BusError as exc:
+            log.debug("cannot read back the properties of %s: %s", unit, exc)
+            return []
+        files: dict[str, str | None] = {}
+        if cgroup:
+            where = self._bus.cgroup_root / cgroup.lstrip("/")
+            files = await asyncio.to_thread(_scopeprops.read_cgroup_files, where, controls)
+        issues = _scopeprops.compare(controls, read, files)
+        for issue in issues:
+            log.warning("%s", _scopeprops.describe(unit, issue))
+        return issues
 
     async def start_transient(
         self, unit: str, props: dict[str, tuple[str, Any]], fds: list[int]
     ) -> None:
-        if self._oom_policy is not False:
-            try:
-                await self.run_start(unit, {**props, "OOMPolicy": ("s", "continue")}, fds)
-                self._oom_policy = True
-                return
-            except BusError as exc:
-                if not _scope.refuses_oom_policy(exc.dbus_name, exc.message):
-                    raise
-                self._oom_policy = False
-                log.warning(_scope.OOMPOLICY_WARNING, self._bus.version)
-        await self.run_start(unit, props, fds)
+        sent = self._oom_policy.properties(props)
+        try:
+            await self.run_start(unit, sent, fds)
+        except BusError as exc:
+            if not self._oom_policy.refused(sent, exc.dbus_name, exc.message):
+                raise
+            warning = self._oom_policy.warning(self._bus.version)
+            if warning is not None:
+                log.warning("%s", warning)
+            await self.run_start(unit, self._oom_policy.properties(props), fds)
 
     async def run_start(self, unit: str, props: dict[str, tuple[str, Any]], fds: list[int]) -> None:
         result = await self._bus.run_job(

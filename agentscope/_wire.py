@@ -17,7 +17,7 @@ import _socket
 import os
 import struct
 
-from ._errors import BusError, SystemdUnavailable
+from ._errors import BusError, SystemdTimeout, SystemdUnavailable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
@@ -327,6 +327,7 @@ class Connection:
         path = _socket_path(address)
         self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
+        self._timeout = timeout
         self._buf = bytearray()
         self._serial = 0
         self._replies: dict[int, _Message] = {}
@@ -353,6 +354,13 @@ class Connection:
 
     def _unavailable(self, reason: str) -> SystemdUnavailable:
         return SystemdUnavailable(self.manager, self.address, reason)
+
+    def _lost(self, exc: OSError, waiting: str) -> SystemdUnavailable:
+        """The error for a call on the open connection: a manager that was reached
+        and stopped answering is busy or hung, not absent."""
+        if isinstance(exc, TimeoutError):
+            return SystemdTimeout(self.manager, self.address, waiting, self._timeout)
+        return self._unavailable(_reason(exc))
 
     def close(self) -> None:
         self._sock.close()
@@ -421,7 +429,7 @@ class Connection:
         try:
             self._sock.sendall(bytes(header) + payload)
         except OSError as exc:
-            raise self._unavailable(_reason(exc)) from exc
+            raise self._lost(exc, "room to send a call") from exc
         return self._serial
 
     def reply(self, serial: int, method: str) -> list[Any]:
@@ -430,7 +438,7 @@ class Connection:
             while serial not in self._replies:
                 self._receive()
         except OSError as exc:
-            raise self._unavailable(_reason(exc, f"no reply to {method}")) from exc
+            raise self._lost(exc, f"reply to {method}") from exc
         msg = self._replies.pop(serial)
         if msg.kind == _ERROR:
             raise BusError.from_reply(method, msg.error, msg.body)
@@ -485,10 +493,10 @@ class Connection:
                 self._signals.clear()
                 self._receive()
         except OSError as exc:
-            raise self._unavailable(_reason(exc, f"no end of job {job}")) from exc
+            raise self._lost(exc, f"end of job {job}") from exc
 
 
-def _reason(exc: OSError, waiting: str = "") -> str:
+def _reason(exc: OSError) -> str:
     if isinstance(exc, TimeoutError):
-        return f"{waiting or 'no answer'} in time"
+        return "no answer in time"
     return f"{type(exc).__name__}: {exc.strerror or exc}"

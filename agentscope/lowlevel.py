@@ -41,6 +41,11 @@ from ._cgroup import parse_procs as parse_procs
 from ._cgroup import read_cgroup_memory as read_cgroup_memory
 from ._cgroup import scan_slice as scan_slice
 from ._cgroup import user_manager_cgroup as user_manager_cgroup
+from ._distribution import DISTRIBUTION as DISTRIBUTION
+from ._distribution import foreign_distribution as foreign_distribution
+from ._escape import Escapee as Escapee
+from ._escape import find_escapes as find_escapes
+from ._escape import read_children as read_children
 from ._guard import kill_process as kill_process
 from ._guard import run_guard as run_guard
 from ._guardpolicy import HostReading as HostReading
@@ -52,6 +57,9 @@ from ._guardpolicy import next_interval as next_interval
 from ._guardpolicy import read_host as read_host
 from ._guardpolicy import scan_slice_processes as scan_slice_processes
 from ._guardpolicy import under_pressure as under_pressure
+from ._journal import JournalAccess as JournalAccess
+from ._journal import journal_access as journal_access
+from ._journal import kmsg_readable as kmsg_readable
 from ._names import DEFAULT_SLICE as DEFAULT_SLICE
 from ._names import describe as describe
 from ._names import parse_description as parse_description
@@ -77,14 +85,18 @@ from ._proc import read_statm_rss as read_statm_rss
 from ._proc import read_vm_sizes as read_vm_sizes
 from ._proc import read_wchan as read_wchan
 from ._proc import top_processes as top_processes
+from ._registry import Registry as Registry
 
 __all__ = [
     "DEFAULT_SLICE",
+    "DISTRIBUTION",
     "INFINITY",
     "THROTTLE_WCHANS",
     "BusAddress",
     "CgroupMemory",
+    "Escapee",
     "HostReading",
+    "JournalAccess",
     "KernelOomKill",
     "LimitHolder",
     "Manager",
@@ -99,6 +111,7 @@ __all__ = [
     "PressureWindow",
     "ProcStat",
     "ProcessInfo",
+    "Registry",
     "SeenProcess",
     "SliceProcess",
     "SmapsRollup",
@@ -112,11 +125,15 @@ __all__ = [
     "counter_delta",
     "describe",
     "detect_throttle",
+    "find_escapes",
     "find_limit_holders",
+    "foreign_distribution",
     "host_pressure",
     "is_throttled",
     "iter_pids",
+    "journal_access",
     "kill_process",
+    "kmsg_readable",
     "memory_controller_enabled",
     "next_interval",
     "oom_victims",
@@ -131,6 +148,7 @@ __all__ = [
     "parse_stat",
     "read_cgroup",
     "read_cgroup_memory",
+    "read_children",
     "read_cmdline",
     "read_host",
     "read_meminfo",

@@ -86,8 +86,8 @@ async def measure(slice_path: Path, ticks: int) -> dict[str, Any]:
             start = time.process_time()
             await monitor._sample()
             cpu.append(time.process_time() - start)
-        agents = len(monitor._scopes)
-        processes = sum(len(s.seen) for s in monitor._scopes.values())
+        agents = len(monitor._counter._scopes)
+        processes = sum(len(s.seen) for s in monitor._counter._scopes.values())
         wall0, cpu0 = time.perf_counter(), time.process_time()
         report = await monitor.report()
         report_wall, report_cpu = time.perf_counter() - wall0, time.process_time() - cpu0

@@ -146,7 +146,7 @@ async def measure_monitor(
             await monitor._sample()
             cpu.append(time.process_time() - start)
         assert monitor.failures == 0
-        assert len(monitor._scopes) == len(scopes)
+        assert len(monitor._counter._scopes) == len(scopes)
     if profiler is not None:
         _monitor._collect = collect  # type: ignore[assignment]
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)

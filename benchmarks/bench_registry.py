@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentscope import _registry
+from agentscope import _registry, _registry_file, _registry_schema
 from agentscope._registry import Registry
 
 
@@ -40,12 +40,13 @@ def worker(path: str, w: int, writes: int, timeout: float, go: str, out: str) ->
             try:
                 return op()
             except sqlite3.OperationalError as exc:
-                retries += _registry._is_busy(exc)
+                retries += _registry_file._is_busy(exc)
                 raise
 
         return real(counted, deadline, **kw)
 
-    _registry._retry_busy = counting  # type: ignore[assignment]
+    # Every caller of the retry: the transactions and the schema set-up.
+    _registry._retry_busy = _registry_schema._retry_busy = counting  # type: ignore[assignment]
     lat: list[float] = []
     errors: list[str] = []
     while not os.path.exists(go):

@@ -41,7 +41,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import _render
-from ._errors import BadInput, Failed
+from ._context import show
+from ._errors import BadInput, Failed, Interrupted
 from ._fleet import Options
 
 __all__ = [
@@ -297,7 +298,10 @@ class _Story:
     def say(self, *items: RenderableType) -> None:
         if not self.quiet:
             for item in items:
-                self.console.print(item)
+                if isinstance(item, Text):  # a sentence wraps at the terminal
+                    self.console.print(item)
+                else:  # a table: at its full width, never a folded unit name
+                    show(item, self.console)
 
     def step(self, title: str) -> None:
         self.say(Text(""), Text(f"== {title}", style="bold"))
@@ -307,26 +311,35 @@ def run_demo(opts: Options, settings: DemoSettings) -> None:
     """Run the demo; print the story (or the JSON summary with --json).
 
     Raises:
-        Failed: an outcome did not happen, or the demo was interrupted (exit 1).
+        Failed: an outcome did not happen, or SIGTERM interrupted the demo (exit 1).
+        Interrupted: Ctrl-C (exit 130); every agent it started is stopped.
         SystemdUnavailable, AgentscopeError: from the library (exit 4, 1).
     """
     specs = fleet_specs(settings.agents)
     fleet_name = "demo" if opts.fleet == "default" else opts.fleet
     story = _Story(quiet=opts.json)
     warnings = _Warnings()
+    signals: list[int] = []
     logging.getLogger("agentscope").addHandler(warnings)
     try:
-        summary = asyncio.run(_demo(opts.manager, fleet_name, specs, settings, story, warnings))
+        summary = asyncio.run(
+            _demo(opts.manager, fleet_name, specs, settings, story, warnings, signals)
+        )
     except (asyncio.CancelledError, KeyboardInterrupt):
         # Before the fleet was open: nothing was started.
-        raise Failed("the demo was interrupted before it started anything", "interrupted") from None
+        raise Interrupted("the demo was interrupted before it started anything") from None
     finally:
         logging.getLogger("agentscope").removeHandler(warnings)
     if opts.json:
-        sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        from agentscope._contract import stamped
+
+        sys.stdout.write(json.dumps(stamped("demo", summary), default=str) + "\n")
         sys.stdout.flush()
     if summary.get("interrupted"):
-        raise Failed("the demo was interrupted; every agent it started is stopped", "interrupted")
+        message = "the demo was interrupted; every agent it started is stopped"
+        if signal.SIGINT in signals:  # Ctrl-C: 130, as from every command
+            raise Interrupted(message)
+        raise Failed(message, "terminated")  # SIGTERM: exit 1
     failed = [k for k, ok in summary["checks"].items() if not ok]
     if failed:
         raise Failed(
@@ -342,6 +355,7 @@ async def _demo(
     settings: DemoSettings,
     story: _Story,
     warnings: _Warnings,
+    signals: list[int],
 ) -> dict[str, Any]:
     from agentscope import AsyncFleet, probe
 
@@ -349,8 +363,15 @@ async def _demo(
     main = asyncio.current_task()
     assert main is not None
     loop = asyncio.get_running_loop()
-    # SIGINT already cancels the main task (asyncio.run); SIGTERM does the same here.
-    loop.add_signal_handler(signal.SIGTERM, main.cancel)
+
+    # Either signal cancels the main task (as asyncio.run does for SIGINT);
+    # which one came decides the exit code (Ctrl-C: 130, SIGTERM: 1).
+    def interrupt(signum: int) -> None:
+        signals.append(signum)
+        main.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupt, sig)
     caps = await probe(manager)
     runaway = next(s for s in specs if s.runaway)
     summary: dict[str, Any] = {

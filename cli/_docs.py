@@ -31,24 +31,34 @@ Rust or shell harnesses use it with `--json`; people use it at a terminal.
 ## Output and exit codes
 
 With `--json`, stdout carries JSON only (no markup, no progress) and an
-error goes to stderr as one line `{"error": "...", "kind": "..."}`. No
-command shows a Python traceback for a usage error or an environment
-problem; `--debug` adds the traceback.
+error goes to stderr as one line `{"schema": "agentscope.error/1", "error":
+"...", "kind": "..."}`. Every JSON output names its shape and version in a
+`schema` field and has a JSON Schema in `schemas/` (docs/json.md: the
+shapes, the events, the versioning rule). No command shows a Python
+traceback for a usage error or an environment problem; `--debug` adds the
+traceback.
 
 | exit | meaning | kinds |
 |---|---|---|
 | 0 | ok | |
 | 1 | the operation failed | `bus_error`, `agent_exists`, `error`, `os_error`, `failed`, |
-| | | `unsupported`, `exec_failed`, `internal` |
+| | | `unsupported`, `exec_failed`, `no_log`, `terminated`, `internal` |
 | 2 | bad usage or bad input | `usage`, `bad_input`, `invalid_name`, `launch_error` |
 | 3 | no such agent | `not_found` |
-| 4 | systemd unreachable or unsupported here | `systemd_unavailable` |
+| 4 | systemd unreachable, not answering in time, or unsupported here | `systemd_unavailable` |
 | 130 | interrupted (Ctrl-C) | `interrupted` |
 
-SIZE is bytes or a K/M/G/T suffix in powers of 1024 (`512M`, `1.5G`, `2GiB`;
-`KB` and `KiB` both mean 1024). TIME is unix seconds, ISO 8601
-(`2024-05-01T12:00:00`, local time without a zone) or a time ago (`30s`,
-`10m`, `2h`, `1d`, `1w`). SIG is a name (`TERM`, `SIGKILL`) or a number.
+SIZE is what systemd takes for `MemoryMax=`: bytes or a K/M/G/T suffix in
+powers of 1024 (`512M`, `1.5G`, `2GiB`; `KB` and `KiB` both mean 1024), a
+share of this machine's RAM (`50%`, rounded down to whole pages), or
+`infinity` (no cap). A time span (`gc --retention`) is systemd's
+(systemd.time(7)): `90`, `500ms`, `30s`, `10min` or `10m`, `1h30min`, `7d`,
+`2w` (`M` is a month, as in systemd). TIME (`events --since/--until`) is
+what `journalctl --since` takes: unix seconds (`1714567890`, `@1714567890`),
+ISO 8601 (`2024-05-01T12:00:00`, local time without a zone), `now`,
+`today`, `yesterday`, a time relative to now (`-1h`, `-10min`, `2h ago`),
+or a bare time span, meaning that long ago (`1h30min`). SIG is a name
+(`TERM`, `SIGKILL`) or a number. A value that does not parse is exit 2.
 
 Global options may also follow the command (`agentscope ls --json` is
 `agentscope --json ls`), anywhere before a `--`; what follows `--` is the

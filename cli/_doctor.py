@@ -8,6 +8,7 @@ pass with the command that fixes it.
 from __future__ import annotations
 
 import asyncio
+import grp
 import os
 import pwd
 from dataclasses import dataclass
@@ -41,28 +42,25 @@ class Facts:
     oom_score_adj: int | None = None
     #: (version, location) of an unrelated distribution named ``agentscope`` in this environment.
     foreign_distribution: tuple[str, str] | None = None
-
-
-#: Our distribution's name on the package index; the import name stays ``agentscope``.
-DISTRIBUTION = "agentscope-systemd"
+    #: Who names OOM victims: /dev/kmsg, else the system journal (and the groups it grants).
+    kmsg_readable: bool = False
+    journal_readable: bool = False
+    journal_groups: tuple[str, ...] = ()
+    #: The user is listed in one of ``journal_groups`` (this process may predate it).
+    journal_member: bool = False
 
 
 def foreign_distribution() -> tuple[str, str] | None:
-    """The unrelated ``agentscope`` distribution installed beside this one, if any.
+    """The unrelated ``agentscope`` distribution beside this one (the library's one rule)."""
+    from agentscope.lowlevel import foreign_distribution as found
 
-    The name ``agentscope`` on the package index belongs to another project,
-    which also installs an import package called ``agentscope``: the two
-    overwrite each other's files, and ``pip install -U agentscope`` replaces
-    this project with it.
-    """
-    from importlib import metadata
+    return found()
 
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").strip().lower().replace("_", "-")
-        if name == "agentscope":
-            where = dist.locate_file("")
-            return (dist.version or "?", str(where))
-    return None
+
+def _distribution() -> str:
+    from agentscope.lowlevel import DISTRIBUTION
+
+    return DISTRIBUTION
 
 
 async def _manager_facts(manager: str) -> tuple[str | None, str | None, str | None]:
@@ -91,7 +89,7 @@ async def _manager_facts(manager: str) -> tuple[str | None, str | None, str | No
 def gather(opts: Options) -> Facts:
     """Probe systemd, the cgroup tree and this process for :func:`checks`."""
     import agentscope
-    from agentscope.lowlevel import read_oom_score_adj
+    from agentscope.lowlevel import journal_access, kmsg_readable, read_oom_score_adj
 
     manager = opts.resolved_manager
     try:
@@ -106,6 +104,7 @@ def gather(opts: Options) -> Facts:
         unreachable = str(exc)
     if caps is not None:
         policy, policy_error, oomd = asyncio.run(_manager_facts(manager))
+    journal = journal_access()
     return Facts(
         manager=manager,
         user=user,
@@ -118,7 +117,47 @@ def gather(opts: Options) -> Facts:
         linger=(LINGER_DIR / user).exists() if manager == "user" else None,
         oom_score_adj=read_oom_score_adj(os.getpid()),
         foreign_distribution=foreign_distribution(),
+        kmsg_readable=kmsg_readable(),
+        journal_readable=journal.readable,
+        journal_groups=journal.groups,
+        journal_member=_listed_in(user, journal.groups),
     )
+
+
+def _listed_in(user: str, groups: tuple[str, ...]) -> bool:
+    """Whether ``user`` belongs to one of ``groups`` by the group database (a new login's view)."""
+    try:
+        entry = pwd.getpwnam(user)
+        names = {grp.getgrgid(g).gr_name for g in os.getgrouplist(user, entry.pw_gid)}
+    except (KeyError, OSError):
+        return False
+    return bool(names & set(groups))
+
+
+def _victims_check(facts: Facts) -> dict[str, Any]:
+    """Who names an OOM victim that no sample saw: the kernel's log, where readable."""
+    if facts.kmsg_readable:
+        return _check("oom_victims", "pass", "the kernel's log (/dev/kmsg) names OOM victims")
+    if facts.journal_readable:
+        return _check(
+            "oom_victims",
+            "pass",
+            "the journal's kernel messages name OOM victims (/dev/kmsg is closed to this user)",
+        )
+    groups = facts.journal_groups or ("systemd-journal",)
+    group = "systemd-journal" if "systemd-journal" in groups else groups[0]
+    detail = (
+        f"{facts.user} may read neither /dev/kmsg (kernel.dmesg_restrict=1) nor the system "
+        "journal: a tool call OOM-killed before the monitor saw it is recorded without its "
+        f"pid, name or RSS (groups that may read the journal: {', '.join(groups)})"
+    )
+    relogin = "log in again (a manager run as a user service: restart it after its user manager)"
+    fix = (
+        relogin
+        if facts.journal_member
+        else f"sudo usermod -aG {group} {facts.user}  # then {relogin}"
+    )
+    return _check("oom_victims", "warn", detail, fix)
 
 
 def _check(name: str, status: str, detail: str, fix: str | None = None) -> dict[str, Any]:
@@ -288,10 +327,13 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
         )
     else:
         out.append(_check("oom_score_adj", "pass", f"this process has oom_score_adj {adj}"))
+    out.append(_victims_check(facts))
     foreign = facts.foreign_distribution
     if foreign is None:
         out.append(
-            _check("distribution", "pass", f"no foreign 'agentscope' package beside {DISTRIBUTION}")
+            _check(
+                "distribution", "pass", f"no foreign 'agentscope' package beside {_distribution()}"
+            )
         )
     else:
         version, where = foreign
@@ -300,8 +342,8 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
                 "distribution",
                 "fail",
                 f"an unrelated package named 'agentscope' ({version}, in {where}) is installed "
-                f"in this environment; it overwrites {DISTRIBUTION}'s import package agentscope",
-                f"pip uninstall -y agentscope && pip install --force-reinstall {DISTRIBUTION}",
+                f"in this environment; it overwrites {_distribution()}'s import package agentscope",
+                f"pip uninstall -y agentscope && pip install --force-reinstall {_distribution()}",
             )
         )
     return out

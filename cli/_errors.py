@@ -8,9 +8,11 @@ This is the one place that maps exceptions to exit codes::
                                LaunchError
     3  no such agent               AgentNotFound
     4  systemd unreachable         SystemdUnavailable
-  130  interrupted                 KeyboardInterrupt (Ctrl-C), as a shell reports SIGINT
+  130  interrupted                 Ctrl-C (KeyboardInterrupt, Interrupted), as a shell
+                               reports SIGINT, in every command
 
-With ``--json`` the message goes to stderr as ``{"error": ..., "kind": ...}``.
+With ``--json`` the message goes to stderr as ``{"schema": "agentscope.error/1",
+"error": ..., "kind": ...}``.
 Kept free of typer and rich, and of any import its ``exec`` fast path
 (which raises :class:`BadInput`) does not need before it execs.
 """
@@ -32,6 +34,7 @@ __all__ = [
     "EXIT_USAGE",
     "BadInput",
     "Failed",
+    "Interrupted",
     "classify",
     "report_error",
 ]
@@ -56,9 +59,18 @@ class Failed(Exception):
         self.kind = kind
 
 
+class Interrupted(Exception):
+    """Ctrl-C inside a command: exit 130 like a shell, whatever typer version runs it.
+
+    Typer (by version) turns a KeyboardInterrupt into a silent exit 130 or
+    into click's ``Abort``; the commands raise this instead (``_app``
+    wraps each one), so the message and ``--json``'s error line come out too.
+    """
+
+
 def classify(exc: BaseException) -> tuple[int, str]:
     """The exit code and the ``kind`` word of an exception."""
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt | Interrupted):
         return EXIT_INTERRUPTED, "interrupted"
     if isinstance(exc, BadInput):
         return EXIT_USAGE, "bad_input"
@@ -67,6 +79,8 @@ def classify(exc: BaseException) -> tuple[int, str]:
     if "typer" in sys.modules:
         import typer
 
+        if isinstance(exc, typer.Abort):  # older typer: click's answer to Ctrl-C
+            return EXIT_INTERRUPTED, "interrupted"
         if isinstance(exc, typer.TyperException):  # click's usage errors and friends
             code = getattr(exc, "exit_code", EXIT_FAILED)
             return code, "usage" if code == EXIT_USAGE else "failed"
@@ -96,7 +110,7 @@ def _message(exc: BaseException, kind: str) -> str:
     if kind == "usage" and hasattr(exc, "format_message"):
         text = str(exc.format_message())
     if kind == "interrupted":
-        text = "interrupted"
+        text = text if isinstance(exc, Interrupted) and text else "interrupted"
     if kind == "internal":
         text = (
             f"{type(exc).__name__}: {text} (a bug in agentscope; rerun with --debug to see where)"
@@ -118,7 +132,9 @@ def report_error(
     if json_mode:
         import json
 
-        out.write(json.dumps({"error": message, "kind": kind}) + "\n")
+        from agentscope._contract import stamped
+
+        out.write(json.dumps(stamped("error", {"error": message, "kind": kind})) + "\n")
     else:
         out.write(f"agentscope: error: {message}\n")
     out.flush()

@@ -21,19 +21,58 @@ from ._options import Options
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
     from collections.abc import Callable, Sequence
+    from typing import Any
 
-__all__ = ["HELP", "ExecHelp", "exec_command", "parse_exec_args", "resolve_command", "run_exec"]
+__all__ = [
+    "HELP",
+    "VALUED",
+    "ExecHelp",
+    "exec_command",
+    "launch_controls",
+    "parse_exec_args",
+    "resolve_command",
+    "run_exec",
+]
 
-USAGE = "agentscope exec NAME [--memory-max SIZE] [--quiet] -- CMD [ARGS...]"
+USAGE = (
+    "agentscope exec NAME [--memory-max SIZE] [--tasks-max N] [--cpu-weight N] "
+    "[--io-weight N] [-p NAME=VALUE]... [--reap-after SECONDS|keep] [--quiet] -- CMD [ARGS...]"
+)
+
+# exec's options that take a value, and the ExecArgs field each fills.
+VALUED = {
+    "--memory-max": "memory_max",
+    "--tasks-max": "tasks_max",
+    "--cpu-weight": "cpu_weight",
+    "--io-weight": "io_weight",
+    "--reap-after": "reap_after",
+    "--property": "properties",
+    "-p": "properties",
+}
 
 
 class ExecArgs:
     """What ``exec`` was given."""
 
-    __slots__ = ("cmd", "memory_max", "name", "quiet")
+    __slots__ = (
+        "cmd",
+        "cpu_weight",
+        "io_weight",
+        "memory_max",
+        "name",
+        "properties",
+        "quiet",
+        "reap_after",
+        "tasks_max",
+    )
 
     def __init__(self, name: str, cmd: list[str], memory_max: str | None, quiet: bool) -> None:
         self.name, self.cmd, self.memory_max, self.quiet = name, cmd, memory_max, quiet
+        self.tasks_max: str | None = None
+        self.cpu_weight: str | None = None
+        self.io_weight: str | None = None
+        self.reap_after: str | None = None
+        self.properties: list[str] = []
 
 
 HELP = f"""Usage: {USAGE}
@@ -43,9 +82,17 @@ HELP = f"""Usage: {USAGE}
   is CMD's own.
 
 Options:
-  --memory-max SIZE  cap the agent's scope (MemoryMax, no swap), e.g. 4G
-  -q, --quiet        do not print "Running as unit: ..."
-  -h, --help         show this message and exit
+  --memory-max SIZE     cap the agent's scope (MemoryMax, no swap), e.g. 4G
+  --tasks-max N         at most N processes and threads (TasksMax)
+  --cpu-weight N        its share of CPU, 1-10000 (CPUWeight; systemd's default 100)
+  --io-weight N         its share of I/O, 1-10000 (IOWeight)
+  -p, --property NAME=VALUE
+                        a systemd property of its scope: AllowedCPUs, CPUQuota,
+                        CPUWeight, IOWeight, MemoryMax, MemorySwapMax, TasksMax
+  --reap-after SECONDS  stop what CMD leaves in its scope this long after CMD
+                        ends (default 10); keep: never
+  -q, --quiet           do not print "Running as unit: ..."
+  -h, --help            show this message and exit
 """
 
 
@@ -67,7 +114,8 @@ def parse_exec_args(args: Sequence[str]) -> ExecArgs:
     """
     args = list(args)
     name: str | None = None
-    memory_max: str | None = None
+    values: dict[str, str] = {}
+    properties: list[str] = []
     quiet = False
     i = 0
     while i < len(args):
@@ -79,14 +127,19 @@ def parse_exec_args(args: Sequence[str]) -> ExecArgs:
             raise ExecHelp
         if arg in ("-q", "--quiet"):
             quiet = True
-        elif arg == "--memory-max" or arg.startswith("--memory-max="):
-            if "=" in arg:
-                memory_max = arg.partition("=")[2]
+        elif (arg.partition("=")[0] in VALUED and arg.startswith("--")) or arg == "-p":
+            option = arg.partition("=")[0]
+            if "=" in arg and arg.startswith("--"):
+                value = arg.partition("=")[2]
             elif i + 1 < len(args):
                 i += 1
-                memory_max = args[i]
+                value = args[i]
             else:
-                raise _usage("--memory-max needs a size")
+                raise _usage(f"{option} needs a value")
+            if VALUED[option] == "properties":
+                properties.append(value)
+            else:
+                values[VALUED[option]] = value
         elif arg.startswith("-") and arg != "-":
             raise _usage(f"unknown option {arg}")
         elif name is None:
@@ -96,7 +149,56 @@ def parse_exec_args(args: Sequence[str]) -> ExecArgs:
         i += 1
     if name is None:
         raise _usage("the agent NAME is missing")
-    return ExecArgs(name, args[i:], memory_max, quiet)
+    ns = ExecArgs(name, args[i:], values.pop("memory_max", None), quiet)
+    for field, value in values.items():
+        setattr(ns, field, value)
+    ns.properties = properties
+    return ns
+
+
+def launch_controls(
+    tasks_max: str | None = None,
+    cpu_weight: str | None = None,
+    io_weight: str | None = None,
+    properties: Sequence[str] = (),
+    reap_after: str | None = None,
+) -> dict[str, Any]:
+    """The resource controls and ``reap_after`` of ``run`` and ``exec``, checked.
+
+    Returns the keywords for ``launch``/``adopt``. Checked here, before any
+    I/O (a fleet is not even opened for a bad value).
+
+    Raises:
+        BadInput: a number that is not one, ``-p`` without ``NAME=VALUE``, or
+            a property given twice; InvalidConfig: a value out of its range.
+    """
+    from agentscope import _scopeprops
+
+    kw: dict[str, Any] = {}
+    for key, option, value in (
+        ("tasks_max", "--tasks-max", tasks_max),
+        ("cpu_weight", "--cpu-weight", cpu_weight),
+        ("io_weight", "--io-weight", io_weight),
+    ):
+        if value is not None:
+            if not value.strip().isdigit():
+                raise BadInput(f"{option} takes a whole number, not {value!r}")
+            kw[key] = int(value)
+    props: dict[str, str] = {}
+    for item in properties:
+        prop, eq, value = item.partition("=")
+        if not eq or not prop:
+            raise BadInput(f"-p takes NAME=VALUE (e.g. -p TasksMax=512), not {item!r}")
+        if prop in props:
+            raise BadInput(f"-p {prop} is given twice")
+        props[prop] = value
+    if props:
+        kw["properties"] = props
+    _scopeprops.build(**kw)
+    if reap_after is not None:
+        grace = _scopeprops.parse_reap_after(reap_after)
+        kw["reap_after"] = "keep" if grace is None else grace
+    return kw
 
 
 def resolve_command(prog: str, env: dict[str, str] | None = None) -> str:
@@ -127,7 +229,18 @@ def run_exec(
 ) -> None:
     """Parse ``exec``'s arguments and run :func:`exec_command`."""
     ns = parse_exec_args(args)
-    exec_command(opts, ns.name, ns.cmd, memory_max=ns.memory_max, quiet=ns.quiet, execv=execv)
+    controls = launch_controls(
+        ns.tasks_max, ns.cpu_weight, ns.io_weight, ns.properties, ns.reap_after
+    )
+    exec_command(
+        opts,
+        ns.name,
+        ns.cmd,
+        memory_max=ns.memory_max,
+        quiet=ns.quiet,
+        execv=execv,
+        controls=controls,
+    )
 
 
 def exec_command(
@@ -138,10 +251,12 @@ def exec_command(
     memory_max: str | None = None,
     quiet: bool = False,
     execv: Callable[[str, list[str]], object] | None = None,
+    controls: dict[str, Any] | None = None,
 ) -> None:
     """Adopt this process as agent ``name``, then exec ``cmd`` (never returns on success).
 
-    ``execv`` is the exec itself (``os.execv`` when None); tests pass a stand-in.
+    ``execv`` is the exec itself (``os.execv`` when None); tests pass a
+    stand-in. ``controls`` are :func:`launch_controls`'s keywords.
 
     Raises:
         BadInput: no command, a bad size, a command not found (no scope is made);
@@ -156,7 +271,7 @@ def exec_command(
 
         size = parse_size(memory_max)
     path = resolve_command(cmd[0])
-    unit = _adopt(opts, name, list(cmd), size)
+    unit = _adopt(opts, name, list(cmd), size, controls or {})
     if not (quiet or opts.json):
         sys.stderr.write(f"Running as unit: {unit}\n")
     sys.stdout.flush()
@@ -167,13 +282,21 @@ def exec_command(
         raise Failed(f"cannot exec {cmd[0]!r} in {unit}: {exc}", "exec_failed") from exc
 
 
-def _adopt(opts: Options, name: str, cmd: list[str], size: int | None) -> str:
+def _adopt(
+    opts: Options, name: str, cmd: list[str], size: int | None, controls: dict[str, Any]
+) -> str:
     """This process in a new scope of agent ``name``: the fast path, else the library's."""
     from agentscope import _exec
 
     try:
         return _exec.adopt_self(
-            opts.fleet, name, cmd, manager=opts.manager, memory_max=size, warn=_warn
+            opts.fleet,
+            name,
+            cmd,
+            manager=opts.manager,
+            memory_max=size,
+            warn=_warn,
+            **controls,
         )
     except _exec.SlowPath as exc:
         slow = str(exc)
@@ -185,7 +308,7 @@ def _adopt(opts: Options, name: str, cmd: list[str], size: int | None) -> str:
         sys.stderr.write(f"agentscope: DEBUG: exec takes the slow path: {slow}\n")
     fleet = _fleet.open_fleet(opts)
     try:
-        return fleet.adopt(os.getpid(), name, memory_max=size).unit
+        return fleet.adopt(os.getpid(), name, memory_max=size, **controls).unit
     finally:
         fleet.close()
 

@@ -22,11 +22,13 @@ __all__ = [
     "AgentLike",
     "FleetLike",
     "GuardedStream",
+    "HistoryLike",
     "Options",
     "Record",
     "default_log_path",
     "log_location",
     "open_fleet",
+    "open_history",
 ]
 
 
@@ -37,10 +39,13 @@ class Record(Protocol):
 
 
 class GuardedStream(Iterator[Record], Protocol):
-    """What ``fleet.monitor()`` gives: its events, and whether its guard runs."""
+    """What ``fleet.monitor()`` gives: its events, whether its guard runs, and a
+    close that ends the events after those it already has."""
 
     @property
     def guard_running(self) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 class EventLike(Record, Protocol):
@@ -54,44 +59,12 @@ class AgentLike(Record, Protocol):
     unit: str
     pid: int
 
+    @property
+    def property_issues(self) -> list[dict[str, Any]]: ...
 
-class FleetLike(Protocol):
-    """What the CLI uses of the blocking ``agentscope.Fleet``."""
 
-    name: str
-    manager: str
-
-    def close(self) -> None: ...
-
-    def launch(
-        self,
-        name: str,
-        argv: Sequence[str],
-        *,
-        cwd: str | None = ...,
-        env: Mapping[str, str] | None = ...,
-        stdin: int | IO[Any] | None = ...,
-        stdout: int | IO[Any] | None = ...,
-        stderr: int | IO[Any] | None = ...,
-        memory_max: int | None = ...,
-        terminal: str | None = ...,
-    ) -> AgentLike: ...
-
-    def adopt(self, pid: int, name: str, *, memory_max: int | None = ...) -> AgentLike: ...
-
-    def stop(self, name: str, timeout: float = ...) -> None: ...
-
-    def kill(self, name: str, signal: int = ...) -> None: ...
-
-    def freeze(self, name: str) -> None: ...
-
-    def thaw(self, name: str) -> None: ...
-
-    def agents(self) -> Sequence[AgentLike]: ...
-
-    def clear_slice_limits(self) -> dict[str, int]: ...
-
-    def slice_limits(self) -> dict[str, int | None]: ...
+class HistoryLike(Protocol):
+    """A fleet's recorded history: what ``events`` and ``gc`` use, no bus needed."""
 
     def events(
         self,
@@ -107,6 +80,61 @@ class FleetLike(Protocol):
 
     def gc(self, retention_seconds: float = ...) -> int: ...
 
+    def close(self) -> None: ...
+
+
+class FleetLike(HistoryLike, Protocol):
+    """What the CLI uses of the blocking ``agentscope.Fleet``: its history, and the rest."""
+
+    name: str
+    manager: str
+
+    def launch(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        stdin: int | IO[Any] | None = ...,
+        stdout: int | IO[Any] | None = ...,
+        stderr: int | IO[Any] | None = ...,
+        memory_max: int | None = ...,
+        terminal: str | None = ...,
+        tasks_max: int | None = ...,
+        cpu_weight: int | None = ...,
+        io_weight: int | None = ...,
+        properties: Mapping[str, str | int] | None = ...,
+        reap_after: float | str = ...,
+    ) -> AgentLike: ...
+
+    def adopt(
+        self,
+        pid: int,
+        name: str,
+        *,
+        memory_max: int | None = ...,
+        tasks_max: int | None = ...,
+        cpu_weight: int | None = ...,
+        io_weight: int | None = ...,
+        properties: Mapping[str, str | int] | None = ...,
+        reap_after: float | str = ...,
+    ) -> AgentLike: ...
+
+    def stop(self, name: str, timeout: float = ...) -> None: ...
+
+    def kill(self, name: str, signal: int = ...) -> None: ...
+
+    def freeze(self, name: str) -> None: ...
+
+    def thaw(self, name: str) -> None: ...
+
+    def agents(self) -> Sequence[AgentLike]: ...
+
+    def clear_slice_limits(self) -> dict[str, int]: ...
+
+    def slice_limits(self) -> dict[str, int | None]: ...
+
     def logs(self, name: str, lines: int = ...) -> list[str]: ...
 
     def send(self, name: str, text: str, *, enter: bool = ...) -> None: ...
@@ -116,7 +144,12 @@ class FleetLike(Protocol):
     def report(self, top: int = ...) -> Record: ...
 
     def monitor(
-        self, interval: float = ..., top: int = ..., *, guard: Any = ...
+        self,
+        interval: float = ...,
+        top: int = ...,
+        *,
+        guard: Any = ...,
+        reclaim_escaped: bool = ...,
     ) -> AbstractContextManager[GuardedStream]: ...
 
 
@@ -130,6 +163,41 @@ def open_fleet(opts: Options) -> FleetLike:
     from agentscope import Fleet
 
     return cast(FleetLike, Fleet(opts.fleet, opts.manager))
+
+
+class _History:
+    """One fleet's rows of the registry file, read without systemd.
+
+    ``events`` and ``gc`` need the registry only: they work on a host (or in
+    a container, or over SSH without a session bus) where the manager is out
+    of reach. Rows a fleet would close as lost when it next opens are still
+    open here, and their ``lost`` events not yet written.
+    """
+
+    def __init__(self, registry: Any, fleet: str) -> None:
+        self._registry = registry
+        self._fleet = fleet
+
+    def events(self, **filters: Any) -> Sequence[EventLike]:
+        return cast(Sequence[EventLike], self._registry.events(self._fleet, **filters))
+
+    def gc(self, retention_seconds: float = 7 * 86400) -> int:
+        return int(self._registry.gc(retention_seconds, fleet=self._fleet))
+
+    def close(self) -> None:
+        self._registry.close()
+
+
+def open_history(opts: Options) -> HistoryLike:
+    """The recorded history of the fleet the options name, from its registry file.
+
+    Raises:
+        RegistryError: the file cannot be opened (RegistryCorrupt: damaged).
+    """
+    from agentscope import default_registry_path
+    from agentscope.lowlevel import Registry, resolve_manager
+
+    return _History(Registry(default_registry_path(resolve_manager(opts.manager))), opts.fleet)
 
 
 def default_log_path(opts: Options, name: str, env: Mapping[str, str] = os.environ) -> Path:

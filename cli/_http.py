@@ -28,6 +28,17 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from agentscope import (
+    AgentExited,
+    Escaped,
+    GuardKill,
+    LimitFound,
+    OomKill,
+    Pressure,
+    Throttled,
+)
+from agentscope._contract import schema_id
+
 from ._errors import BadInput, Failed
 
 if TYPE_CHECKING:
@@ -36,6 +47,15 @@ if TYPE_CHECKING:
 __all__ = ["FaceState", "HttpFace", "health", "metric_families", "parse_listen", "start_face"]
 
 _PRESSURE_WINDOWS = ("avg10", "avg60", "avg300")
+#: Every kind of monitor event, counted from 0: a series born at 1 hides its
+#: first event from increase() and rate() (Prometheus sees no change), so the
+#: dashboard's first OOM kill would count as none.
+_EVENT_KINDS = tuple(
+    sorted(
+        cls.kind
+        for cls in (OomKill, Throttled, Pressure, AgentExited, LimitFound, Escaped, GuardKill)
+    )
+)
 
 
 def parse_listen(value: str, *, any_address: bool = False) -> tuple[str, int]:
@@ -180,6 +200,7 @@ def health(state: FaceState, *, now: float | None = None) -> tuple[int, dict[str
     else:
         status = "ok"
     body: dict[str, Any] = {
+        "schema": schema_id("health"),
         "status": status,
         "fleet": state.fleet,
         "manager": state.manager,
@@ -252,7 +273,7 @@ def metric_families(state: FaceState) -> Iterable[Any]:
         "Monitor events by kind (oom_kill, throttled, pressure, ...) since it started.",
         labels=["fleet", "kind"],
     )
-    for kind, count in sorted(counters.events.items()):
+    for kind, count in sorted({**dict.fromkeys(_EVENT_KINDS, 0), **counters.events}.items()):
         events.add_metric([fleet, kind], count)
     yield events
     if state.guard is not None:
@@ -296,7 +317,9 @@ def _agent_families(fleet: str, agents: Sequence[Mapping[str, Any]]) -> Iterable
     for name, count in sorted(states.items()):
         by_state.add_metric([fleet, name], count)
     yield by_state
-    labels = ["fleet", "agent", "unit"]
+    # An agent's identity is its fleet and name: a relaunch (a new unit, a
+    # new PID) continues its series instead of starting a new label set.
+    labels = ["fleet", "agent"]
     current = GaugeMetricFamily(
         "agentscope_agent_memory_current_bytes",
         "memory.current of the agent's scope.",
@@ -312,8 +335,11 @@ def _agent_families(fleet: str, agents: Sequence[Mapping[str, Any]]) -> Iterable
         "Processes of the agent the kernel OOM-killed.",
         labels=labels,
     )
-    for agent in agents:
-        values = [fleet, str(agent.get("name")), str(agent.get("unit"))]
+    # One series per name: a row that is closing while its successor starts
+    # would otherwise give the same labels twice; the later row wins.
+    by_name = {str(agent.get("name")): agent for agent in agents}
+    for name, agent in sorted(by_name.items()):
+        values = [fleet, name]
         if agent.get("memory_current") is not None:
             current.add_metric(values, agent["memory_current"])
         if agent.get("memory_peak") is not None:
@@ -379,9 +405,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.busy(self.request)
         path = self.path.partition("?")[0]
         if path == "/metrics":
-            from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+            from prometheus_client.exposition import choose_encoder
 
-            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+            # Accept: application/openmetrics-text gets OpenMetrics (with its
+            # # EOF and _created samples), anything else the Prometheus text format.
+            encode, content_type = choose_encoder(self.headers.get("Accept") or "")
+            self._send(200, content_type, encode(self.server.registry))
         elif path == "/health":
             code, body = health(self.server.state)
             self._send(code, "application/json", (json.dumps(body) + "\n").encode())

@@ -8,7 +8,33 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["Options"]
+__all__ = ["MANAGERS", "MANAGER_FLAGS", "Options", "choose_manager"]
+
+#: The manager's spellings, taken by every command as global options:
+#: ``--manager user`` is ``--user``, ``--manager system`` is ``--system``.
+MANAGERS = ("auto", "user", "system")
+MANAGER_FLAGS = {"--user": "user", "--system": "system"}
+
+
+def choose_manager(manager: str | None, *flags: str) -> str:
+    """The manager the options name: ``auto`` unless one spelling names one.
+
+    ``flags`` are the manager flags given (``--user``, ``--system``). Two
+    spellings that agree are fine; two that disagree are a usage error.
+
+    Raises:
+        BadInput: an unknown manager, or two different ones.
+    """
+    from ._errors import BadInput
+
+    named = {MANAGER_FLAGS[f] for f in flags}
+    if manager is not None and manager != "auto":
+        if manager not in MANAGERS:
+            raise BadInput(f"--manager {manager!r} is not one of user, system, auto")
+        named.add(manager)
+    if len(named) > 1:
+        raise BadInput("choose one manager: --user (--manager user) or --system (--manager system)")
+    return named.pop() if named else "auto"
 
 
 class Options:

@@ -7,35 +7,74 @@ Plain functions, no I/O, and only light standard-library imports: the
 from __future__ import annotations
 
 import math
+import os
 import re
 import signal
 from datetime import datetime
 
 from ._errors import BadInput
 
-__all__ = ["parse_duration", "parse_env", "parse_signal", "parse_since", "parse_size"]
+__all__ = [
+    "parse_duration",
+    "parse_env",
+    "parse_signal",
+    "parse_since",
+    "parse_size",
+    "physical_memory",
+]
 
-_SIZE = re.compile(r"(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[kmgtp]?)(?:i?b)?", re.IGNORECASE)
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
-_DURATION = re.compile(r"(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>s|m|h|d|w)?", re.IGNORECASE)
+_SIZE = re.compile(r"(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[kmgtpe]?)(?:i?b)?", re.IGNORECASE)
+_PERCENT = re.compile(r"(?P<whole>\d{1,3})(?:\.(?P<frac>\d{1,2}))?\s*%")
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50, "e": 2**60}
+_INFINITY = "infinity"
 _MAX_DURATION = 100 * 365.25 * 86400
-_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# systemd.time(7)'s time spans, spelled (and cased) as systemd takes them:
+# "M" is a month there, "m" a minute.
+_SPAN_UNITS = {
+    **dict.fromkeys(("usec", "us", "\u00b5s", "\u03bcs"), 1e-6),
+    **dict.fromkeys(("msec", "ms"), 1e-3),
+    **dict.fromkeys(("seconds", "second", "sec", "s", ""), 1.0),
+    **dict.fromkeys(("minutes", "minute", "min", "m"), 60.0),
+    **dict.fromkeys(("hours", "hour", "hr", "h"), 3600.0),
+    **dict.fromkeys(("days", "day", "d"), 86400.0),
+    **dict.fromkeys(("weeks", "week", "w"), 7 * 86400.0),
+    **dict.fromkeys(("months", "month", "M"), 30.44 * 86400),
+    **dict.fromkeys(("years", "year", "y"), 365.25 * 86400),
+}
+_SPAN_PART = re.compile(r"\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[^\W\d_]*)")
+_SPAN_HINT = "a time span like 90s, 10min, 1h30min, 500ms or 7d (systemd.time(7))"
 
 
-def parse_size(text: str) -> int:
-    """Bytes from ``4096``, ``512K``, ``4G``, ``1.5GiB``, ``2TB`` (powers of 1024).
+def physical_memory() -> int:
+    """This machine's RAM in bytes, as systemd counts it for ``MemoryMax=50%``."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def parse_size(text: str, *, physical: int | None = None) -> int | None:
+    """Bytes from a size as systemd takes it for ``MemoryMax=``; None for ``infinity``.
+
+    ``4096``, ``512K``, ``4G``, ``1.5GiB``, ``2TB`` (K/M/G/T/P/E in powers
+    of 1024, an optional ``B`` or ``iB``), ``50%`` (of ``physical`` bytes,
+    by default this machine's RAM, rounded down to whole pages as systemd
+    does), or ``infinity`` (no limit).
 
     Raises:
-        BadInput: zero, negative, or not a size.
+        BadInput: zero, negative, more than 100 %, or not a size.
     """
     stripped = text.strip()
+    if stripped.lower() == _INFINITY:
+        return None
     if stripped.startswith("-"):
         raise BadInput(f"size {text!r} is negative; give a positive size like 512M or 4G")
+    pct = _PERCENT.fullmatch(stripped)
+    if pct is not None:
+        return _percent_of_memory(text, pct, physical)
     m = _SIZE.fullmatch(stripped)
     if m is None:
         raise BadInput(
             f"size {text!r} is not a size; use bytes or a K/M/G/T suffix "
-            "(powers of 1024), like 4096, 512M, 1.5G or 2GiB"
+            "(powers of 1024), a percentage of RAM or infinity, like 4096, 512M, "
+            "1.5G, 2GiB, 50% or infinity"
         )
     if len(m["num"]) > 40:  # past 2^64 in any unit (and int() caps digits at 4300)
         raise BadInput(f"size {text!r} is 2^64 bytes or more; systemd takes at most 16 EiB")
@@ -53,50 +92,90 @@ def parse_size(text: str) -> int:
     return value
 
 
+def _percent_of_memory(text: str, m: re.Match[str], physical: int | None) -> int:
+    permyriad = int(m["whole"]) * 100 + int((m["frac"] or "").ljust(2, "0"))
+    if not 0 < permyriad <= 10000:
+        raise BadInput(f"size {text!r} is not a share of RAM; give more than 0% and at most 100%")
+    # systemd's physical_memory_scale(): whole pages, rounded down.
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = physical_memory() if physical is None else physical
+    return max(page, total // page * permyriad // 10000 * page)
+
+
 def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``30s``, ``10m``, ``2h``, ``1d`` or ``1w``.
+    """Seconds from a systemd time span: ``90``, ``30s``, ``10min``, ``1h30min``, ``500ms``, ``7d``.
+
+    Units as systemd.time(7) spells them (``m`` and ``min`` are minutes,
+    ``M`` months); parts add up, with or without spaces between them.
 
     Raises:
-        BadInput: not a duration, or negative.
+        BadInput: not a time span, or more than 100 years.
     """
-    m = _DURATION.fullmatch(text.strip())
-    if m is None:
-        raise BadInput(
-            f"duration {text!r} is not a duration; "
-            "use seconds or a s/m/h/d/w suffix, like 10m or 2h"
-        )
-    seconds = float(m["num"]) * _SECONDS[(m["unit"] or "").lower()]
-    if not seconds <= _MAX_DURATION:
+    stripped = text.strip()
+    total, pos = 0.0, 0
+    for m in _SPAN_PART.finditer(stripped):
+        if m.start() != pos:
+            break
+        factor = _SPAN_UNITS.get(m["unit"])
+        if factor is None:
+            raise BadInput(f"duration {text!r} has no unit {m['unit']!r}; use {_SPAN_HINT}")
+        total += float(m["num"]) * factor
+        pos = m.end()
+    if not stripped or pos != len(stripped):
+        raise BadInput(f"duration {text!r} is not a time span; use {_SPAN_HINT}")
+    if not total <= _MAX_DURATION:
         raise BadInput(f"duration {text!r} is more than 100 years")
-    return seconds
+    return total
 
 
 def parse_since(text: str, now: float) -> float:
-    """A unix time from unix seconds, ISO 8601, or a time ago like ``10m``, ``2h``, ``1d``.
+    """A unix time from a point in time as ``journalctl --since`` takes it.
 
-    An ISO time without a zone is local time.
+    Unix seconds (``1714567890``, ``@1714567890``), ISO 8601 (local time
+    without a zone), ``now``, ``today``, ``yesterday``, ``tomorrow``, a time
+    relative to now (``-1h``, ``+30min``, ``2h ago``), or a bare time span,
+    which means that long ago (``10m``, ``1h30min``).
 
     Raises:
         BadInput: none of these.
     """
     stripped = text.strip()
     try:
-        seconds = float(stripped)
+        seconds = float(stripped.removeprefix("@"))
     except ValueError:
         pass
     else:
         if not math.isfinite(seconds):
             raise BadInput(f"time {text!r} is not a time; give unix seconds like 1714567890")
         return seconds
-    if _DURATION.fullmatch(stripped):
-        return now - parse_duration(stripped)
+    word = stripped.lower()
+    if word == "now":
+        return now
+    if word in _DAYS:
+        midnight = datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+        return midnight.timestamp() + _DAYS[word] * 86400
+    sign, span = -1.0, stripped
+    if stripped[:1] in ("+", "-"):
+        sign, span = (1.0 if stripped[0] == "+" else -1.0), stripped[1:]
+    elif word.endswith(" ago"):
+        span = stripped[: -len(" ago")]
+    if span[:1].isdigit() or span[:1] == ".":
+        try:
+            return now + sign * parse_duration(span)
+        except BadInput:
+            if stripped[:1] in ("+", "-") or word.endswith(" ago"):
+                raise
     try:
         return datetime.fromisoformat(stripped.replace("Z", "+00:00")).timestamp()
     except (ValueError, OverflowError, OSError):
         raise BadInput(
             f"time {text!r} is not a time; use unix seconds, ISO 8601 "
-            "(2024-05-01T12:00:00), or a time ago like 10m, 2h or 1d"
+            "(2024-05-01T12:00:00), now, today, yesterday, or a time relative to now "
+            "like -1h, -10min or 2h ago"
         ) from None
+
+
+_DAYS = {"today": 0, "yesterday": -1, "tomorrow": 1}
 
 
 def parse_signal(text: str) -> signal.Signals:

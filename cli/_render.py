@@ -34,6 +34,7 @@ _STATE_STYLE = {
     "frozen": "cyan",
     "starting": "yellow",
     "stopping": "yellow",
+    "lingering": "magenta",
     "exited": "dim",
     "failed": "red",
     "lost": "red",
@@ -111,18 +112,24 @@ def _styled(value: str, style: str | None) -> Text:
     return Text(value, style=style or "")
 
 
+def _state_cell(agent: Mapping[str, Any]) -> Text:
+    """An agent's state; a lingering one says how many processes it left."""
+    state = str(agent.get("state") or "-")
+    shown = f"{state} ({agent.get('leftovers', 0)} left)" if state == "lingering" else state
+    return _styled(shown, _STATE_STYLE.get(state))
+
+
 def ls_table(agents: Sequence[Mapping[str, Any]], now: float | None = None) -> Table:
     """The ``ls`` table: name, state, pid, memory, peak, OOM kills, age, unit."""
     now = time.time() if now is None else now
     table = Table(box=None, pad_edge=False, header_style="bold")
     _columns(table, ("NAME", "STATE", "PID", "MEMORY", "PEAK", "OOM KILLS", "AGE", "UNIT"))
     for a in agents:
-        state = str(a.get("state") or "-")
         started = a.get("started")
         add_row(
             table,
             str(a.get("name", "-")),
-            _styled(state, _STATE_STYLE.get(state)),
+            _state_cell(a),
             str(a.get("pid") or "-"),
             format_bytes(a.get("memory_current")),
             format_bytes(a.get("memory_peak")),
@@ -152,14 +159,21 @@ def _is_size(key: str) -> bool:
 def report_view(report: Mapping[str, Any]) -> Group:
     """The ``report`` view: host line, PSI line, agents table, top processes table."""
     agents = Table(title="agents", title_justify="left", box=None, header_style="bold")
-    _columns(agents, ("NAME", "MEMORY", "PEAK", "OOM KILLS", "UNIT"))
+    # Only a fleet with escapees gets the column (docs/escapes.md).
+    escapes = any(a.get("escaped") for a in report.get("agents", []))
+    columns = ("NAME", "MEMORY", "PEAK", "OOM KILLS", *(["ESCAPED"] if escapes else []), "UNIT")
+    _columns(agents, columns)
     for a in report.get("agents", []):
+        escaped = (
+            [f"{a.get('escaped') or 0} ({format_bytes(a.get('escaped_rss'))})"] if escapes else []
+        )
         add_row(
             agents,
             str(a.get("agent") or "-"),
             format_bytes(a.get("memory_current")),
             format_bytes(a.get("memory_peak")),
             str(a.get("oom_kills", 0)),
+            *escaped,
             str(a.get("unit", "-")),
         )
     procs = Table(title="top processes", title_justify="left", box=None, header_style="bold")
@@ -170,7 +184,7 @@ def report_view(report: Mapping[str, Any]) -> Group:
             str(p.get("pid", "-")),
             str(p.get("comm", "-")),
             format_bytes(p.get("rss")),
-            str(p.get("agent") or "-"),
+            str(p.get("agent") or "-") + (" (escaped)" if p.get("escaped") else ""),
         )
     return Group(
         _host_line(report.get("host") or {}),
@@ -213,7 +227,7 @@ def _guard_kill_text(d: Mapping[str, Any]) -> str:
         reading += f" psi_full={_num(psi)}%"
     reaction = d.get("reaction_seconds")
     took = f"{float(reaction) * 1000:.0f}ms" if isinstance(reaction, int | float) else "-"
-    comm = str(d.get("comm") or "-").translate(_UNPRINTABLE)
+    comm = _plain(d.get("comm") or "-")
     released = "" if d.get("released") else " released=no"
     return (
         f"pid={d.get('pid')} comm={comm} size={size} trigger={d.get('trigger')} "
@@ -226,24 +240,83 @@ _UNPRINTABLE = {c: "?" for c in range(32)} | {127: "?"}
 
 
 def event_line(event: Mapping[str, Any]) -> str:
-    """``2024-05-01 12:00:00 oom_kill builder-1 pid=123 comm=node``.
+    """One line for an event: a live one (``monitor``) or a recorded one (``events``).
 
-    A guard kill (live, or a registry record with ``detail``) reads as
+    Both read the same, from the same fields (a recorded event keeps them
+    in ``detail``): ``2024-05-01 12:00:00 oom_kill builder-1 pid=5001
+    comm=node rss=5.0GiB source=kmsg unit=...``; a throttle ends with the
+    command that lifts it (``fix: systemctl ...``). A guard kill reads as
     ``... guard_kill builder-1 pid=123 comm=node size=1.2GiB trigger=memory
-    mem_available=4.50% swap_free=0.00% psi_full=12.00% reaction=40ms``.
+    mem_available=4.50% swap_free=0.00% psi_full=12.00% reaction=40ms``; an
+    escape as ``... escaped builder-1 pid=77 comm=sleep to=run-r1.scope
+    reclaimed=yes``.
     """
-    if event.get("kind") == "guard_kill":
-        detail = event.get("detail")
-        fields = detail if isinstance(detail, Mapping) else event
-        ts = event.get("ts")
-        stamp = _local(float(ts)) if ts is not None else "-"
-        agent = event.get("agent") or fields.get("unit") or "-"
-        return f"{stamp} guard_kill {agent} {_guard_kill_text(fields)}"
-    detail = event.get("detail") or {}
-    extra = " ".join(f"{k}={v}" for k, v in detail.items()) if isinstance(detail, Mapping) else ""
+    detail = event.get("detail")
+    fields: Mapping[str, Any] = detail if isinstance(detail, Mapping) else event
+    kind = _plain(event.get("kind") or "-")
     ts = event.get("ts")
-    stamp = _local(float(ts)) if ts is not None else "-"
-    return f"{stamp} {event.get('kind', '-')} {event.get('agent') or '-'} {extra}".rstrip()
+    stamp = _local(float(ts)) if isinstance(ts, int | float) else "-"
+    unit = fields.get("unit")
+    who = _plain(event.get("agent") or fields.get("agent") or unit or "-")
+    if kind == "guard_kill":
+        return f"{stamp} guard_kill {who} {_guard_kill_text(fields)}"
+    if kind == "escaped":
+        return f"{stamp} escaped {who} {_escaped_text(fields)}"
+    words = _event_words(kind, fields, shown_unit=who == _plain(unit))
+    return f"{stamp} {kind} {who} {words}".rstrip()
+
+
+def _plain(value: Any) -> str:
+    """A value others chose, as one line of text: control characters are '?'."""
+    return str(value).translate(_UNPRINTABLE)
+
+
+#: The fields of an event, in the order a line shows them; the rest follow.
+_FIRST = ("pid", "comm", "rss_last_seen", "status", "source", "unit")
+_SIZES = frozenset({"rss_last_seen", "rss", "swap", "memory_current", "memory_peak"})
+_NAMES = {"rss_last_seen": "rss", "high_events_delta": "high_events", "d_state_pids": "stalled"}
+_NOT_WORDS = frozenset({"kind", "ts", "agent", "id", "fleet", "detail", "fix", "report"})
+
+
+def _event_words(kind: str, fields: Mapping[str, Any], *, shown_unit: bool) -> str:
+    order = [k for k in _FIRST if k in fields] + [k for k in fields if k not in _FIRST]
+    words: list[str] = []
+    for key in order:
+        value = fields[key]
+        if key in _NOT_WORDS or value is None or (key == "unit" and shown_unit):
+            continue
+        if key == "recovered" and not value:  # said only of a kill recovered after the fact
+            continue
+        name = _NAMES.get(key, key)
+        if key in _SIZES and isinstance(value, int):
+            words.append(f"{name}={format_bytes(value).replace(' ', '')}")
+        elif isinstance(value, list | tuple):
+            words.append(f"{name}={','.join(_plain(v) for v in value) or '-'}")
+        elif isinstance(value, Mapping):
+            inner = ",".join(f"{_plain(k)}={_plain(v)}" for k, v in value.items() if v is not None)
+            words.append(f"{name}={inner or '-'}")
+        else:
+            words.append(f"{name}={_plain(value)}")
+    if kind == "oom_kill" and fields.get("pid") is None:
+        words.insert(0, "victim=unknown")
+    report = fields.get("report")
+    if kind == "pressure" and isinstance(report, Mapping):
+        words.append(format_pressure(report.get("pressure")))
+    if kind == "throttled":
+        fix = fields.get("fix")
+        words.append(f"fix: {_plain(fix)}" if fix else "fix: none found (no MemoryHigh holder)")
+    return " ".join(words)
+
+
+def _escaped_text(fields: Mapping[str, Any]) -> str:
+    where = _plain(fields.get("to_unit") or fields.get("cgroup") or "-")
+    text = f"pid={fields.get('pid', '-')} comm={_plain(fields.get('comm', '-'))} to={where}"
+    reclaimed = fields.get("reclaimed")
+    if reclaimed is True:
+        text += " reclaimed=yes"
+    elif reclaimed is False:
+        text += f" reclaimed=no ({_plain(fields.get('reclaim_error') or 'unknown')})"
+    return text
 
 
 def top_view(
@@ -258,12 +331,11 @@ def top_view(
     _columns(table, ("NAME", "STATE", "MEMORY", "", "PEAK", "OOM", "AGE"))
     for a in agents:
         current = a.get("memory_current") or 0
-        state = str(a.get("state") or "-")
         started = a.get("started")
         add_row(
             table,
             str(a.get("name", "-")),
-            _styled(state, _STATE_STYLE.get(state)),
+            _state_cell(a),
             format_bytes(a.get("memory_current")),
             ProgressBar(total=biggest, completed=current, width=24),
             format_bytes(a.get("memory_peak")),

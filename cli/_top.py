@@ -58,16 +58,13 @@ def _wait_key(fd: int | None, timeout: float) -> str | None:
 
 
 def run_top(fleet: FleetLike, interval: float = 1.0) -> None:
-    """Refresh the view every ``interval`` seconds until ``q`` or Ctrl-C."""
+    """Refresh the view every ``interval`` seconds until ``q`` (or Ctrl-C: exit 130)."""
     console = Console()
-    try:
-        with _keys() as fd, Live(console=console, auto_refresh=False, screen=True) as live:
-            while True:
-                now = time.time()
-                data = snapshot(fleet, now)
-                live.update(top_view(data["agents"], data["pressure"], data["events"], now))
-                live.refresh()
-                if (_wait_key(fd, interval) or "").lower() == "q":
-                    return
-    except KeyboardInterrupt:
-        return
+    with _keys() as fd, Live(console=console, auto_refresh=False, screen=True) as live:
+        while True:
+            now = time.time()
+            data = snapshot(fleet, now)
+            live.update(top_view(data["agents"], data["pressure"], data["events"], now))
+            live.refresh()
+            if (_wait_key(fd, interval) or "").lower() == "q":
+                return

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ._options import Options
+from ._options import MANAGER_FLAGS, Options, choose_manager
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # annotations only: collections and typing cost imports
 __all__ = ["hoist_globals", "main", "split_globals"]
 
 _VALUED = ("--manager", "--fleet")
-_FLAGS = ("--json", "--debug")
+_FLAGS = ("--json", "--debug", *MANAGER_FLAGS)
 
 
 def hoist_globals(args: Sequence[str]) -> list[str]:
@@ -58,6 +58,8 @@ def _exec_command_start(args: Sequence[str]) -> int:
     ``agentscope exec b mytool --json`` gives ``--json`` to ``mytool``: what follows
     the agent's command is the agent's, never ours.
     """
+    from ._exec import VALUED as EXEC_VALUED
+
     i, seen_command, name_seen = 0, False, False
     while i < len(args):
         arg = args[i]
@@ -66,7 +68,7 @@ def _exec_command_start(args: Sequence[str]) -> int:
         key = arg.partition("=")[0]
         if arg in _FLAGS or arg in ("-q", "--quiet", "-h", "--help"):
             pass
-        elif key in (*_VALUED, "--memory-max"):
+        elif key in _VALUED or key in EXEC_VALUED:
             i += 0 if "=" in arg else 1
         elif not seen_command:
             if arg != "exec":
@@ -105,8 +107,9 @@ def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] 
         else:
             break
         i += 1
-    manager = values.get("--manager", "auto")
-    if manager not in ("auto", "user", "system"):
+    try:
+        manager = choose_manager(values.get("--manager"), *(f for f in flags if f in MANAGER_FLAGS))
+    except ValueError:  # BadInput: typer then reports it, exit 2
         return None
     opts = Options(
         manager=manager,
@@ -120,6 +123,16 @@ def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the agentscope command line and exit with its status."""
+    try:
+        _main(argv)
+    except KeyboardInterrupt as exc:  # Ctrl-C between the commands: while importing, say
+        from ._errors import report_error
+
+        args = sys.argv[1:] if argv is None else argv
+        sys.exit(report_error(exc, json_mode="--json" in args, debug="--debug" in args))
+
+
+def _main(argv: Sequence[str] | None) -> NoReturn:
     args = hoist_globals(sys.argv[1:] if argv is None else argv)
     split = split_globals(args)
     opts = (

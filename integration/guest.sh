@@ -41,6 +41,7 @@ helper=$!
 # A copy the test user can read and pytest can write its caches next to.
 rm -rf /tmp/it && cp -r /payload/integration /tmp/it && chmod -R a+rwX /tmp/it
 [ -d /payload/benchmarks ] && cp -r /payload/benchmarks /tmp/it/benchmarks
+[ -d /payload/docs ] && cp -r /payload/docs/. /tmp/it/  # README.md and docs/
 status=""
 for manager in $MANAGERS; do
     eval "set -- $PYTEST_ARGS"

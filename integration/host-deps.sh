@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # What the VM runner needs on the host (make demo, make integration, make test), checked before
 # anything is downloaded. As root on Debian or Ubuntu the missing packages are installed
-# (--no-install-recommends, said first); otherwise the exact command to run is printed.
+# (--no-install-recommends, said first); as a user the exact commands to run are printed
+# (a user builds the images in a user namespace: uidmap and subordinate ids).
 #   integration/host-deps.sh          check (and install as root)
 #   integration/host-deps.sh --check  check only; exit 1 with the command when something is missing
 set -euo pipefail
+# mke2fs, debugfs and chroot live in /usr/sbin, which a Debian user's PATH lacks.
+PATH=$PATH:/usr/sbin:/sbin
 check_only=0
 [ "${1:-}" = "--check" ] && check_only=1
 
@@ -21,12 +24,24 @@ command -v zstd >/dev/null || need+=(zstd)
 mapfile -t need < <(printf '%s\n' "${need[@]}" | awk 'NF && !seen[$0]++')
 
 if [ "$(id -u)" != 0 ]; then
-    echo "host-deps: the VM images are built with mmdebstrap, which needs root: run this as root" >&2
-    echo "  (sudo make demo / sudo make test)" >&2
+    # As a user the images are built in a user namespace (mmdebstrap --mode=unshare):
+    # newuidmap/newgidmap, and subordinate ids for this user.
+    command -v newuidmap >/dev/null || need+=(uidmap)
+    mapfile -t need < <(printf '%s\n' "${need[@]}" | awk 'NF && !seen[$0]++')
+    me=$(id -un)
+    ids_ok=1
+    grep -q "^$me:" /etc/subuid 2>/dev/null && grep -q "^$me:" /etc/subgid 2>/dev/null || ids_ok=0
+    ((${#need[@]})) || ((!ids_ok)) || exit 0
+    echo "host-deps: not everything the VM runner needs is here; as root, run:" >&2
     if ((${#need[@]})); then
-        echo "host-deps: missing: ${need[*]}; install them with:" >&2
+        echo "  sudo apt-get update" >&2
         echo "  sudo apt-get install --no-install-recommends ${need[*]}" >&2
     fi
+    if ((!ids_ok)); then
+        echo "  sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 $me" >&2
+        echo "  (subordinate ids for the user namespace the VM images are built in)" >&2
+    fi
+    echo "then run the same make command again (or run it as root, which installs these itself)." >&2
     exit 1
 fi
 ((${#need[@]})) || exit 0

@@ -2,8 +2,13 @@
 
 Each distro is a root filesystem built with mmdebstrap, turned into an ext4
 disk image without root mounts (``mke2fs -d``), plus the kernel and initrd
-to boot it directly. Images are cached outside the checkout, keyed by a hash
-of this file, the distro's recipe and the guest's Python requirements, so an
+to boot it directly. As root mmdebstrap builds into a directory; as a user
+it builds a tarball in a user namespace (``--mode=unshare``: newuidmap from
+``uidmap`` and a range in /etc/subuid), which ``unshare --map-root-user
+--map-auto`` unpacks into the disk image with its owners intact. Images are
+cached outside the checkout (/var/tmp/agentscope-vm for root, the user's
+cache directory otherwise), keyed by a hash of the recipe (the distro, its
+packages, hooks and guest files, the guest's Python requirements), so an
 image is rebuilt only when its recipe changes.
 
 Standard library only: this runs on fresh CI machines before anything else
@@ -30,7 +35,23 @@ __all__ = ["DISTROS", "Distro", "Image", "ensure_image"]
 
 _HERE = Path(__file__).resolve().parent
 _PROJECT = _HERE.parent
-CACHE_DIR = Path(os.environ.get("AGENTSCOPE_VM_CACHE", "/var/tmp/agentscope-vm"))
+
+
+def _default_cache() -> str:
+    if os.geteuid() == 0:
+        return "/var/tmp/agentscope-vm"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "agentscope-vm")
+
+
+CACHE_DIR = Path(os.environ.get("AGENTSCOPE_VM_CACHE") or _default_cache())
+# mke2fs and chroot (mmdebstrap's hooks) live in /usr/sbin, which a Debian
+# user's PATH lacks; the runner and every command it starts look there too.
+for _sbin in ("/usr/sbin", "/sbin"):
+    if _sbin not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + _sbin
+# Bumped when what an image holds changes in a way the recipe's text does not show.
+_RECIPE_VERSION = 2
 MIRROR = "http://deb.debian.org/debian"
 TEST_USER = "agent"
 TEST_UID = 1000
@@ -151,11 +172,18 @@ def _guest_requirements() -> list[str]:
 
 
 def _recipe_key(distro: Distro) -> str:
-    h = hashlib.sha256()
-    h.update(Path(__file__).read_bytes())
-    h.update(repr(distro).encode())
-    h.update(repr(_guest_requirements()).encode())
-    return h.hexdigest()[:16]
+    # The recipe, not this file: how an image is built (as root or in a user
+    # namespace) does not change what it holds.
+    recipe = (
+        _RECIPE_VERSION,
+        distro,
+        _PACKAGES,
+        _GUEST_UNIT,
+        _GUEST_SCRIPT,
+        _hooks(distro, Path("/files"), Path("/wheels")),
+        _guest_requirements(),
+    )
+    return hashlib.sha256(repr(recipe).encode()).hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,68 +245,117 @@ def _download_wheels(distro: Distro, dest: Path, log: Path) -> None:
     )
 
 
+def _hooks(distro: Distro, files: Path, wheels: Path) -> list[str]:
+    """mmdebstrap's customize hooks: the test user, the payload unit, the guest's venv."""
+    user_setup = (
+        f'chroot "$1" useradd -m -u {TEST_UID} -s /bin/bash {TEST_USER} && '
+        f'mkdir -p "$1/var/lib/systemd/linger" && touch "$1/var/lib/systemd/linger/{TEST_USER}"'
+    )
+    return [
+        *distro.hooks,
+        user_setup,
+        f'install -m 0755 {files}/agentscope-guest "$1/usr/local/sbin/agentscope-guest"',
+        f'install -m 0644 {files}/agentscope-guest.service "$1/etc/systemd/system/"',
+        'chroot "$1" systemctl enable agentscope-guest.service',
+        'echo agentscope-vm > "$1/etc/hostname"',
+        # Nothing to wait for without a network.
+        'chroot "$1" systemctl mask systemd-networkd-wait-online.service '
+        "apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer "
+        "man-db.timer || true",
+        'chroot "$1" systemctl mask earlyoom.service',
+        f'cp -r {wheels} "$1/tmp/wheels"',
+        'chroot "$1" python3 -m venv /opt/agentscope',
+        'chroot "$1" /opt/agentscope/bin/python -m pip install --quiet --no-index '
+        "--disable-pip-version-check --find-links /tmp/wheels "
+        + " ".join(f"'{r}'" for r in _guest_requirements()),
+        'rm -rf "$1/tmp/wheels"',
+        'chroot "$1" /opt/agentscope/bin/python -c "import dbus_fast, psutil, pytest"',
+    ]
+
+
+# As a user: unpack mmdebstrap's tarball in a user namespace where the user is
+# root and the subordinate ids are the image's other owners, so files keep their
+# owners and modes (/etc/shadow, setuid bits), and make the disk image there.
+# Device nodes cannot be made in a user namespace; the guest's devtmpfs has them.
+_UNPACK = """\
+set -e
+cd "$1"
+mkdir root
+tar -xpf root.tar -C root --exclude='./dev/*'
+cp root/boot/vmlinuz-* vmlinuz
+cp root/boot/initrd.img-* initrd.img
+mke2fs -q -t ext4 -d root root.img 3G
+rm -rf root root.tar
+"""
+
+
 def _build(distro: Distro, out: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix=f"build-{distro.name}-", dir=CACHE_DIR))
     log = out.with_suffix(".log")
+    as_root = os.geteuid() == 0
     try:
         wheels = work / "wheels"
         wheels.mkdir()
         _download_wheels(distro, wheels, log)
         rootdir = work / "root"
-        user_setup = (
-            f'chroot "$1" useradd -m -u {TEST_UID} -s /bin/bash {TEST_USER} && '
-            f'mkdir -p "$1/var/lib/systemd/linger" && touch "$1/var/lib/systemd/linger/{TEST_USER}"'
-        )
         files = work / "files"
         files.mkdir()
         (files / "agentscope-guest").write_text(_GUEST_SCRIPT)
         (files / "agentscope-guest.service").write_text(_GUEST_UNIT)
-        hooks = [
-            *distro.hooks,
-            user_setup,
-            f'install -m 0755 {files}/agentscope-guest "$1/usr/local/sbin/agentscope-guest"',
-            f'install -m 0644 {files}/agentscope-guest.service "$1/etc/systemd/system/"',
-            'chroot "$1" systemctl enable agentscope-guest.service',
-            'echo agentscope-vm > "$1/etc/hostname"',
-            # Nothing to wait for without a network.
-            'chroot "$1" systemctl mask systemd-networkd-wait-online.service '
-            "apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer "
-            "man-db.timer || true",
-            'chroot "$1" systemctl mask earlyoom.service',
-            f'cp -r {wheels} "$1/tmp/wheels"',
-            'chroot "$1" python3 -m venv /opt/agentscope',
-            'chroot "$1" /opt/agentscope/bin/python -m pip install --quiet --no-index '
-            "--disable-pip-version-check --find-links /tmp/wheels "
-            + " ".join(f"'{r}'" for r in _guest_requirements()),
-            'rm -rf "$1/tmp/wheels"',
-            'chroot "$1" /opt/agentscope/bin/python -c "import dbus_fast, psutil, pytest"',
+        hooks = _hooks(distro, files, wheels)
+        if as_root:
             # mke2fs -d needs a readable tree; the kernel and initrd are copied out.
-            f'cp "$1"/boot/vmlinuz-* {work}/vmlinuz',
-            f'cp "$1"/boot/initrd.img-* {work}/initrd.img',
-        ]
+            hooks += [
+                f'cp "$1"/boot/vmlinuz-* {work}/vmlinuz',
+                f'cp "$1"/boot/initrd.img-* {work}/initrd.img',
+            ]
+        else:
+            # The hooks run as the namespace's root, to whom the user's files
+            # belong to someone else: the inputs must be readable by all.
+            for d in (work, files, wheels):
+                d.chmod(0o755)
+            for f in [*files.iterdir(), *wheels.iterdir()]:
+                f.chmod(0o644)
         cmd = [
             "mmdebstrap",
-            "--mode=root",
+            "--mode=root" if as_root else "--mode=unshare",
             "--variant=apt",
             "--include=" + ",".join(_PACKAGES),
             *(f"--aptopt={o}" for o in distro.aptopts),
             *(f"--customize-hook={h}" for h in hooks),
             distro.suite,
-            str(rootdir),
+            str(rootdir if as_root else work / "root.tar"),
             f"deb {MIRROR} {distro.suite} main",
             *distro.extra_mirrors,
         ]
         t0 = time.monotonic()
         _run(cmd, log)
-        img = work / "root.img"
-        _run(["mke2fs", "-q", "-t", "ext4", "-d", str(rootdir), str(img), "3G"], log)
-        shutil.rmtree(rootdir)
+        if as_root:
+            _run(
+                ["mke2fs", "-q", "-t", "ext4", "-d", str(rootdir), str(work / "root.img"), "3G"],
+                log,
+            )
+            shutil.rmtree(rootdir)
+        else:
+            unpack = ["unshare", "--map-root-user", "--map-auto", "sh", "-c", _UNPACK]
+            _run([*unpack, "sh", str(work)], log)
         (work / "key").write_text(out.name + "\n")
         work.rename(out)
         _log(f"built {distro.name} in {time.monotonic() - t0:.0f}s: {out}")
     finally:
         if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
+            _remove(work)
+
+
+def _remove(path: Path) -> None:
+    """Remove a build's tree; as a user, files owned by subordinate ids go in the namespace."""
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists() and os.geteuid() != 0:
+        subprocess.call(
+            ["unshare", "--map-root-user", "--map-auto", "rm", "-rf", "--", str(path)],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 @contextlib.contextmanager
@@ -306,7 +383,7 @@ def _ensure(distro: Distro, out: Path, rebuild: bool) -> None:
         # Older recipes of this distro, and builds that were interrupted.
         for old in [*CACHE_DIR.glob(f"{distro.name}-*"), *CACHE_DIR.glob(f"build-{distro.name}-*")]:
             if old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
+                _remove(old)
             else:
                 old.unlink(missing_ok=True)
         _log(f"building the {distro.name} image (systemd {distro.systemd}); log: {out}.log")

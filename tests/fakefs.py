@@ -100,6 +100,7 @@ def make_cgroup(
     *,
     current: int = 0,
     events: MemoryEvents | None = None,
+    own_events: MemoryEvents | None = None,
     stat: Mapping[str, int] | None = None,
     procs: Iterable[int] = (),
     pressure: bytes | None = None,
@@ -111,6 +112,8 @@ def make_cgroup(
 ) -> Path:
     """Create a cgroup directory with its memory files; returns its path.
 
+    ``events`` is ``memory.events`` (hierarchical), ``own_events``
+    ``memory.events.local`` (its own limits' only; zeros unless given).
     ``peak=None`` leaves out ``memory.peak`` (kernels before 5.19);
     ``pressure=None`` writes an idle PSI file; ``high``/``max`` None write
     ``max``. ``memory_files=False`` makes a cgroup without the memory
@@ -131,6 +134,9 @@ def make_cgroup(
         stat = {"anon": current // 2, "file": current - current // 2, "kernel": 0}
     (path / "memory.current").write_text(f"{current}\n")
     (path / "memory.events").write_bytes(format_memory_events(events))
+    (path / "memory.events.local").write_bytes(
+        format_memory_events(own_events or MemoryEvents(0, 0, 0, 0, 0, 0))
+    )
     (path / "memory.stat").write_text("".join(f"{k} {v}\n" for k, v in stat.items()))
     (path / "memory.high").write_text("max\n" if high is None else f"{high}\n")
     (path / "memory.max").write_text("max\n" if max is None else f"{max}\n")
@@ -255,3 +261,14 @@ def make_host_pressure(root: Path, data: bytes) -> None:
     """Write ``/proc/pressure/memory``."""
     (root / "pressure").mkdir(parents=True, exist_ok=True)
     (root / "pressure" / "memory").write_bytes(data)
+
+
+@holding_kernel
+def set_children(root: Path, pid: int, children: Iterable[int], tid: int | None = None) -> None:
+    """Write ``/proc/PID/task/TID/children`` (``tid`` defaults to the main thread).
+
+    The kernel's format: each child's pid followed by a space, no newline.
+    """
+    task = root / str(pid) / "task" / str(pid if tid is None else tid)
+    task.mkdir(parents=True, exist_ok=True)
+    (task / "children").write_text("".join(f"{c} " for c in children))

@@ -21,13 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import gc
 import os
 import signal
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from dbus_fast import Message, MessageType, Variant
 
 from agentscope._bus import INFINITY, PROPS, SystemdBus
@@ -57,6 +60,19 @@ class Call:
     fds: list[int] = field(default_factory=list)
 
 
+def end_children() -> None:
+    """Kill and reap every child a test left running.
+
+    Agents outlive a closed fleet by design, so a test's agents (real
+    ``sleep`` and ``sh`` children here) are ended after it by whoever made them.
+    """
+    for obj in gc.get_objects():
+        if isinstance(obj, subprocess.Popen) and obj.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                obj.kill()
+            obj.wait()
+
+
 def _pid_of_pidfd(fd: int) -> int:
     for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
         if line.startswith("Pid:"):
@@ -73,13 +89,47 @@ def _gone(pid: int) -> bool:
     return stat.rpartition(b")")[2].split()[0] in (b"Z", b"X")
 
 
+_CONTROL_FILES = (
+    ("pids", "pids.max"),
+    ("cpu", "cpu.weight"),
+    ("cpu", "cpu.max"),
+    ("io", "io.weight"),
+    ("cpuset", "cpuset.cpus"),
+    ("cpuset", "cpuset.cpus.effective"),
+)
+
+
+def _signature(value: Any) -> str:
+    if isinstance(value, bool):
+        return "b"
+    if isinstance(value, int):
+        return "t"
+    if isinstance(value, bytes):
+        return "ay"
+    if isinstance(value, list):
+        return "au"
+    return "s"
+
+
+def _children(pids: Sequence[int]) -> list[int]:
+    out: list[int] = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            out += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    return out
+
+
 class FakeSystemd(SystemdBus):
     """A systemd manager answering on the bus, over a fake cgroup tree.
 
     ``version`` "252" refuses OOMPolicy on scopes as systemd before 253 does;
     "257" takes processes as PIDFDs. ``start_results`` / ``stop_results``
     give the job result of the next start / stop of an agent name (default
-    ``done``). ``calls`` records every method called.
+    ``done``). ``calls`` records every method called. ``held`` maps a
+    resource property to the value systemd keeps whatever is asked (a clamp;
+    ``None``: dropped); ``controllers`` are those enabled for scopes, whose
+    files (``pids.max``...) a scope's cgroup gets. With ``follow_forks`` a
+    process forked by one in a scope joins it, as the kernel does.
     """
 
     def __init__(
@@ -103,6 +153,15 @@ class FakeSystemd(SystemdBus):
         self.start_results: dict[str, str] = {}
         self.stop_results: dict[str, str] = {}
         self.calls: list[Call] = []
+        #: A fake /proc whose ``PID/cgroup`` AttachProcessesToUnit rewrites, as
+        #: the kernel shows a move (None: moves show in cgroup.procs only).
+        self.proc_root: Path | None = None
+        #: (D-Bus error name, text) AttachProcessesToUnit answers instead of moving.
+        self.attach_refusal: tuple[str, str] | None = None
+        self.held: dict[str, Any] = {}
+        self.controllers = ("memory", "pids", "cpu")
+        # Off by default: finding children costs a walk of /proc per tick.
+        self.follow_forks = False
         self.connected = False
         self._job = 0
         self._collector: asyncio.Task[None] | None = None
@@ -220,6 +279,15 @@ class FakeSystemd(SystemdBus):
         if result == "done":
             unit = self._add_unit(name, str(values["Description"]), pids)
             unit.props.update(values)
+            for key, held in self.held.items():
+                if key in unit.props:
+                    if held is None:
+                        del unit.props[key]
+                    else:
+                        unit.props[key] = held
+            for ctl, file in _CONTROL_FILES:
+                if ctl in self.controllers:
+                    fakefs.write(unit.cgroup / file, "max\n")
         return [self._job_removed(name, result)]
 
     def _m_StopUnit(self, m: str, body: list[Any], fds: list[int]) -> list[Any]:
@@ -280,9 +348,15 @@ class FakeSystemd(SystemdBus):
 
     def _m_AttachProcessesToUnit(self, m: str, body: list[Any], fds: list[int]) -> list[Any]:
         unit = self._unit(m, body[0])
+        if self.attach_refusal is not None:
+            raise BusError(m, *self.attach_refusal)
         procs = unit.cgroup / "cgroup.procs"
-        pids = self.scope_pids(unit.name) + list(body[2])
+        pids = list(dict.fromkeys(self.scope_pids(unit.name) + list(body[2])))
         fakefs.write(procs, "".join(f"{p}\n" for p in pids))
+        if self.proc_root is not None:
+            cgroup = f"0::/{unit.cgroup.relative_to(self.cgroup_root)}\n"
+            for pid in body[2]:
+                fakefs.write(self.proc_root / str(pid) / "cgroup", cgroup)
         return []
 
     def _properties(self, member: str, path: str, body: list[Any]) -> list[Any]:
@@ -296,7 +370,7 @@ class FakeSystemd(SystemdBus):
             unit = self._unit(member, name)
             rel = unit.cgroup.relative_to(self.cgroup_root)
             props = {**unit.props, "ActiveState": unit.active, "ControlGroup": f"/{rel}"}
-        wrap = {k: Variant("t" if isinstance(v, int) else "s", v) for k, v in props.items()}
+        wrap = {k: Variant(_signature(v), v) for k, v in props.items()}
         if member == "GetAll":
             return [wrap]
         return [wrap[body[1]]]
@@ -317,6 +391,8 @@ class FakeSystemd(SystemdBus):
                 except OSError:  # the test removed the tree
                     continue
                 alive = [p for p in pids if not _gone(p)]
+                if self.follow_forks:  # a child is born in its parent's cgroup
+                    alive += [c for c in _children(alive) if c not in alive and not _gone(c)]
                 if alive != pids:
                     fakefs.write(unit.cgroup / "cgroup.procs", "".join(f"{p}\n" for p in alive))
                 if not alive and (unit.populated or unit.stop_job):

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dbus_fast import Message, MessageType
+from dbus_fast import Message, MessageType, Variant
 
-from agentscope import BusError
+from agentscope import BusError, SystemdTimeout
 from agentscope._bus import (
     SD,
     SD_MANAGER,
@@ -208,3 +209,58 @@ async def test_on_a_direct_connection_the_transport_is_the_proof() -> None:
     assert not fut.done()
     bus._on_message(_removed(None, "done"))
     assert fut.result() == "done"
+
+
+async def test_a_manager_that_stops_answering_is_a_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Connected (Subscribe and Version answered), then silence: a busy or hung
+    # manager, which the message must not call an absent systemd host.
+    monkeypatch.setattr("agentscope._bus.CALL_TIMEOUT", 0.3)
+    (tmp_path / "systemd").mkdir()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"BEGIN\r\n")
+        writer.write(b"OK " + b"0" * 32 + b"\r\nAGREE_UNIX_FD\r\n")
+        serial = 100
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            while True:
+                fixed = await reader.readexactly(16)
+                body_len, call_serial, fields_len = struct.unpack("<III", fixed[4:])
+                call = await reader.readexactly(fields_len + (-fields_len % 8) + body_len)
+                serial += 1
+                if b"Subscribe" in call:
+                    reply = Message(
+                        message_type=MessageType.METHOD_RETURN, reply_serial=call_serial
+                    )
+                elif b"Version" in call:
+                    reply = Message(
+                        message_type=MessageType.METHOD_RETURN,
+                        reply_serial=call_serial,
+                        signature="v",
+                        body=[Variant("s", "257")],
+                    )
+                else:
+                    continue  # no answer, ever
+                reply.serial = serial
+                writer.write(reply._marshall(False))
+        writer.close()
+
+    served: list[asyncio.Task[None]] = []
+    server = await asyncio.start_unix_server(
+        lambda r, w: served.append(asyncio.ensure_future(serve(r, w))),
+        tmp_path / "systemd" / "private",
+    )
+    bus = SystemdBus("user", env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    try:
+        await bus.connect()
+        assert bus.version == "257"
+        with pytest.raises(SystemdTimeout) as caught:
+            await bus.call("ListUnits")
+    finally:
+        bus.close()
+        server.close()
+        await asyncio.wait_for(asyncio.gather(*served), 10)
+    assert caught.value.waiting == "reply to ListUnits"
+    assert "busy or hung" in str(caught.value)
+    assert "systemctl --user status" in str(caught.value)

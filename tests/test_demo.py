@@ -182,3 +182,20 @@ def test_demo_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_app(["demo", "--agents", "1"], Options()) == 2
     assert run_app(["demo", "--memory-max", "lots"], Options()) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_demos_tables_keep_unit_names_whole_on_80_columns() -> None:
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    unit = "agentscope-demo-a-rather-long-agent-name-for-a-demo-3f9a2c7d.scope"
+    story = _demo._Story(quiet=False)
+    out = io.StringIO()
+    story.console = Console(file=out, width=80, color_system=None, force_terminal=False)
+    agent = {"name": "runaway", "unit": unit, "state": "running", "pid": 7, "started": 0}
+    story.say(Text("a sentence " * 12), _render.ls_table([agent], now=0))
+    lines = out.getvalue().splitlines()
+    assert any(unit in line for line in lines), out.getvalue()
+    assert max(len(line) for line in lines[:2]) <= 80  # a sentence still wraps at the edge

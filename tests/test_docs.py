@@ -1,8 +1,14 @@
-"""The README and docs/ agree with the code: examples compile, commands and links exist."""
+"""The README and docs/ agree with the code.
+
+Python examples compile and run (or are marked with what they need), every
+option of docs/cli.md is a real one and the reverse, docs/python-api.md
+names the real signatures and errors, commands and links exist.
+"""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 from pathlib import Path
@@ -12,21 +18,15 @@ import typer
 
 import agentscope
 from cli._app import app
+from integration.docexamples import FENCE, blocks, pages, python_examples, run_example
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+PAGES = pages(ROOT)
+_FENCE = FENCE
 
 
 def _blocks(lang: str) -> list[tuple[str, int, str]]:
-    found = []
-    for page in PAGES:
-        text = page.read_text()
-        for m in _FENCE.finditer(text):
-            if m.group(1) == lang:
-                line = text.count("\n", 0, m.start()) + 1
-                found.append((page.name, line, m.group(2)))
-    return found
+    return [(e.page, e.line, e.code) for e in blocks(ROOT, lang)]
 
 
 PYTHON = _blocks("python")
@@ -99,3 +99,281 @@ def test_doc_links_resolve() -> None:
     for page in PAGES:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+# -- Python examples run -----------------------------------------------------------
+
+#: ``<!-- needs: systemd -->`` (or tmux, or a command) just before a fence: the
+#: example cannot run on a host without it (integration/tests/test_docs.py runs
+#: those in the VM); ``<!-- raises: RuntimeError -->``: it runs and ends with
+#: that exception, as its text says. Every other example runs.
+#: What a block marked ``needs: systemd`` must use, else the mark is stale.
+_SYSTEMD_NAMES = re.compile(r"\b(AsyncFleet|Fleet|probe|probe_sync|agentscope\.install)\b")
+
+
+def _marked_python() -> list[tuple[str, int, str, tuple[str, str] | None]]:
+    return [(e.page, e.line, e.code, e.mark) for e in python_examples(ROOT)]
+
+
+MARKED = _marked_python()
+
+
+@pytest.mark.parametrize(
+    ("page", "line", "code", "mark"), MARKED, ids=[f"{p}:{n}" for p, n, _, _ in MARKED]
+)
+def test_python_examples_run_or_say_why_not(
+    page: str, line: int, code: str, mark: tuple[str, str] | None, tmp_path: Path
+) -> None:
+    if mark is not None and mark[0] == "needs":
+        needs = {n.strip() for n in mark[1].split(",")}
+        commands = needs - {"systemd", "tmux"}  # the rest: commands the example starts
+        assert all(re.fullmatch(r"[a-z][a-z0-9-]*", c) for c in commands), (
+            f"{page}:{line}: unknown need {needs}"
+        )
+        if "systemd" in needs:
+            assert _SYSTEMD_NAMES.search(code), f"{page}:{line}: marked needs: systemd, uses none"
+        pytest.skip(f"{page}:{line} needs {mark[1]}")
+    # Top-level await, as in an asyncio REPL, is not runnable as a script: mark those.
+    done = run_example(code, tmp_path, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if mark is not None:  # raises: NAME
+        assert done.returncode != 0, f"{page}:{line}: was to raise {mark[1]}"
+        assert done.stderr.strip().splitlines()[-1].startswith(mark[1] + ":"), done.stderr
+    else:
+        assert done.returncode == 0, f"{page}:{line}:\n{done.stderr}"
+
+
+def test_some_python_examples_run_on_the_host() -> None:
+    # A mark on every block would pass the test above and check nothing.
+    assert sum(mark is None or mark[0] == "raises" for _, _, _, mark in MARKED) >= 5
+
+
+# -- docs/cli.md and the real commands ----------------------------------------------
+
+_CLI_MD = ROOT / "docs" / "cli.md"
+_HELP = {"--help", "-h"}
+_COMPLETION = {"--install-completion", "--show-completion"}
+
+
+def _documented_options() -> dict[str, set[str]]:
+    """docs/cli.md's option tables: command ("" for the globals) -> its options."""
+    out: dict[str, set[str]] = {}
+    section: str | None = None
+    for raw in _CLI_MD.read_text().splitlines():
+        heading = re.match(r"^#{2,3} (?:`agentscope (\w+)`|(Global options))", raw)
+        if heading:
+            section = heading.group(1) or ""
+            out[section] = set()
+        elif raw.startswith("## "):
+            section = None
+        elif section is not None and raw.startswith("| `"):
+            first = raw.split("|")[1]
+            cells = re.findall(r"`([^`]+)`", first)
+            out[section] |= {o for o in cells if o.startswith("-") and " " not in o}
+    return out
+
+
+def test_every_option_in_docs_cli_md_is_real_and_every_real_one_documented() -> None:
+    documented = _documented_options()
+    real = {
+        name: {o for o in opts if o.startswith("-")} - _HELP for name, opts in _commands().items()
+    }
+    real[""] -= _COMPLETION  # named in the line under the table
+    assert set(documented) == set(real)
+    for name, opts in real.items():
+        where = f"agentscope {name}" if name else "the global options"
+        assert documented[name] - opts == set(), f"{where}: documented, not real"
+        assert opts - documented[name] == set(), f"{where}: real, not documented"
+    assert "--install-completion" in _CLI_MD.read_text()
+
+
+def test_every_option_named_in_the_prose_of_docs_cli_md_exists() -> None:
+    known = set().union(*_commands().values()) | _COMPLETION
+    prose = "\n".join(
+        line for line in _CLI_MD.read_text().splitlines() if not line.startswith("| ")
+    )
+    prose = re.sub(r"systemd-run[^`\n]*", "", prose)  # systemd-run's options are its own
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", prose))
+    assert named - known == set(), f"docs/cli.md names options no command has: {named - known}"
+
+
+def test_exec_fast_path_takes_every_documented_exec_option() -> None:
+    from cli._exec import parse_exec_args
+
+    values = {
+        "--memory-max": "1G",
+        "--tasks-max": "32",
+        "--cpu-weight": "100",
+        "--io-weight": "100",
+        "-p": "TasksMax=64",
+        "--property": "TasksMax=64",
+        "--reap-after": "keep",
+    }
+    for opt in _documented_options()["exec"]:
+        args = [opt, values[opt]] if opt in values else [opt]
+        parsed = parse_exec_args([*args, "me", "--", "true"])
+        assert parsed.name == "me", opt
+
+
+# -- the README's claims ---------------------------------------------------------------
+
+
+def test_readme_says_probe_is_async_and_probe_sync_blocks() -> None:
+    import inspect
+
+    readme = (ROOT / "README.md").read_text()
+    assert inspect.iscoroutinefunction(agentscope.probe)
+    assert not inspect.iscoroutinefunction(agentscope.probe_sync)
+    row = next(line for line in readme.splitlines() if "agentscope.probe(" in line)
+    assert "await agentscope.probe(" in row
+    assert "agentscope.probe_sync(" in row
+
+
+def test_readme_exec_figures_are_the_benchmarks_own() -> None:
+    readme = (ROOT / "README.md").read_text()
+    bench = (ROOT / "docs" / "benchmarks.md").read_text()
+    sentence = readme[readme.index("`exec` starts") :].split("\n\n")[0]
+    figures = re.findall(r"\d[\d.,]*\s?(?:ms|x)\b", sentence)
+    assert len(figures) >= 3, sentence
+    for figure in figures:
+        assert figure.replace(" ", "") in bench.replace(" ", "").replace("*", ""), figure
+    assert "about as fast as" not in sentence
+
+
+# -- docs/python-api.md and the real signatures -------------------------------------------
+
+_API_MD = ROOT / "docs" / "python-api.md"
+_CALL = re.compile(r"`(\w+)\(([^`]*)\)`")
+
+
+def _parse_params(text: str) -> list[tuple[str, str | None, bool]]:
+    """``a, b=1, *, c=None`` -> [(name, default text or None, keyword-only)]."""
+    out: list[tuple[str, str | None, bool]] = []
+    keyword_only = False
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part == "*":
+            keyword_only = True
+            continue
+        name, eq, default = part.partition("=")
+        star = name.strip().startswith("**")  # **options: not keyword-only, a kind of its own
+        out.append((name.strip(), default.strip() if eq else None, keyword_only and not star))
+    return out
+
+
+def _real_params(fn: object) -> list[tuple[str, object, bool]]:
+    import inspect
+
+    out = []
+    for p in inspect.signature(fn).parameters.values():  # type: ignore[arg-type]
+        if p.name == "self" or p.name.startswith("_"):
+            continue
+        name = f"**{p.name}" if p.kind is p.VAR_KEYWORD else p.name
+        out.append((name, p.default, p.kind is p.KEYWORD_ONLY))
+    return out
+
+
+def _api_rows() -> list[tuple[str, str]]:
+    text = _API_MD.read_text()
+    table = text[text.index("## Operations") :].split("\n## ")[0]
+    return [
+        (name, params)
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for name, params in _CALL.findall(line.split("|")[1])
+    ]
+
+
+_ASYNC_ONLY = {"open", "aclose", "slice_cgroup", "unit_agent"}
+
+
+def test_python_api_operations_are_the_real_signatures() -> None:
+    import inspect
+    import signal
+
+    rows = _api_rows()
+    assert len(rows) >= 15
+    for name, params in rows:
+        # The page says which are AsyncFleet's alone.
+        for cls in (agentscope.AsyncFleet, agentscope.Fleet):
+            if cls is agentscope.Fleet and name in _ASYNC_ONLY:
+                assert not hasattr(cls, name), f"Fleet.{name} exists: document it for both"
+                continue
+            real = _real_params(getattr(cls, name))
+            documented = _parse_params(params)
+            assert [(n, k) for n, _, k in documented] == [(n, k) for n, _, k in real], (
+                f"{cls.__name__}.{name}: documented ({params}), real {real}"
+            )
+            for (n, text, _), (_, default, _) in zip(documented, real, strict=True):
+                if n.startswith("**"):
+                    continue
+                if text is None:
+                    assert default is inspect.Parameter.empty, f"{name}: {n} has a default"
+                else:
+                    value = eval(text, {"SIGTERM": signal.SIGTERM})
+                    assert value == default, f"{name}: {n}={text}, real {default!r}"
+
+
+def test_every_public_fleet_operation_is_in_python_api_md() -> None:
+    import inspect
+
+    documented = {name for name, _ in _api_rows()}
+    public = {
+        n
+        for n, f in inspect.getmembers(agentscope.AsyncFleet, inspect.isfunction)
+        if not n.startswith("_")
+    }
+    assert public - documented == set(), f"not in docs/python-api.md: {public - documented}"
+
+
+def test_python_api_constructor_is_the_real_one() -> None:
+    text = _API_MD.read_text()
+    block = text[text.index("## Constructing a fleet") :].split("```text\n")[1].split("```")[0]
+    params = block[block.index("AsyncFleet(") + len("AsyncFleet(") : block.index(")\n")]
+    documented = _parse_params(" ".join(params.split()))
+    real = _real_params(agentscope.AsyncFleet.__init__)
+    assert [(n, k) for n, _, k in documented] == [(n, k) for n, _, k in real]
+    for (n, text, _), (_, default, _) in zip(documented, real, strict=True):
+        assert text is not None, n
+        assert eval(text) == default, f"AsyncFleet({n}={text}), real {default!r}"
+
+
+def test_python_api_errors_are_every_public_error() -> None:
+    text = _API_MD.read_text()
+    table = text[text.index("## Errors") :].split("\n## ")[0]
+    documented = set(re.findall(r"^\| `(\w+)`(?:, `(\w+)`)?", table, re.M))
+    names = {n for pair in documented for n in pair if n}
+    errors = {
+        n
+        for n in agentscope.__all__
+        if isinstance(getattr(agentscope, n), type)
+        and issubclass(getattr(agentscope, n), agentscope.AgentscopeError)
+        and n != "AgentscopeError"
+    }
+    assert errors - names == set(), f"errors missing from docs/python-api.md: {errors - names}"
+    assert names - errors == set(), (
+        f"docs/python-api.md names errors that are not: {names - errors}"
+    )
+
+
+def _listed_modules(package: str) -> set[str]:
+    """The ``.py`` files docs/architecture.md's module listing names under ``package/``."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    listing = _FENCE.search(text)
+    assert listing is not None, "architecture.md: no module listing"
+    names: set[str] = set()
+    inside = False
+    for line in listing.group(2).splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):  # a package's own line: "agentscope/", "cli/ ..."
+            inside = line.split()[0] == package + "/"
+        elif inside:
+            # A module's bare name; a path ("tests/test_bus.py") is not one.
+            names.update(re.findall(r"(?<![\w/.])\w+\.py\b", line))
+    return names
+
+
+def test_architecture_lists_every_module() -> None:
+    listed = _listed_modules("agentscope")
+    present = {p.name for p in (ROOT / "agentscope").glob("*.py")}
+    assert present - listed == set(), "docs/architecture.md does not list these modules"
+    assert listed - present == set(), "docs/architecture.md lists modules that are gone"

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentscope import _attribution, _cgroup, _monitor, _proc, _registry
+from agentscope import _attribution, _cgroup, _proc, _records, _sampling
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -62,7 +62,7 @@ KMSG_LINES = st.lists(_KMSG, max_size=25).map("".join) | st.text(max_size=120)
 def test_kmsg_lines_give_a_kill_or_none(line: str) -> None:
     kill = _attribution.parse_oom_kill_line(line)
     assert kill is None or isinstance(kill, _attribution.KernelOomKill)
-    task = _monitor._parse_oom_task_line(line)
+    task = _sampling._parse_oom_task_line(line)
     assert task is None or isinstance(task[0], int)
 
 
@@ -78,17 +78,17 @@ JSONISH = st.recursive(
 def test_registry_rows_with_any_json_are_read(
     tmp_path_factory: pytest.TempPathFactory, detail: str, argv: str
 ) -> None:
-    event = _registry._event_from_row((1, 2.0, "f", "a", "k", detail))
+    event = _records._event_from_row((1, 2.0, "f", "a", "k", detail))
     assert isinstance(event.detail, dict)
     json.dumps(event.to_dict(), default=str)
-    row = (1, "f", "a", "u", 1, 2, argv, "/", 3.0, "running", None, None, 0, None, None)
-    agent = _registry._agent_from_row(row)
+    row = (1, "f", "a", "u", 1, 2, argv, "/", 3.0, "running", None, None, 0, None, None, None, None)
+    agent = _records._agent_from_row(row)
     assert all(isinstance(a, str) for a in agent.argv)
 
 
 def test_a_deeply_nested_detail_is_shown_as_unreadable() -> None:
     deep = "[" * 100_000 + "]" * 100_000
-    assert _registry._event_from_row((1, 2.0, "f", "a", "k", deep)).detail == {
+    assert _records._event_from_row((1, 2.0, "f", "a", "k", deep)).detail == {
         "unreadable": deep[:200]
     }
 

@@ -21,20 +21,24 @@ from pathlib import Path
 import pytest
 
 from agentscope import AsyncFleet, GuardConfig, GuardKill, HostUnderPressure, InvalidConfig, _guard
+from agentscope._events import Event
 from agentscope._guard import Guard, admit, kill_process, run_guard
 from agentscope._guardpolicy import (
     HostReader,
     HostReading,
     PressureClock,
+    ScopeStall,
     SliceProcess,
     choose_victim,
     next_interval,
+    own_limit_stall,
     read_host,
+    read_scope_stalls,
     scan_slice_processes,
     under_pressure,
 )
 from agentscope._guardproc import GuardChild
-from agentscope._monitor import Event, Monitor
+from agentscope._monitor import Monitor
 from agentscope._registry import Registry
 from tests.fakefs import (
     PAGE,
@@ -532,6 +536,69 @@ def test_the_guard_waits_for_the_memory_before_a_second_kill(
     finally:
         stop()
     assert [k.pid for k in got] == [a_tool]
+
+
+def _throttle(tree: Tree, unit: str, pids: list[int], *, limit_mib: int | None, psi: float) -> None:
+    """The scope ``unit`` reclaiming: PSI full avg10 ``psi``, at ``limit_mib`` (its MemoryHigh)."""
+    make_cgroup(
+        tree.cg,
+        f"{SLICE}/{unit}",
+        procs=pids,
+        current=(limit_mib or 100) << 20,
+        high=None if limit_mib is None else limit_mib << 20,
+        pressure=format_pressure((psi, psi, 0, 0), (psi, psi, 0, 0)),
+    )
+
+
+def test_a_stall_is_a_scopes_own_limit_only_at_that_limit_on_a_host_with_memory() -> None:
+    config = GuardConfig()
+    ample, short = reading(64, 50, psi_full=66), reading(15, 50, psi_full=66)
+    at_limit = ScopeStall("docs.scope", 66.0, 47 << 20, 48 << 20)
+    assert own_limit_stall([at_limit], ample, config) == at_limit
+    assert own_limit_stall([at_limit], short, config) is None  # the host is short too
+    below = ScopeStall("docs.scope", 66.0, 20 << 20, 48 << 20)
+    unlimited = ScopeStall("docs.scope", 66.0, 900 << 20, None)
+    quiet = ScopeStall("docs.scope", 10.0, 47 << 20, 48 << 20)  # not what stalls the host
+    for scope in (below, unlimited, quiet):
+        assert own_limit_stall([scope], ample, config) is None, scope
+    assert own_limit_stall([at_limit], reading(64, 50, psi_full=None), config) is None
+
+
+def test_read_scope_stalls_reads_psi_and_the_lower_limit(tree: Tree) -> None:
+    unit = tree.scope("docs", {3: ("python3", 47, 100)})
+    _throttle(tree, unit, [3], limit_mib=48, psi=66.2)
+    make_cgroup(tree.cg, f"{SLICE}/agentscope-f-x-000001.scope", max=32 << 20, high=64 << 20)
+    stalls = {s.unit: s for s in read_scope_stalls(tree.slice)}
+    assert stalls[unit] == ScopeStall(unit, 66.2, 48 << 20, 48 << 20)
+    assert stalls["agentscope-f-x-000001.scope"].limit == 32 << 20
+    assert read_scope_stalls(tree.slice / "gone") == []
+
+
+@pytest.mark.parametrize("limited", [True, False])
+def test_a_scope_throttled_by_its_own_limit_costs_no_sibling_its_tool_call(
+    tree: Tree, sleeper: subprocess.Popen[bytes], limited: bool
+) -> None:
+    # docs reclaims under its own MemoryHigh on a quiet host: host PSI full is
+    # high, MemAvailable 64%. The largest process is indexer's, an innocent.
+    indexer = sleeper.pid
+    tree.scope("indexer", {1: ("claude", 10, 100), indexer: ("python3", 900, 200)})
+    docs = tree.scope("docs", {2: ("python3", 96, 100)}, token="d4e5f6")
+    _throttle(tree, docs, [2], limit_mib=48 if limited else None, psi=66)
+    tree.host(64, 50, psi_full=66)
+    config = replace(FAST, psi_full_seconds=0.05)
+    got, stop = start_guard(tree, config)
+    try:
+        if limited:
+            time.sleep(0.5)
+        else:  # the same stall with no limit of docs' own: the host's, the largest goes
+            wait_until(lambda: len(got) == 1)
+    finally:
+        stop()
+    if limited:
+        assert got == []
+        assert sleeper.poll() is None
+    else:
+        assert [(k.pid, k.trigger) for k in got] == [(indexer, "psi")]
 
 
 def test_nothing_worth_killing_kills_nothing(tree: Tree, sleeper: subprocess.Popen[bytes]) -> None:

@@ -156,8 +156,8 @@ def test_metrics_parse_and_carry_the_sample(face: tuple[HttpFace, FaceState]) ->
     state.event({"kind": "oom_kill", "ts": 1.0, "agent": "builder"})
     state.failed("cannot read memory.events")
     got = families(get(server, "/metrics")[2])
-    builder = (("agent", "builder"), ("fleet", "default"), ("unit", AGENTS[0]["unit"]))
-    idle = (("agent", "idle"), ("fleet", "default"), ("unit", AGENTS[1]["unit"]))
+    builder = (("agent", "builder"), ("fleet", "default"))
+    idle = (("agent", "idle"), ("fleet", "default"))
     assert samples(got["agentscope_agent_memory_current_bytes"]) == {builder: 3 << 20}
     assert samples(got["agentscope_agent_oom_kills"]) == {builder: 2, idle: 0}
     assert got["agentscope_agent_oom_kills"].type == "counter"
@@ -167,7 +167,8 @@ def test_metrics_parse_and_carry_the_sample(face: tuple[HttpFace, FaceState]) ->
     assert samples(got["agentscope_monitor_sample_errors"]) == {(("fleet", "default"),): 1}
     assert samples(got["agentscope_monitor_watch_sample_failures"]) == {(("fleet", "default"),): 0}
     events = samples(got["agentscope_monitor_events"])
-    assert events == {(("fleet", "default"), ("kind", "oom_kill")): 1}
+    assert events[(("fleet", "default"), ("kind", "oom_kill"))] == 1
+    assert events[(("fleet", "default"), ("kind", "guard_kill"))] == 0
     pressure = samples(got["agentscope_memory_pressure_ratio"])
     key = (("fleet", "default"), ("kind", "some"), ("source", "host"), ("window", "10"))
     assert pressure[key] == pytest.approx(0.125)
@@ -176,6 +177,70 @@ def test_metrics_parse_and_carry_the_sample(face: tuple[HttpFace, FaceState]) ->
     assert stall[(("fleet", "default"), ("kind", "some"), ("source", "slice"))] == 2.5
     assert samples(got["agentscope_host_mem_available_bytes"]) == {(("fleet", "default"),): 2 << 30}
     assert "process_resident_memory_bytes" in got  # the monitor's own memory
+
+
+def test_every_event_kind_counts_from_zero_before_its_first_event(
+    face: tuple[HttpFace, FaceState],
+) -> None:
+    # A counter series born at 1 hides its first event from increase() and
+    # rate(): the dashboard's "OOM kills (1h)" would show 0 after one kill.
+    server, state = face
+    before = samples(families(get(server, "/metrics")[2])["agentscope_monitor_events"])
+    kinds = {dict(labels)["kind"] for labels in before}
+    assert {"oom_kill", "guard_kill", "throttled", "pressure", "limit_found"} <= kinds
+    assert set(before.values()) == {0}
+    state.event({"kind": "oom_kill", "ts": 1.0, "agent": "builder"})
+    after = samples(families(get(server, "/metrics")[2])["agentscope_monitor_events"])
+    assert after[(("fleet", "default"), ("kind", "oom_kill"))] == 1
+    assert set(after) == set(before)
+
+
+def test_a_relaunched_agent_keeps_its_series(face: tuple[HttpFace, FaceState]) -> None:
+    # Prometheus keeps every label set it ever saw: a unit name or a PID in
+    # the labels would start new series at every relaunch of an agent.
+    server, state = face
+    state.sampled(AGENTS, REPORT, "before")
+    before = families(get(server, "/metrics")[2])
+    relaunched = {**AGENTS[0], "unit": "agentscope-default-builder-0f0f0f.scope", "pid": 999}
+    # A listing can hold the closing row and its successor at once: one series still.
+    state.sampled([AGENTS[0], relaunched, AGENTS[1]], REPORT, "after")
+    after = families(get(server, "/metrics")[2])
+    for name in (
+        "agentscope_agent_memory_current_bytes",
+        "agentscope_agent_memory_peak_bytes",
+        "agentscope_agent_oom_kills",
+    ):
+        assert set(samples(after[name])) == set(samples(before[name])), name
+        for labels in samples(after[name]):
+            assert {k for k, _ in labels} == {"fleet", "agent"}, name
+
+
+def test_openmetrics_is_served_to_a_client_that_asks_for_it(
+    face: tuple[HttpFace, FaceState],
+) -> None:
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as openmetrics_families,
+    )
+
+    server, state = face
+    state.sampled(AGENTS, REPORT, "fleet default: 2 agents")
+    state.event({"kind": "guard_kill", "ts": 1.0, "agent": "builder", "pid": 7})
+    request = urllib.request.Request(
+        server.url + "/metrics",
+        headers={"Accept": "application/openmetrics-text; version=1.0.0,text/plain;q=0.5"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        ctype, text = r.headers["Content-Type"], r.read().decode()
+    assert ctype.startswith("application/openmetrics-text; version=1.0.0")
+    assert text.endswith("# EOF\n")
+    got = {f.name: f for f in openmetrics_families(text)}  # the strict parser: it raises on errors
+    assert got["agentscope_guard_kills"].type == "counter"
+    assert samples(got["agentscope_guard_kills"]) == {(("fleet", "default"),): 1}
+    # Without the Accept header: the Prometheus text format, as before.
+    code, plain_type, plain = get(server, "/metrics")
+    assert code == 200
+    assert plain_type.startswith("text/plain; version=0.0.4")
+    assert "# EOF" not in plain
 
 
 def test_metrics_count_guard_kills_and_show_the_guard(face: tuple[HttpFace, FaceState]) -> None:

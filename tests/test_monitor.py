@@ -29,21 +29,20 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import AgentscopeError, _monitor
+from agentscope import AgentscopeError, _killcount, _monitor, _report, _sampling
 from agentscope._attribution import PressureEvent, PressureSample, PressureWindow
 from agentscope._cgroup import LimitHolder, MemoryEvents
-from agentscope._monitor import (
+from agentscope._events import (
     AgentExited,
     Event,
     LimitFound,
-    MemoryReport,
-    Monitor,
     OomKill,
     Pressure,
     Throttled,
-    build_report,
 )
+from agentscope._monitor import Monitor
 from agentscope._proc import exec_comm
+from agentscope._report import MemoryReport, build_report
 from tests.fakefs import (
     KERNEL,
     PAGE,
@@ -103,8 +102,11 @@ class Tree:
             peak=1 << 20,
         )
 
-    def set_events(self, path: Path, ev: MemoryEvents) -> None:
+    def set_events(self, path: Path, ev: MemoryEvents, own: MemoryEvents | None = None) -> None:
+        """``memory.events``; ``own`` also ``memory.events.local`` (its own limit's events)."""
         write(path / "memory.events", format_memory_events(ev))
+        if own is not None:
+            write(path / "memory.events.local", format_memory_events(own))
 
     def kill(self, scope: Path, pid: int, scope_kills: int, slice_kills: int) -> None:
         """What the kernel shows of an OOM kill: counters up, victim gone (one step)."""
@@ -142,8 +144,8 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> Reads:
         return collect(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_monitor, "_collect", counted_collect)
-    for name in ("_detect_throttles", "_build_report_sync"):
-        monkeypatch.setattr(_monitor, name, holding_kernel(getattr(_monitor, name)))
+    monkeypatch.setattr(_monitor, "_detect_throttles", holding_kernel(_monitor._detect_throttles))
+    monkeypatch.setattr(_report, "_build_report_sync", holding_kernel(_report._build_report_sync))
     return reads
 
 
@@ -426,7 +428,7 @@ async def test_victim_still_exiting_is_awaited(
     tree: Tree, kernel: Reads, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # However slow the samples, the victim leaves well within the grace.
-    monkeypatch.setattr(_monitor, "VICTIM_GRACE", 6 * WAIT)
+    monkeypatch.setattr(_killcount, "VICTIM_GRACE", 6 * WAIT)
     scope = tree.scope("alice", {101: ("sh", 100), 102: ("python3", 9000)})
     mon, got = monitor(tree)
     async with mon:
@@ -447,7 +449,7 @@ async def test_victim_dying_but_still_listed_is_named_at_once(
 ) -> None:
     # Under load an OOM victim stays in cgroup.procs, with its file pages, for
     # longer than the grace; its SIGKILL tells it from the living at once.
-    monkeypatch.setattr(_monitor, "VICTIM_GRACE", 60.0)
+    monkeypatch.setattr(_killcount, "VICTIM_GRACE", 60.0)
     scope = tree.scope("alice", {101: ("sh", 100), 102: ("python3", 9000)})
     mon, got = monitor(tree)
     async with mon:
@@ -499,7 +501,7 @@ async def test_growing_victim_is_named_with_its_recent_rss(tree: Tree, kernel: R
         grow(tree, scope, 103, "node", 700, 60_600 - 59_000)
         await sampled(mon, kernel)
         grow(tree, scope, 101, "sh", 900, 60_600 - 59_000)  # memory.current unchanged
-        await sampled(mon, kernel, _monitor.FULL_PASS_EVERY + 1)
+        await sampled(mon, kernel, _killcount.FULL_PASS_EVERY + 1)
         tree.kill(scope, 101, scope_kills=2, slice_kills=2)
         await wait_for(lambda: len(kills(got)) >= 2)
     first, second = kills(got)
@@ -512,22 +514,22 @@ async def test_statm_of_an_unchanged_scope_is_not_read_every_sample(
     tree: Tree, kernel: Reads, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads: dict[int, int] = {}
-    read_statm_rss = _monitor.read_statm_rss
+    read_statm_rss = _sampling.read_statm_rss
 
     def counted(pid: int, proc_root: Path) -> int | None:
         reads[pid] = reads.get(pid, 0) + 1
         return read_statm_rss(pid, proc_root)
 
-    monkeypatch.setattr(_monitor, "read_statm_rss", counted)
+    monkeypatch.setattr(_sampling, "read_statm_rss", counted)
     scope = tree.scope("alice", {101: ("sh", 100), 102: ("python3", 1000)})
     mon, _ = monitor(tree)
     async with mon:
-        await sampled(mon, kernel, 3 * _monitor.FULL_PASS_EVERY)
+        await sampled(mon, kernel, 3 * _killcount.FULL_PASS_EVERY)
         with KERNEL:
             samples = kernel.collects
             statm_reads = reads[102]
         # Once when first seen, then once per FULL_PASS_EVERY samples.
-        assert statm_reads <= samples // _monitor.FULL_PASS_EVERY + 2 < samples
+        assert statm_reads <= samples // _killcount.FULL_PASS_EVERY + 2 < samples
         # memory.current moved by more than 2% (and 1 MiB): sized at the next sample.
         with KERNEL:
             write(scope / "memory.current", f"{2000 * PAGE}\n")
@@ -564,9 +566,10 @@ async def test_throttle_names_slice_limit_holder(tree: Tree, kernel: Reads) -> N
     # A window far longer than the test: the second rise is surely within it.
     mon, got = monitor(tree, pressure_window=60.0)
     async with mon:
-        tree.set_events(tree.slice, events(high=17))
+        tree.set_events(tree.slice, events(high=17), own=events(high=17))
         await wait_for(lambda: any(isinstance(e, Throttled) for e in got))
-        tree.set_events(tree.slice, events(high=40))  # still throttled: within the window
+        # Still throttled: within the window.
+        tree.set_events(tree.slice, events(high=40), own=events(high=40))
         await sampled(mon, kernel, 2)
     (throttled,) = [e for e in got if isinstance(e, Throttled)]
     assert throttled.unit == SLICE_NAME
@@ -578,31 +581,39 @@ async def test_throttle_names_slice_limit_holder(tree: Tree, kernel: Reads) -> N
     assert (limit.unit, limit.limits.high, limit.limits.max) == (SLICE_NAME, 1 << 30, None)
 
 
-async def test_throttle_by_ancestor_under_user_manager(tmp_path: Path) -> None:
+USER_BASE = "user.slice/user-1000.slice/user@1000.service"
+ALICE_UNIT = "agentscope-f-alice-a1b2c3.scope"
+
+
+def user_tree(tmp_path: Path, *, app_high: int | None, scope_high: int | None) -> Tree:
+    """A user manager's levels down to the agents slice, and alice's scope with
+    one process stalled in ``mem_cgroup_handle_over_high``."""
     cg = make_cgroup_root(tmp_path / "cg")
-    base = "user.slice/user-1000.slice/user@1000.service"
-    make_cgroup(cg, "user.slice")
-    make_cgroup(cg, "user.slice/user-1000.slice")
-    make_cgroup(cg, base)
-    app = make_cgroup(cg, f"{base}/app.slice", high=1 << 29)
-    make_cgroup(cg, f"{base}/app.slice/app-agentscope.slice")
-    slice_path = make_cgroup(cg, f"{base}/{SLICE}")
+    for rel in ("user.slice", "user.slice/user-1000.slice", USER_BASE):
+        make_cgroup(cg, rel)
+    make_cgroup(cg, f"{USER_BASE}/app.slice", high=app_high)
+    make_cgroup(cg, f"{USER_BASE}/app.slice/app-agentscope.slice")
+    slice_path = make_cgroup(cg, f"{USER_BASE}/{SLICE}")
     proc = tmp_path / "proc"
     make_meminfo(proc)
-    unit = "agentscope-f-alice-a1b2c3.scope"
     make_proc(
         proc,
         101,
         comm="python3",
         state="D",
         wchan="mem_cgroup_handle_over_high",
-        cgroup=f"/{base}/{SLICE}/{unit}",
+        cgroup=f"/{USER_BASE}/{SLICE}/{ALICE_UNIT}",
     )
-    make_cgroup(cg, f"{base}/{SLICE}/{unit}", procs=[101], current=4096)
-    t = Tree(cg, proc, slice_path)
+    make_cgroup(cg, f"{USER_BASE}/{SLICE}/{ALICE_UNIT}", procs=[101], current=4096, high=scope_high)
+    return Tree(cg, proc, slice_path)
+
+
+async def test_throttle_by_ancestor_under_user_manager(tmp_path: Path) -> None:
+    t = user_tree(tmp_path, app_high=1 << 29, scope_high=None)
     mon, got = monitor(t)
     async with mon:
-        t.set_events(app, events(high=5))  # over app.slice's limit: its counter, not ours
+        # Over app.slice's own limit: its local counter rose, not ours.
+        t.set_events(t.slice.parent.parent, events(high=5), own=events(high=5))
         await wait_for(lambda: any(isinstance(e, Throttled) for e in got))
     (throttled,) = [e for e in got if isinstance(e, Throttled)]
     assert (throttled.unit, throttled.limit_unit, throttled.d_state_pids) == (
@@ -611,6 +622,29 @@ async def test_throttle_by_ancestor_under_user_manager(tmp_path: Path) -> None:
         (101,),
     )
     assert throttled.fix == "systemctl --user set-property --runtime app.slice MemoryHigh=infinity"
+
+
+async def test_a_scope_throttled_on_while_sampled_is_not_its_ancestors_throttle(
+    tmp_path: Path, kernel: Reads
+) -> None:
+    # Seen in CI (sid, user manager, under load): a scope under its own MemoryHigh
+    # kept throttling while a sample read the slice, the scopes, then the
+    # levels above, so app.slice's hierarchical count rose more than the
+    # slice's had, and passed for app.slice's own throttle (no limit, no fix).
+    t = user_tree(tmp_path, app_high=None, scope_high=1 << 20)
+    mon, got = monitor(t)
+    async with mon:
+        with KERNEL:
+            t.set_events(t.slice / ALICE_UNIT, events(high=3))
+            t.set_events(t.slice, events(high=3))
+            for level in t.slice.parents:
+                if level.is_relative_to(t.cg) and level != t.cg:
+                    t.set_events(level, events(high=9))  # read later: risen further
+        await wait_for(lambda: any(isinstance(e, Throttled) for e in got))
+        await sampled(mon, kernel, 2)
+    assert [(e.unit, e.limit_unit) for e in got if isinstance(e, Throttled)] == [
+        (ALICE_UNIT, ALICE_UNIT)
+    ]
 
 
 async def test_scope_rise_alone_is_not_a_slice_throttle(tree: Tree, kernel: Reads) -> None:
@@ -746,7 +780,7 @@ def test_events_to_dict_json_round_trip(tmp_path: Path) -> None:
         assert json.loads(json.dumps(data)) == data
         assert data["ts"] == 1.0
         kinds.add(data["kind"])
-    assert kinds == {"oom_kill", "throttled", "pressure", "agent_exited", "limit_found"}
+    assert kinds == {"oom_kill", "throttled", "pressure", "exited", "limit_found"}
     assert samples[-1].to_dict()["limits"] == {"MemoryHigh": 1 << 30, "MemoryMax": None}
 
 
@@ -805,7 +839,7 @@ async def test_callback_error_does_not_stop_monitor(tree: Tree) -> None:
 
 
 def test_kernel_oom_task_line_names_the_cgroup() -> None:
-    from agentscope._monitor import _parse_oom_task_line
+    from agentscope._sampling import _parse_oom_task_line
 
     line = (
         "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
@@ -826,15 +860,16 @@ def test_kernel_oom_task_line_names_the_cgroup() -> None:
 def test_throttle_state_holds_only_what_is_throttled_now(tree: Tree) -> None:
     from agentscope._attribution import Throttle
 
-    mon, got = monitor(tree)
-    window = mon.pressure_window
+    counter = _killcount.KillCounter(slice_path=tree.slice, unit_agent=lambda unit: None)
+    window = counter.throttle_window
+    got: list[Event] = []
     for i in range(3000):
         t = Throttle(tree.slice / f"agentscope-ci-a{i}-abc123.scope", 1, tuple(range(200)), None)
-        mon._report_throttles([t], now=1000.0 + i * window * 2)
+        got += counter.report_throttles([t], now=1000.0 + i * window * 2)
     assert len(got) == 3000  # each throttle was still told
-    assert all(len(e.d_state_pids) <= 64 for e in got)  # type: ignore[attr-defined]
-    assert len(mon._throttle_next) <= 2
-    assert len(mon._throttle_acc) <= 2
+    assert all(len(e.d_state_pids) <= 64 for e in got)  # type: ignore[union-attr]
+    assert len(counter._throttle_next) <= 2
+    assert len(counter._throttle_acc) <= 2
 
 
 def test_enospc_is_logged_once(
@@ -847,9 +882,9 @@ def test_enospc_is_logged_once(
         def rm_watch(self, wd: int) -> None:
             pass
 
-    monkeypatch.setattr(_monitor, "_enospc_logged", False)
+    monkeypatch.setattr(_sampling, "_enospc_logged", False)
     wanted = {tmp_path / f"s{i}" / "memory.events": 1 for i in range(20)}
     with caplog.at_level(logging.WARNING, logger="agentscope.monitor"):
         for _ in range(5):
-            assert _monitor._sync_watches(Full(), {}, wanted) == {}  # type: ignore[arg-type]
+            assert _sampling._sync_watches(Full(), {}, wanted) == {}  # type: ignore[arg-type]
     assert len([r for r in caplog.records if "max_user_watches" in r.message]) == 1

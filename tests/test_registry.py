@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _registry
+from agentscope import _registry, _registry_file, _registry_schema
 from agentscope._errors import AgentExists, AgentscopeError
+from agentscope._reconcile_plan import Revival
 from agentscope._registry import (
     SCHEMA_VERSION,
     AgentRecord,
@@ -124,7 +125,7 @@ def test_schema_and_pragmas(reg: Registry, db: Path) -> None:
     conn = raw(db)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert conn.execute("PRAGMA application_id").fetchone()[0] == 0x41675363
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema")}
         assert {"agents", "events", "agents_open_name"} <= names
@@ -217,7 +218,7 @@ def test_migrates_from_v1(db: Path) -> None:
 def test_forward_migration_steps_run_in_order(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_v1(db)
     step2 = ("ALTER TABLE agents ADD COLUMN note TEXT", "UPDATE agents SET note = 'v2'")
-    monkeypatch.setattr(_registry, "_MIGRATIONS", [*_registry._MIGRATIONS, step2])
+    monkeypatch.setattr(_registry_schema, "_MIGRATIONS", [*_registry_schema._MIGRATIONS, step2])
     with Registry(db) as r:
         assert r.get("ci", "old") is not None
     conn = raw(db)
@@ -314,6 +315,8 @@ def test_record_launch_returns_the_stored_row(reg: Registry) -> None:
         "oom_kills": 0,
         "memory_current": None,
         "memory_peak": None,
+        "reap_after": 10.0,
+        "lingering": None,
     }
     json.dumps(rec.to_dict())
     assert reg.by_unit("u-a") == rec
@@ -478,6 +481,7 @@ def test_events_filters(reg: Registry) -> None:
     assert reg.events(limit=2) == [e1, e2]
     assert reg.events("ci", after_id=e1.id, limit=1) == [e2]
     assert e3.to_dict() == {
+        "schema": "agentscope.event/1",
         "id": e3.id,
         "ts": 30.0,
         "fleet": "ci",
@@ -604,7 +608,7 @@ def test_reconcile_sorts_rows_into_the_plan() -> None:
         "u-ok": scope("u-ok", p10=100, p99=900),
         "u-reused": scope("u-reused", p12=121),  # same pid, another process
         "u-headless": scope("u-headless", p50=500),  # leftovers only
-        "u-closed": scope("u-closed", p14=140),  # its row is final: not ours
+        "u-closed": scope("u-closed", p14=140),  # closed, yet it runs: reopened
         "u-stray": scope("u-stray", p60=600),
     }
     plan = reconcile([ok, gone, reused, headless, closed], live)
@@ -612,7 +616,8 @@ def test_reconcile_sorts_rows_into_the_plan() -> None:
     assert plan.close == (gone,)
     assert plan.reused == (reused,)
     assert plan.headless == (headless,)
-    assert [s.unit for s in plan.unknown] == ["u-closed", "u-stray"]
+    assert plan.revive == (Revival(closed, 14, 140),)
+    assert [s.unit for s in plan.unknown] == ["u-stray"]
     assert plan.closures == (
         (gone, "scope-gone"),
         (reused, "pid-reused"),
@@ -634,6 +639,53 @@ def test_reconcile_pid_that_vanished_mid_read_is_not_adopted() -> None:
     plan = reconcile([row], live)
     assert plan.adopt == ()
     assert plan.headless == (row,)
+
+
+def test_reconcile_reopens_a_closed_row_only_while_its_scope_runs() -> None:
+    lost = rec("u-lost", 10, 100, state="lost")
+    exited = rec("u-exited", 11, 110, state="exited")  # its first process left children
+    stopping = rec("u-stopping", 12, 120, state="exited")
+    empty = rec("u-empty", 13, 130, state="lost")
+    live = {
+        "u-lost": scope("u-lost", p10=100, p20=200),
+        "u-exited": scope("u-exited", p31=310, p30=300),
+        "u-stopping": LiveScope("u-stopping", (12,), {12: 120}, "deactivating"),
+        "u-empty": scope("u-empty"),
+    }
+    plan = reconcile([lost, exited, stopping, empty], live)
+    # Its own process if it runs, else the scope's first, as a found scope's.
+    assert plan.revive == (Revival(lost, 10, 100), Revival(exited, 30, 300))
+    # A scope being stopped keeps its row closed; an empty one is for the caller to stop.
+    assert [s.unit for s in plan.unknown] == ["u-empty", "u-stopping"]
+    assert plan.closures == ()
+    assert reconcile([lost], {}) == ReconcilePlan()  # gone: closed stays closed
+
+
+def test_reopen_moves_a_closed_row_back_to_running_once(reg: Registry) -> None:
+    a = launch(reg, "a", unit="u-a", pid=10, start_time=100, state="running")
+    reg.set_state(a.unit, "exited", exit_status=0, exited=50.0)
+    again = reg.reopen(a.unit, 30, 300, detail={"pids": [30]})
+    assert (again.state, again.pid, again.start_time) == ("running", 30, 300)
+    assert (again.exit_status, again.exited) == (None, None)
+    assert reg.reopen(a.unit, 30, 300) == again  # open already: as it is, no event
+    (event,) = reg.events("ci", kind="reopened")
+    assert event.detail == {"unit": "u-a", "pid": 30, "pids": [30], "was": "exited"}
+    with pytest.raises(UnitNotFound):
+        reg.reopen("u-none", 1, 1)
+
+
+def test_reopen_leaves_the_name_to_its_open_row(reg: Registry) -> None:
+    old = launch(reg, "a", unit="u-old", state="running")
+    reg.set_state(old.unit, "lost")
+    new = launch(reg, "a", unit="u-new", state="running")
+    with pytest.raises(AgentExists) as info:
+        reg.reopen(old.unit, 10, 100)
+    assert info.value.unit == new.unit
+    assert [(r.unit, r.state) for r in reg.agents("ci", include_closed=True)] == [
+        ("u-old", "lost"),
+        ("u-new", "running"),
+    ]
+    assert reg.events("ci", kind="reopened") == []
 
 
 def test_reconcile_of_nothing() -> None:
@@ -781,7 +833,7 @@ def test_busy_results_that_skip_the_busy_handler_are_retried() -> None:
             raise busy()
         return "done"
 
-    assert _registry._retry_busy(flaky, time.monotonic() + 5, sleep=lambda _: None) == "done"
+    assert _registry_file._retry_busy(flaky, time.monotonic() + 5, sleep=lambda _: None) == "done"
     assert len(calls) == 3
 
 
@@ -793,11 +845,11 @@ def test_busy_retries_are_bounded() -> None:
         raise busy()
 
     with pytest.raises(sqlite3.OperationalError):
-        _registry._retry_busy(always_busy, time.monotonic() + 60, sleep=lambda _: None)
+        _registry_file._retry_busy(always_busy, time.monotonic() + 60, sleep=lambda _: None)
     assert len(calls) == 8
     calls.clear()
     with pytest.raises(sqlite3.OperationalError):
-        _registry._retry_busy(always_busy, time.monotonic() - 1, sleep=lambda _: None)
+        _registry_file._retry_busy(always_busy, time.monotonic() - 1, sleep=lambda _: None)
     assert len(calls) == 1
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _exec, _spool
+from agentscope import _claim, _exec, _spool
 from agentscope._registry import Registry, default_registry_path
 
 ME = os.getpid()
@@ -45,6 +45,31 @@ def test_an_entry_reads_back_whole(tmp_path: Path) -> None:
     back = _spool.Entry.decode(e.encode())
     assert back is not None
     assert {s: getattr(back, s) for s in e.__slots__} == {s: getattr(e, s) for s in e.__slots__}
+
+
+def test_the_grace_travels_in_the_entry_and_version_1_still_reads(tmp_path: Path) -> None:
+    kept = entry(tmp_path)
+    kept.reap_after = None
+    back = _spool.Entry.decode(kept.encode())
+    assert back is not None
+    assert back.reap_after is None
+    assert back.argv == kept.argv  # the grace sits before argv, never in it
+    quick = entry(tmp_path)
+    quick.reap_after = 1.5
+    assert (_spool.Entry.decode(quick.encode()) or quick).reap_after == 1.5
+    fields = [b"agentscope-spool-1", b"f", b"n", b"u.scope", b"1", b"2", b"3.0", b"/s", b"/w"]
+    old = _spool.Entry.decode(b"\0".join([*fields, b"sleep", b"9"]))
+    assert old is not None
+    assert (old.reap_after, old.argv) == (10.0, ["sleep", "9"])
+
+
+def test_an_execs_grace_reaches_its_row(tmp_path: Path, registry: Registry) -> None:
+    e = entry(tmp_path)
+    e.reap_after = None
+    (tmp_path / "slice" / e.unit).mkdir()
+    assert _spool.claim(spool_of(registry), e) is not None
+    (row,) = registry.agents("f")
+    assert row.reap_after is None
 
 
 @pytest.mark.parametrize("data", [b"", b"junk", b"agentscope-spool-1\0f\0n", b"x\0" * 12])
@@ -210,7 +235,9 @@ def test_concurrent_take_ins_record_one_lost_event(tmp_path: Path, registry: Reg
         _spool.claim(spool_of(registry), e)
         assert [r.state for r in registry.agents("f", include_closed=True)] == ["lost"]
         # Another process that read the same entry closes the same row too.
-        other._close_stale("f", "builder", e.unit)
+        row = other.by_unit(e.unit)
+        assert row is not None
+        _claim.close_lost(other, row)
         assert [ev.kind for ev in registry.events("f")] == ["adopted", "lost"]
     finally:
         other.close()
@@ -324,3 +351,11 @@ def test_a_draft_left_by_a_killed_claim_is_removed(tmp_path: Path) -> None:
     os.utime(old, (1_000_000.0, 1_000_000.0))
     assert _spool.pending(str(spool)) == []
     assert sorted(os.listdir(spool)) == [fresh.name]
+
+
+def test_a_row_closed_otherwise_meanwhile_keeps_that_close(registry: Registry) -> None:
+    row = registry.record_launch("f", "builder", "u-b", 1, 1, [], "", "running")
+    registry.set_state(row.unit, "exited", exit_status=3)
+    kept = _claim.close_lost(registry, row)
+    assert (kept.state, kept.exit_status) == ("exited", 3)
+    assert [e.kind for e in registry.events("f")] == []

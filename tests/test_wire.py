@@ -17,11 +17,13 @@ from dbus_fast._private.unmarshaller import Unmarshaller
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentscope import SystemdUnavailable, _scope, _wire
+from agentscope import SystemdTimeout, SystemdUnavailable, _scope, _scopeprops, _wire
 
 # The StartTransientUnit call of an exec, every property type it sends.
 PROPS = {
-    **_scope.scope_properties("fleet", "agent", "app-agentscope-agents.slice", 2**30),
+    **_scope.scope_properties(
+        "fleet", "agent", "app-agentscope-agents.slice", _scopeprops.build(memory_max=2**30)
+    ),
     "PIDs": ("au", [1234, 99]),
     "OOMPolicy": ("s", "continue"),
 }
@@ -304,3 +306,22 @@ def test_unmarshal_never_fails_uncleanly(signature: str, data: bytes) -> None:
 def test_a_message_is_parsed_or_refused(data: bytes) -> None:
     with contextlib.suppress(_wire.Malformed):
         _wire._Message(b"l\x04\x00\x01" + data)
+
+
+def test_a_manager_that_stops_answering_is_a_timeout_not_an_absent_host(tmp_path: Any) -> None:
+    # The manager answered the handshake, then nothing (busy with thousands of
+    # units, or hung): "is this a systemd host?" would send the user the wrong way.
+    peer = Pusher(str(tmp_path / "s"), [])
+    conn = _wire.Connection("system", peer.address, direct=True, timeout=0.3)
+    try:
+        with pytest.raises(SystemdTimeout) as caught:
+            conn.job_result(JOB)
+    finally:
+        conn.close()
+        peer.close()
+    assert isinstance(caught.value, SystemdUnavailable)  # what callers already catch
+    assert caught.value.waiting == f"end of job {JOB}"
+    text = str(caught.value)
+    assert "busy or hung" in text
+    assert "systemctl status" in text
+    assert "is this a systemd host" not in text

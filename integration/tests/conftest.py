@@ -7,11 +7,15 @@ the system manager and as the lingering test user for the user manager.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dbus_fast import BusType
@@ -20,9 +24,51 @@ from dbus_fast.aio import MessageBus
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from roothelper import as_root
 
+import agentscope
+from agentscope import AsyncFleet
+
 MANAGER = os.environ.get("AGENTSCOPE_TEST_MANAGER", "system")
 SYSTEMD = int(os.environ.get("AGENTSCOPE_TEST_SYSTEMD", "0"))
 DISTRO = os.environ.get("AGENTSCOPE_TEST_DISTRO", "unknown")
+# A runaway as agents' tool calls are: it grows by 4 MiB every 0.25 s.
+GROW = "import time\nl = []\nwhile True:\n    l.append(b'x' * (4 << 20))\n    time.sleep(0.25)"
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[AsyncFleet]:
+    """A fleet of its own per test; every agent it still has is stopped after the test."""
+    async with AsyncFleet(f"t{uuid.uuid4().hex[:8]}") as f:
+        try:
+            yield f
+        finally:
+            for agent in await f.agents():
+                with contextlib.suppress(agentscope.AgentscopeError):
+                    await f.stop(agent.name, timeout=5)
+
+
+@functools.cache
+def _schema_registry() -> Any:
+    from referencing import Registry, Resource
+
+    from agentscope._contract import load_schemas, schema_dir
+
+    # The schemas the wheel installed (agentscope/_schemas), as a harness reads them.
+    assert schema_dir().name == "_schemas", schema_dir()
+    return Registry().with_resources(
+        (sid, Resource.from_contents(s)) for sid, s in load_schemas().items()
+    )
+
+
+def validate(data: Any) -> str:
+    """Check one --json output against the schema its ``schema`` field names; return the name."""
+    from jsonschema import Draft202012Validator
+
+    name = str(data["schema"])
+    shape = name.removeprefix("agentscope.").partition("/")[0]
+    registry = _schema_registry()
+    schema = registry.contents(f"urn:agentscope:schema:{shape}")
+    Draft202012Validator(schema, registry=registry).validate(data)
+    return name
 
 
 @pytest.fixture
@@ -44,6 +90,22 @@ async def raw_bus() -> AsyncIterator[MessageBus]:
         yield bus
     finally:
         bus.disconnect()
+
+
+def own_children() -> set[str]:
+    """This process's children, whichever of its threads forked them.
+
+    ``/proc/PID/task/PID/children`` lists the main thread's only: the library
+    forks from worker threads, and a thread's children move to another thread
+    of the process when it exits, so one thread's list changes under a test.
+    """
+    found: set[str] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            found.update((task / "children").read_text().split())
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return found
 
 
 def systemctl(*args: str) -> str:

@@ -18,7 +18,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from conftest import MANAGER, SYSTEMD, systemctl
+from conftest import MANAGER, SYSTEMD, systemctl, validate
 
 CLI = shutil.which("agentscope") or "agentscope"
 AGENTS = ["planner", "coder-1", "coder-2", "coder-3", "reviewer", "tester", "docs", "indexer"]
@@ -53,6 +53,7 @@ def test_demo_global_oom_every_outcome() -> None:
     checks = summary["checks"]
     assert done.returncode == 0, checks
     assert all(summary["checks"].values())
+    assert validate(summary) == "agentscope.demo/1"
     assert summary["manager"] == MANAGER
     assert summary["global_oom"] is True
     assert summary["memory_max"] is None

@@ -15,27 +15,15 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-from conftest import MANAGER
+from conftest import GROW, MANAGER
 
 from agentscope import AsyncFleet
 from agentscope._bus import SD_MANAGER, SD_PATH, SystemdBus
 
 CLI = shutil.which("agentscope") or "agentscope"
 OTHER_USER = "agent"  # integration/images.py: TEST_USER, uid 1000
-GROW = "import time\nl = []\nwhile True:\n    l.append(b'x' * (4 << 20))\n    time.sleep(0.25)"
-
-
-@pytest.fixture
-async def fleet() -> AsyncIterator[AsyncFleet]:
-    async with AsyncFleet(f"h{uuid.uuid4().hex[:6]}") as f:
-        try:
-            yield f
-        finally:
-            for agent in await f.agents():
-                await f.stop(agent.name, timeout=5)
 
 
 @pytest.mark.skipif(MANAGER != "system", reason="another local user reaches the system bus only")

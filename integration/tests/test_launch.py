@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -14,11 +13,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from conftest import MANAGER, SYSTEMD, systemctl
+from conftest import MANAGER, SYSTEMD, own_children, systemctl
 
 import agentscope
 from agentscope import AsyncFleet, Fleet
@@ -66,17 +64,6 @@ async def wait_until(cond, timeout: float = 30.0, step: float = 0.1) -> bool:  #
             return True
         await asyncio.sleep(step)
     return bool(cond())
-
-
-@pytest.fixture
-async def fleet() -> AsyncIterator[AsyncFleet]:
-    async with AsyncFleet(f"t{uuid.uuid4().hex[:8]}") as f:
-        try:
-            yield f
-        finally:
-            for agent in await f.agents():
-                with contextlib.suppress(agentscope.AgentscopeError):
-                    await f.stop(agent.name, timeout=5)
 
 
 async def test_agent_in_own_scope_with_policies(
@@ -261,16 +248,11 @@ async def test_bad_input_leaves_nothing(
     fleet: AsyncFleet, kwargs: dict[str, object], error: type[Exception], text: str
 ) -> None:
     before = slice_units()
-    children_before = set(
-        Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
-    )
+    children_before = own_children()
     with pytest.raises(error, match=text):
         await fleet.launch(**kwargs)  # type: ignore[arg-type]
     assert slice_units() == before
-    children_after = set(
-        Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
-    )
-    assert children_after <= children_before
+    assert own_children() <= children_before
 
 
 async def test_exec_failure_in_scope_leaves_nothing(fleet: AsyncFleet, tmp_path: Path) -> None:

@@ -3,34 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-from conftest import MANAGER, systemctl
+from conftest import GROW, MANAGER, systemctl
 
 import agentscope
 from agentscope import AsyncFleet, OomKill, Throttled
 
 CGROUP = Path("/sys/fs/cgroup")
 ALLOC = "import time; b = b'x' * ({mb} << 20); time.sleep({hold})"
-# A runaway as agents' tool calls are: it grows over a few seconds.
-GROW = "import time\nl = []\nwhile True:\n    l.append(b'x' * (4 << 20))\n    time.sleep(0.25)"
-
-
-@pytest.fixture
-async def fleet() -> AsyncIterator[AsyncFleet]:
-    async with AsyncFleet(f"m{uuid.uuid4().hex[:6]}") as f:
-        try:
-            yield f
-        finally:
-            for agent in await f.agents():
-                await f.stop(agent.name, timeout=5)
 
 
 async def _next(monitor: agentscope.Monitor, kind: type, timeout: float) -> object:
@@ -44,6 +30,17 @@ async def _next(monitor: agentscope.Monitor, kind: type, timeout: float) -> obje
         event = await asyncio.wait_for(it.__anext__(), left)
         if isinstance(event, kind):
             return event
+
+
+async def _throttles(monitor: agentscope.Monitor, seconds: float) -> list[Throttled]:
+    """The Throttled events of the next ``seconds``."""
+    got: list[Throttled] = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            async for event in monitor:
+                if isinstance(event, Throttled):
+                    got.append(event)
+    return got
 
 
 class _KillClock:
@@ -70,6 +67,10 @@ class _KillClock:
         self._thread.join()
 
 
+def _oom_kills(events: Path) -> int:
+    return int(dict(line.split() for line in events.read_text().splitlines())["oom_kill"])
+
+
 async def test_capped_oom_kill_named_within_2s(fleet: AsyncFleet) -> None:
     slice_events = (await fleet.slice_cgroup()) / "memory.events"
     async with fleet.monitor(interval=1.0) as monitor:
@@ -94,12 +95,20 @@ async def test_capped_oom_kill_named_within_2s(fleet: AsyncFleet) -> None:
         print(f"OOM kill to event: {latency:.2f}s")
         assert latency < 2.0
         assert agent.alive()  # the shell survives its child
-        with pytest.raises(TimeoutError):  # exactly one
-            await _next(monitor, OomKill, 4)
+        more = 0
+        with contextlib.suppress(TimeoutError):
+            while True:
+                await _next(monitor, OomKill, 4)
+                more += 1
+        # One event for each kill the kernel counted (one, but for a second
+        # victim the kernel may pick under load before the first one's memory
+        # is reaped): a kill reported twice fails here.
+        counted = _oom_kills(scope_events)
+    assert 1 + more == counted, (more, counted)
     kinds = [e.kind for e in await fleet.events(agent="capped")]
-    assert kinds.count("oom_kill") == 1
+    assert kinds.count("oom_kill") == counted
     listed = {a.name: a for a in await fleet.agents()}
-    assert listed["capped"].oom_kills == 1
+    assert listed["capped"].oom_kills == counted
     # Without the kernel log too (the user manager): the victim was sampled
     # while it grew, and while it dies its SIGKILL tells it from the living.
     assert event.comm == "python3", event
@@ -140,6 +149,34 @@ async def test_memory_high_on_a_scope_gives_throttled(fleet: AsyncFleet) -> None
         assert event.fix is not None
         assert "MemoryHigh=infinity" in event.fix
         assert ("--user" in event.fix) == (MANAGER == "user")
+        # While it stays throttled, no level above passes for the holder (CI,
+        # sid: app.slice's count, read later in a sample, once did).
+        others = await _throttles(monitor, 6.0)
+        assert {(e.unit, e.limit_unit) for e in others} <= {(agent.unit, agent.unit)}, others
+
+
+async def test_memory_high_on_the_slice_gives_throttled_naming_the_slice(
+    fleet: AsyncFleet,
+) -> None:
+    slice_unit = agentscope.DEFAULT_SLICE
+    async with fleet.monitor(interval=1.0) as monitor:
+        await fleet.launch(
+            "slow",
+            ["sh", "-c", f'sleep 3; exec python3 -c "{ALLOC.format(mb=64, hold=60)}"'],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        # The stale slice limit of the mission's story, set after the launch
+        # (which clears it): the kernel counts it in the slice's own events.
+        systemctl("set-property", "--runtime", slice_unit, "MemoryHigh=32M")
+        try:
+            event = await _next(monitor, Throttled, 90)
+        finally:
+            systemctl("set-property", "--runtime", slice_unit, "MemoryHigh=infinity")
+    assert isinstance(event, Throttled)
+    assert (event.unit, event.limit_unit) == (slice_unit, slice_unit), event
+    assert event.fix is not None
+    assert f"{slice_unit} MemoryHigh=infinity" in event.fix
 
 
 async def test_report_names_largest_agent_process_and_the_manager(fleet: AsyncFleet) -> None:

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import own_children
 
 import agentscope
 from agentscope import AsyncFleet
@@ -136,10 +137,6 @@ async def test_four_processes_launch_25_each(tmp_path: Path) -> None:
         await asyncio.gather(*(fleet.stop(a.name, timeout=5) for a in agents))
 
 
-def _children() -> set[str]:
-    return set(Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split())
-
-
 async def test_registry_refuses_a_name_running_elsewhere_and_frees_a_stale_one(
     tmp_path: Path,
 ) -> None:
@@ -149,10 +146,11 @@ async def test_registry_refuses_a_name_running_elsewhere_and_frees_a_stale_one(
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
     async with AsyncFleet(name, registry=db) as one, AsyncFleet(name, registry=db) as two:
         first = await one.launch("dup", ["sleep", "600"], **quiet)
-        before = _children()
+        before = own_children()
+        assert str(first.pid) in before
         with pytest.raises(agentscope.AgentExists, match="already running"):
             await two.launch("dup", ["sleep", "600"], **quiet)
-        assert _children() == before  # the gated child was aborted and reaped
+        assert own_children() == before  # the gated child was aborted and reaped
         assert [(a.name, a.unit) for a in await two.agents()] == [("dup", first.unit)]
 
         # An open row whose scope is gone (its launcher died unseen) is closed

@@ -1,0 +1,505 @@
+"""The watching commands: report, events, top, and the foreground monitor."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from agentscope._contract import monitor_event_dict, stamped
+
+from . import _fleet, _render
+from ._context import emit_json, fleet_of, history_of, options, show
+from ._errors import BadInput, Failed, Interrupted
+from ._fleet import FleetLike, Options
+from ._notify import Notifier
+from ._parse import parse_since
+
+if TYPE_CHECKING:
+    from agentscope.watchdog import FatalLog
+
+    from ._http import FaceState
+
+__all__ = ["events", "monitor", "report", "top"]
+
+
+def report(
+    ctx: typer.Context,
+    top: Annotated[int, typer.Option(help="How many top processes to show.", min=0)] = 10,
+) -> None:
+    """The memory report: per agent, and the top processes with their agents."""
+    with fleet_of(ctx) as fleet:
+        data = fleet.report(top=top).to_dict()
+    if options(ctx).json:
+        emit_json("report", data)
+    else:
+        show(_render.report_view(data))
+
+
+def events(
+    ctx: typer.Context,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events.")
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only events from TIME on: -1h, 1h30min ago, today, ISO 8601, ..."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only events before this (same forms as --since).")
+    ] = None,
+    kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only events of this agent.")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Only the newest N events that match.", min=0)
+    ] = None,
+) -> None:
+    """Print the fleet's recorded events (OOM kills, throttling, starts, exits).
+
+    Reads the registry file alone: works without systemd (no bus needed).
+    """
+    opts = options(ctx)
+    now = time.time()
+    start = parse_since(since, now) if since is not None else None
+    end = parse_since(until, now) if until is not None else None
+    filters: dict[str, Any] = {"kind": kind, "agent": agent}
+    with history_of(ctx) as history:
+        if limit is not None:
+            last = _print_events(
+                history.events(since=start, until=end, last=limit, **filters), opts.json
+            )
+        else:
+            # Page by id: memory stays one page, however long the history.
+            last = None
+            while True:
+                page = history.events(
+                    since=start, until=end, after_id=last, limit=_EVENTS_PAGE, **filters
+                )
+                last = _print_events(page, opts.json) or last
+                if len(page) < _EVENTS_PAGE:
+                    break
+        if follow and last is None:
+            # Follow from the newest event of any kind: a poll then costs the
+            # new events only, never a rescan of the history.
+            newest = history.events(last=1)
+            last = newest[0].id if newest else 0
+        while follow:  # until Ctrl-C: exit 130, as from every command
+            time.sleep(1.0)
+            last = _print_events(history.events(after_id=last, **filters), opts.json) or last
+
+
+_EVENTS_PAGE = 1000
+
+
+def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:
+    last = None
+    for record in records:
+        data = record.to_dict()
+        sys.stdout.write(
+            (json.dumps(data, default=str) if as_json else _render.event_line(data)) + "\n"
+        )
+        last = record.id
+    sys.stdout.flush()
+    return last
+
+
+def top(
+    ctx: typer.Context,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 1.0,
+) -> None:
+    """A live view of the fleet: agents with memory bars, PSI, recent events; q quits."""
+    from ._top import run_top, snapshot
+
+    opts = options(ctx)
+    with fleet_of(ctx) as fleet:
+        if opts.json:
+            screen = snapshot(fleet, time.time())
+            emit_json("top", {**screen, "agents": [stamped("agent", a) for a in screen["agents"]]})
+        elif not sys.stdout.isatty():
+            show(_render.ls_table([a.to_dict() for a in fleet.agents()]))
+        else:
+            run_top(fleet, interval)
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGINT arrived: leave the monitor loop cleanly."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def monitor(
+    ctx: typer.Context,
+    interval: Annotated[float, typer.Option(help="Seconds between samples.", min=0.1)] = 2.0,
+    top: Annotated[int, typer.Option(help="Top processes kept per sample.", min=0)] = 10,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve /health (JSON) and /metrics (Prometheus) on HOST:PORT (loopback).",
+            envvar="AGENTSCOPE_MONITOR_LISTEN",
+            show_default=False,
+        ),
+    ] = None,
+    listen_any: Annotated[
+        bool,
+        typer.Option(
+            "--listen-any",
+            help="Allow --listen on an address other than loopback.",
+            envvar="AGENTSCOPE_MONITOR_LISTEN_ANY",
+        ),
+    ] = False,
+    guard: Annotated[
+        bool,
+        typer.Option(
+            "--guard/--no-guard",
+            help="Run the memory guard: kill an agent's runaway before the host thrashes.",
+            envvar="AGENTSCOPE_GUARD",
+        ),
+    ] = False,
+    guard_mem_available: Annotated[
+        float,
+        typer.Option(
+            help="Guard: act when MemAvailable is at most PCT % of MemTotal ...",
+            metavar="PCT",
+            envvar="AGENTSCOPE_GUARD_MEM_AVAILABLE",
+        ),
+    ] = 10.0,
+    guard_swap_free: Annotated[
+        float,
+        typer.Option(
+            help="... and SwapFree at most PCT % of SwapTotal (no swap counts as 0 %).",
+            metavar="PCT",
+            envvar="AGENTSCOPE_GUARD_SWAP_FREE",
+        ),
+    ] = 10.0,
+    guard_psi_full: Annotated[
+        str,
+        typer.Option(
+            help="Guard: or act when PSI memory full avg10 stays at PCT % or more; 'off'.",
+            metavar="PCT|off",
+            envvar="AGENTSCOPE_GUARD_PSI_FULL",
+        ),
+    ] = "60",
+    guard_psi_seconds: Annotated[
+        float,
+        typer.Option(
+            help="Guard: how long PSI full must stay over --guard-psi-full, in seconds.",
+            metavar="S",
+            envvar="AGENTSCOPE_GUARD_PSI_SECONDS",
+        ),
+    ] = 10.0,
+    guard_process: Annotated[
+        bool,
+        typer.Option(
+            "--guard-process",
+            help="Guard: run in a small process of its own, not a thread of the monitor.",
+            envvar="AGENTSCOPE_GUARD_PROCESS",
+        ),
+    ] = False,
+    reclaim_escaped: Annotated[
+        bool,
+        typer.Option(
+            "--reclaim-escaped",
+            help="Move an agent's processes that left its scope back into it (and say so).",
+            envvar="AGENTSCOPE_RECLAIM_ESCAPED",
+        ),
+    ] = False,
+) -> None:
+    """Run the monitor in the foreground, recording and printing its events.
+
+    Stops cleanly on SIGTERM (exit 0) and SIGINT (Ctrl-C: exit 130), after
+    printing the events the monitor already has (a guard kill of a moment
+    ago included; at most 10 s). Under systemd (Type=notify,
+    $NOTIFY_SOCKET set) it sends READY=1, then WATCHDOG=1 and a STATUS= line
+    every tick (at least twice per WatchdogSec=); started by systemd, it
+    writes the reason it stopped on an error to monitor-FLEET.fatal.log in
+    the state directory. With --guard it also runs the memory guard
+    (docs/guard.md) and prints its kills; as root the monitor then sets its
+    own oom_score_adj to -1000, so the kernel never picks the guard. An
+    agent's process that lives outside its scope (systemd-run --scope, tmux's
+    pane scopes) is printed once as an escaped event; with --reclaim-escaped
+    it is moved back first, and the event says whether that worked
+    (docs/escapes.md).
+    """
+    from ._http import FaceState, HttpFace, parse_listen, start_face
+
+    opts = options(ctx)
+    address = parse_listen(listen, any_address=listen_any) if listen is not None else None
+    guard_config = (
+        _guard_config(
+            guard_mem_available,
+            guard_swap_free,
+            guard_psi_full,
+            guard_psi_seconds,
+            process=guard_process,
+        )
+        if guard
+        else False
+    )
+    notifier = Notifier()
+    fatal = _monitor_fatal_log(opts)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    face: HttpFace | None = None
+    interrupted = False
+    try:
+        with (
+            fleet_of(ctx) as fleet,
+            fleet.monitor(
+                interval=interval, top=top, guard=guard_config, reclaim_escaped=reclaim_escaped
+            ) as stream,
+        ):
+            state = None
+            if address is not None:
+                from agentscope import __version__
+
+                state = FaceState(fleet.name, fleet.manager, interval, __version__)
+                if guard_config:
+                    state.guard = lambda: stream.guard_running
+                face = start_face(address, state)
+                sys.stderr.write(f"serving /health and /metrics on {face.url}\n")
+                sys.stderr.flush()
+            _monitor_loop(fleet, stream, interval, notifier, opts.json, state)
+    except _Stopped as stopped:
+        if stopped.signum == signal.SIGINT:  # Ctrl-C: 130 once stopped cleanly
+            interrupted = True
+    except BaseException as exc:
+        if fatal is not None and not isinstance(exc, KeyboardInterrupt | SystemExit):
+            fatal.record(exc, where=f"agentscope monitor --fleet {opts.fleet}")
+        raise
+    finally:
+        if face is not None:
+            face.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        # Best effort: a stale socket must not hide why the monitor stopped.
+        with contextlib.suppress(Failed):
+            notifier.send(STOPPING=1)
+        if fatal is not None:
+            fatal.uninstall()
+    if interrupted:
+        raise Interrupted("interrupted; the monitor stopped cleanly")
+
+
+def _guard_config(
+    mem_available: float, swap_free: float, psi_full: str, psi_seconds: float, *, process: bool
+) -> Any:
+    """The GuardConfig of ``monitor --guard``'s options.
+
+    Raises:
+        BadInput: --guard-psi-full is neither a number nor 'off'.
+        InvalidConfig: a value out of its range (exit 2, naming the option's field).
+    """
+    from agentscope import GuardConfig
+
+    psi: float | None
+    if psi_full.strip().lower() == "off":
+        psi = None
+    else:
+        try:
+            psi = float(psi_full)
+        except ValueError:
+            raise BadInput(
+                f"--guard-psi-full {psi_full!r} is not a percentage; give e.g. 60, or 'off'"
+            ) from None
+    # A process that runs only the monitor may keep the kernel's OOM killer
+    # off itself; root can, others cannot lower it (FIELD-NOTES).
+    return GuardConfig(
+        mem_available_percent=mem_available,
+        swap_free_percent=swap_free,
+        psi_full_percent=psi,
+        psi_full_seconds=psi_seconds,
+        oom_score_adj=-1000 if os.geteuid() == 0 else None,
+        process=process,
+    )
+
+
+def _monitor_fatal_log(opts: Options) -> FatalLog | None:
+    """The fatal-reason log of a monitor that systemd started, else None.
+
+    Only under systemd ($INVOCATION_ID): there nobody watches the terminal,
+    and "why did it stop" must have an answer on disk. A log that cannot be
+    opened costs the monitor nothing: it says so and runs without.
+    """
+    if not os.environ.get("INVOCATION_ID"):
+        return None
+    from agentscope import default_registry_path
+    from agentscope._paths import open_under
+    from agentscope.watchdog import install_fatal_log
+
+    manager = opts.resolved_manager
+    state_dir = default_registry_path("system" if manager == "system" else "user").parent
+    name = f"monitor-{opts.fleet}.fatal.log"
+    path = state_dir / name
+    # Nothing a monitor writes is for other users (rotated logs included).
+    os.umask(0o077)
+    try:
+        os.close(open_under(state_dir, (name,)))  # 0600, and not through a symlink
+        fatal = install_fatal_log(path)
+        # A watchdog kill (SIGABRT) or a crash in C code never reaches the
+        # hooks above: faulthandler writes every thread's Python stack, which
+        # shows where the loop was stuck.
+        faults = path.open("a", encoding="utf-8")
+    except OSError as exc:
+        sys.stderr.write(f"agentscope monitor: no fatal log at {path}: {exc}\n")
+        return None
+    faulthandler.enable(faults, all_threads=True)
+    _FAULT_FILES.append(faults)  # the fd must stay open for faulthandler
+    return fatal
+
+
+_FAULT_FILES: list[Any] = []
+
+
+_END = object()
+#: At SIGTERM/SIGINT, how long the events the monitor already has may take to
+#: come out: its close stops the guard and waits for the sample in flight.
+_DRAIN_TIMEOUT = 10.0
+
+
+def _monitor_loop(
+    fleet: FleetLike,
+    stream: _fleet.GuardedStream,
+    interval: float,
+    notifier: Notifier,
+    as_json: bool,
+    face: FaceState | None = None,
+) -> None:
+    # The events arrive on a thread of their own so that ticks (WATCHDOG=1,
+    # STATUS=) go out on time even while no event comes. The queue is bounded
+    # and the thread stops with the loop: a stream that never ends must not
+    # outlive the command or fill memory.
+    inbox: queue.Queue[object] = queue.Queue(maxsize=1024)
+    stop = threading.Event()
+    # sd_watchdog_enabled(3): ping at half the interval the manager asked for.
+    period = min(interval, notifier.watchdog / 2) if notifier.watchdog else interval
+
+    def deliver(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                inbox.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pump() -> None:
+        try:
+            for event in stream:
+                if not deliver(event):
+                    return
+        except BaseException as exc:  # handed to the main thread, which raises it
+            deliver(exc)
+        deliver(_END)
+
+    def print_event(item: Any) -> None:
+        data = item.to_dict()
+        if face is not None:
+            face.event(data)
+        if as_json:  # the shape events --json prints of the same event
+            line = json.dumps(monitor_event_dict(fleet.name, item), default=str)
+        else:
+            line = _render.event_line(data)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    try:  # from here on, any way out (a signal included) stops the pump
+        threading.Thread(target=pump, name="agentscope-monitor", daemon=True).start()
+        notifier.send(READY=1, STATUS=_sample(fleet, face))
+        due = time.monotonic() + period
+        while True:
+            try:
+                item = inbox.get(timeout=max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                item = None
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item is not None:
+                print_event(item)
+            # One sample a period, however many events come: a burst of
+            # events must not turn into a burst of full samples.
+            if time.monotonic() >= due:
+                notifier.send(WATCHDOG=1, STATUS=_sample(fleet, face))
+                due = time.monotonic() + period
+            if face is not None:  # the watch's own failures, logged by the library
+                face.watch(
+                    getattr(stream, "failures", 0), getattr(stream, "consecutive_failures", 0)
+                )
+    except _Stopped:
+        # A stop, not a loss: the guard's kill of a moment ago may still be on
+        # its way (CI, bookworm: killed, then missing from --json). Closing the
+        # stream ends it after every event it already has; print those first.
+        _drain(stream, inbox, print_event)
+        raise
+    finally:
+        stop.set()
+
+
+def _drain(
+    stream: _fleet.GuardedStream, inbox: queue.Queue[object], print_event: Callable[[Any], None]
+) -> None:
+    """Close ``stream`` and show what it still yields, for at most :data:`_DRAIN_TIMEOUT`."""
+    stream.close()
+    deadline = time.monotonic() + _DRAIN_TIMEOUT
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            item = inbox.get(timeout=left)
+        except queue.Empty:
+            break
+        if item is _END or isinstance(item, BaseException):
+            return
+        print_event(item)
+    sys.stderr.write("agentscope monitor: stopped before its last events came out\n")
+
+
+def _sample(fleet: FleetLike, face: FaceState | None) -> str:
+    """The STATUS= line; with an HTTP face, also a memory report (no /proc scan) for it.
+
+    A report that fails is counted as a scrape error, not fatal: the files
+    of a scope can vanish mid-read. The agents query stays fatal as before.
+    """
+    from agentscope import AgentscopeError
+
+    agents = fleet.agents()
+    status = _status(fleet, agents)
+    if face is not None:
+        data = [a.to_dict() for a in agents]
+        try:
+            report = fleet.report(top=0).to_dict()
+        except (OSError, ValueError, AgentscopeError) as exc:
+            face.failed(exc)
+        else:
+            face.sampled(data, report, status)
+    return status
+
+
+def _status(fleet: FleetLike, listed: Sequence[Any]) -> str:
+    agents = [a.to_dict() for a in listed]
+    states: dict[str, int] = {}
+    for a in agents:
+        states[str(a.get("state"))] = states.get(str(a.get("state")), 0) + 1
+    memory = sum(a.get("memory_current") or 0 for a in agents)
+    kills = sum(a.get("oom_kills") or 0 for a in agents)
+    detail = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    return (
+        f"fleet {fleet.name}: {len(agents)} agents"
+        + (f" ({detail})" if detail else "")
+        + f", {_render.format_bytes(memory)}, {kills} OOM kills"
+    )

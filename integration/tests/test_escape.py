@@ -1,0 +1,113 @@
+"""The escape audit against real systemd: an agent's ``systemd-run --scope``.
+
+One agent runs ``systemd-run --scope sleep 600`` (``--user`` under the user
+manager): the ``sleep`` lives in a scope of its own outside the agents
+slice. A monitor reports it once, the report counts it under its agent, systemd
+refuses ``AttachProcessesToUnit`` for the agent's (non-delegated) scope,
+and a second monitor with ``reclaim_escaped`` moves it back all the same
+(its /proc/PID/cgroup is the agent's scope again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from conftest import MANAGER
+from dbus_fast import Message, MessageType
+from dbus_fast.aio import MessageBus
+
+from agentscope import AsyncFleet, Escaped, Monitor
+from agentscope._monitor import ESCAPE_AUDIT_EVERY
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+async def _escapes(monitor: Monitor, timeout: float) -> list[Escaped]:
+    """The Escaped events that arrive within ``timeout`` seconds (the others skipped)."""
+    found: list[Escaped] = []
+    deadline = time.monotonic() + timeout
+    it = monitor.__aiter__()
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            event = await asyncio.wait_for(it.__anext__(), left)
+        except TimeoutError:
+            break
+        if isinstance(event, Escaped):
+            found.append(event)
+    return found
+
+
+async def _first_escape(monitor: Monitor, timeout: float) -> Escaped:
+    deadline = time.monotonic() + timeout
+    it = monitor.__aiter__()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no escaped event within {timeout}s")
+        event = await asyncio.wait_for(it.__anext__(), left)
+        if isinstance(event, Escaped):
+            return event
+
+
+def _cgroup(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    raise AssertionError(f"no v2 line in /proc/{pid}/cgroup")
+
+
+async def test_systemd_run_scope_is_reported_once_and_moved_back(
+    fleet: AsyncFleet, raw_bus: MessageBus
+) -> None:
+    unit = f"esc-{uuid.uuid4().hex[:8]}"
+    user = "--user " if MANAGER == "user" else ""
+    script = f"systemd-run {user}--scope --quiet --unit={unit} sleep 600 & wait"
+    try:
+        async with fleet.monitor(interval=0.5) as watch:
+            agent = await fleet.launch(
+                "esc", ["sh", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            event = await _first_escape(watch, 60)
+            assert (event.agent, event.unit, event.comm) == ("esc", agent.unit, "sleep")
+            assert event.to_unit == f"{unit}.scope"
+            assert event.reclaimed is None
+            # It is the sleep systemd-run became: the agent's child, in the new scope.
+            stat = Path(f"/proc/{event.pid}/stat").read_bytes()
+            assert int(stat.rpartition(b")")[2].split()[1]) == agent.pid
+            assert _cgroup(event.pid) == event.cgroup
+            assert event.cgroup.endswith(f"/{unit}.scope")
+            # Once: the audits that follow find it again and say nothing.
+            assert await _escapes(watch, ESCAPE_AUDIT_EVERY + 2) == []
+            report = await fleet.report(top=0)
+            (mine,) = [a for a in report.agents if a.agent == "esc"]
+            assert (mine.escaped, mine.processes) == (1, 1)
+        # systemd itself will not move it back: agent scopes are not delegated.
+        reply = await raw_bus.call(
+            Message(
+                destination="org.freedesktop.systemd1",
+                path="/org/freedesktop/systemd1",
+                interface="org.freedesktop.systemd1.Manager",
+                member="AttachProcessesToUnit",
+                signature="ssau",
+                body=[agent.unit, "", [event.pid]],
+            )
+        )
+        assert reply is not None
+        assert reply.message_type == MessageType.ERROR
+        assert "non-delegated" in reply.body[0]
+        slice_cg = str(await fleet.slice_cgroup()).removeprefix(str(CGROUP))
+        async with fleet.monitor(interval=0.5, reclaim_escaped=True) as reclaimer:
+            moved = await _first_escape(reclaimer, 30)
+            assert moved.pid == event.pid
+            assert moved.reclaimed is True, moved.reclaim_error
+            assert _cgroup(event.pid) == f"{slice_cg}/{agent.unit}"
+    finally:
+        subprocess.run(
+            ["systemctl", *(["--user"] if MANAGER == "user" else []), "stop", f"{unit}.scope"],
+            check=False,
+            capture_output=True,
+        )
