@@ -3,9 +3,11 @@ PY ?= .venv/bin/python
 DISTRO ?=
 MANAGER ?= both
 K ?=
+# EVERYWHERE=1: the heavy tests in every suite, not two (integration/tests/conftest.py).
+EVERYWHERE ?=
 # Distros booted at once (each VM idles much of its time under TCG).
 JOBS ?= 2
-VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS)
+VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS) $(if $(EVERYWHERE),--everywhere)
 
 .PHONY: help venv host-deps check lint typecheck unit integration images test demo bench clean-vm dashboard-shot
 

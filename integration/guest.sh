@@ -46,14 +46,17 @@ status=""
 for manager in $MANAGERS; do
     eval "set -- $PYTEST_ARGS"
     echo "==== $DISTRO (systemd $SYSTEMD) $manager manager ===="
-    common="AGENTSCOPE_TEST_MANAGER=$manager AGENTSCOPE_TEST_SYSTEMD=$SYSTEMD AGENTSCOPE_TEST_DISTRO=$DISTRO PYTHONDONTWRITEBYTECODE=1"
+    common="AGENTSCOPE_TEST_MANAGER=$manager AGENTSCOPE_TEST_SYSTEMD=$SYSTEMD AGENTSCOPE_TEST_DISTRO=$DISTRO AGENTSCOPE_TEST_EVERYWHERE=${EVERYWHERE:-} PYTHONDONTWRITEBYTECODE=1"
     if [ -n "$RUN" ]; then
         set -- sh -c "$RUN"
         common="$common $RUN_ENV"
     elif [ -n "$BENCH" ]; then
         set -- python benchmarks/"$BENCH"
     else
-        set -- python -m pytest -c /tmp/it/pytest.ini "$@" tests
+        # CI=true for pytest only: it then keeps a FAILED line's message whole
+        # (else cut to 80 columns, and dropped where the test's id is wider),
+        # and vm.py's matrix table at the end of the log can say why.
+        set -- env CI=true python -m pytest -c /tmp/it/pytest.ini "$@" tests
     fi
     if [ "$manager" = system ]; then
         (cd /tmp/it && env $common "$@")

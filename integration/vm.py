@@ -92,6 +92,7 @@ def _payload(
     pytest_args: list[str],
     bench: str | None = None,
     run: str | None = None,
+    everywhere: bool = False,
 ) -> Path:
     """Make the payload disk: the wheel, the in-VM tests and what to run."""
     tree = work / "payload"
@@ -117,6 +118,8 @@ def _payload(
         "PYTEST_ARGS": shlex.join(pytest_args),
         "BENCH": bench or "",
         "RUN": run or "",
+        # conftest.py's HEAVY_SUITES: "1" runs the heavy tests in every suite.
+        "EVERYWHERE": "1" if everywhere else "",
         # What --run prints reaches a terminal: let rich size and colour it for that.
         "RUN_ENV": " ".join(_terminal_env()) if run else "",
         "TEST_USER": images.TEST_USER,
@@ -269,7 +272,7 @@ def _follow(
                     elif (m := _SUMMARY.match(line)) and current:
                         summaries[current] = m.group(1)
                     elif _FAILED.match(line) and current:
-                        failures.setdefault(current, []).append(line[:160])
+                        failures.setdefault(current, []).append(line[:400])
                     elif m := _STATUS.search(line):
                         status = m.group(1)
             elif proc.poll() is not None:
@@ -295,6 +298,7 @@ def boot(
     rebuild: bool = False,
     bench: str | None = None,
     run: str | None = None,
+    everywhere: bool = False,
     prefix: str = "",
     accel: str = "auto",
 ) -> dict[str, Result]:
@@ -305,7 +309,7 @@ def boot(
     results: dict[str, Result] = {}
     proc: subprocess.Popen[bytes] | None = None
     try:
-        payload = _payload(work, distro, managers, pytest_args, bench, run)
+        payload = _payload(work, distro, managers, pytest_args, bench, run, everywhere)
         out, console = work / "out.log", work / "console.log"
         cmd = [
             "qemu-system-x86_64",
@@ -450,6 +454,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="distros to run at once (default 1; output lines then start with [distro])",
     )
+    p.add_argument(
+        "--everywhere",
+        action="store_true",
+        help="run the heavy tests in every suite (by default each runs in two; see conftest.py)",
+    )
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = p.parse_args(argv)
     distros = args.distro or list(images.DISTROS)
@@ -476,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 accel=args.accel,
                 bench=args.bench,
                 run=args.run,
+                everywhere=args.everywhere,
             )
             if args.jobs <= 1 or len(distros) == 1:
                 for d in distros:

@@ -382,13 +382,21 @@ def test_a_systemd_run_scope_named_as_documented_is_an_agent_with_one_event_shap
         out, err = monitor.communicate(timeout=60)
         assert "Traceback" not in err, err[-2000:]
         live = [json.loads(line) for line in out.splitlines()]
+        kills = [e for e in live if e["kind"] == "oom_kill"]
+        assert len(kills) == 1, (kills, recorded, err[-2000:])
+        (kill,) = kills
+        assert kill["agent"] == "harness", (kill, err[-2000:])
+        assert kill["detail"]["unit"] == unit, kill
+        assert kill["id"] is None, kill
+        # One event, one shape: the record is the live line with its id. Read
+        # again now that the monitor is done: the first read may have come
+        # from a CLI call's open, which records a kill it finds before the
+        # running monitor brings its detail to that same row.
+        done = cli("--json", "--fleet", fleet, "events", "--kind", "oom_kill")
+        recorded = [json.loads(line) for line in done.stdout.splitlines()]
         assert {validate(e) for e in live + recorded} == {"agentscope.event/1"}
-        (kill,) = [e for e in live if e["kind"] == "oom_kill"]
-        assert kill["agent"] == "harness"
-        assert kill["detail"]["unit"] == unit
-        assert kill["id"] is None
-        # One event, one shape: the record is the live line with its id.
-        assert {**kill, "id": recorded[0]["id"]} == recorded[0]
+        assert len(recorded) == 1, recorded
+        assert {**kill, "id": recorded[0]["id"]} == recorded[0], (kill, recorded)
         found = cli("--json", "--fleet", fleet, "events", "--kind", "found")
         assert [json.loads(line)["agent"] for line in found.stdout.splitlines()] == ["harness"]
     finally:

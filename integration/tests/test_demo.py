@@ -18,8 +18,10 @@ import threading
 import uuid
 from pathlib import Path
 
+import pytest
 from conftest import MANAGER, SYSTEMD, systemctl, validate
 
+pytestmark = pytest.mark.heavy("demo")
 CLI = shutil.which("agentscope") or "agentscope"
 AGENTS = ["planner", "coder-1", "coder-2", "coder-3", "reviewer", "tester", "docs", "indexer"]
 

@@ -50,6 +50,7 @@ def test_the_pages_came_along() -> None:
     assert len(EXAMPLES) >= 8, [e.id for e in EXAMPLES]
 
 
+@pytest.mark.heavy("docs")
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
 def test_a_docs_example_runs(example: Example, tmp_path: Path) -> None:
     why = _why_not(example)

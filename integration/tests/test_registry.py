@@ -118,6 +118,7 @@ async def test_reused_pid_is_never_adopted(tmp_path: Path) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.heavy("scale")
 async def test_four_processes_launch_25_each(tmp_path: Path) -> None:
     name, db = f"r{uuid.uuid4().hex[:6]}", tmp_path / "agentscope.db"
     procs = [_launcher(name, db, 25, f"p{k}-", "exit") for k in range(4)]

@@ -15,6 +15,10 @@ import sys
 import textwrap
 import uuid
 
+import pytest
+
+pytestmark = pytest.mark.heavy("scale")
+
 _LAUNCHER = """
 import asyncio, json, logging, resource, sys
 from pathlib import Path
