@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from agentscope import BusError
+from agentscope import BusError, _monitor
 from agentscope._attribution import SeenProcess, parse_oom_kill_line
 from agentscope._cgroup import MemoryEvents
 from agentscope._events import OomKill
@@ -537,6 +539,48 @@ async def test_a_monitor_start_recovers_and_reports_the_kill_in_its_events(
         assert (event.agent, event.recovered) == ("b", True)
         assert len(await f.events(kind="oom_kill")) == 3
     assert len(await _oom_events(tmp_path, bus)) == 3
+
+
+async def test_a_kill_held_for_the_kernels_line_when_its_monitor_closes_is_recovered_once(
+    tmp_path: Path, bus: FakeSystemd, agents: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user's monitor follows the journal (here a silent follower), so a kill
+    # whose scope ended before its victim was named is held for the kernel's
+    # line. The monitor closes while it waits: nothing is told live, and the
+    # next open records the kill once, as recovered.
+    def silent_follower() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(["sleep", "60"], stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        return proc
+
+    monkeypatch.setattr(_monitor, "start_follower", silent_follower)
+    async with _fleet(tmp_path, bus) as f:
+        mon = f.monitor(interval=0.05, cgroup_root=bus.cgroup_root, kmsg=None, journal=True)
+        async with mon:
+            counter = mon._counter
+            assert counter.await_kernel
+            counter.victim_grace = 60.0  # the close surely comes first
+            _kills(bus, agents["a"], slice_total=1, scope_total=1)
+            await _until(lambda: agents["a"] in counter._scopes and counter.pending)
+            await _stop(bus, agents["a"])
+            await _until(lambda: agents["a"] in counter._held)
+            assert mon.accounted().slice_oom_kill == 0
+        assert await f.events(kind="oom_kill") == []
+    # Left for the open, whose read of the journal names such a kill by its
+    # line's task_memcg; this fleet reads no kernel log, so only the slice
+    # has the kill: counted, once, with no agent.
+    (event,) = await _oom_events(tmp_path, bus)
+    assert (event.agent, event.detail["unit"], event.detail["recovered"]) == (None, None, True)
+    assert len(await _oom_events(tmp_path, bus)) == 1
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the monitor never got there")
 
 
 # ---------------------------------------------------------------------------
