@@ -342,7 +342,27 @@ class RecoveryGlue:
                 new = replace(new, log_source=stored.log_source, log_position=stored.log_position)
             return merge_marks(stored, new).to_json()
 
+        def covered(stored_raw: str | None) -> bool:
+            # Another process's reading of this boot's slice counted this kill.
+            assert mark is not None
+            assert accounted is not None
+            if stored_raw is None:
+                return False
+            stored = Watermark.from_json(stored_raw)
+            return (
+                stored is not None
+                and (stored.boot, stored.slice_cgroup, stored.slice_inode)
+                == (mark.boot, mark.slice_cgroup, mark.baseline.slice_inode)
+                and stored.slice_oom_kill >= accounted.slice_oom_kill
+            )
+
         use = mark is not None and accounted is not None
         registry.record_oom_kill(
-            self.name, agent, detail, seen=seen, merge=merge if use else None, ts=ts
+            self.name,
+            agent,
+            detail,
+            seen=seen,
+            merge=merge if use else None,
+            covered=covered if use else None,
+            ts=ts,
         )

@@ -61,6 +61,23 @@ def _kill_event(
     return EventRecord(event_id, when, fleet, agent, "oom_kill", json.loads(detail_json))
 
 
+def _take_live(
+    conn: sqlite3.Connection,
+    event_id: int,
+    when: float,
+    fleet: str,
+    agent: str | None,
+    detail: Mapping[str, Any],
+) -> EventRecord:
+    """A recovered record brought up to the live report of its kill (time, agent, detail)."""
+    new = dict(detail)
+    conn.execute(
+        "UPDATE events SET ts = ?, agent = ?, detail = ? WHERE id = ?",
+        (when, agent, json.dumps(new, sort_keys=True), event_id),
+    )
+    return EventRecord(event_id, when, fleet, agent, "oom_kill", new)
+
+
 #: How many of a fleet's latest kill events a live kill is matched against.
 _MATCH_WINDOW = 200
 
@@ -112,14 +129,39 @@ def _recorded_already(
     # monitor recorded the kill.
     for event_id, _, old in same_unit:
         if old.get("recovered") is True and old.get("pid") is None:
-            new = dict(detail)
-            conn.execute(
-                "UPDATE events SET ts = ?, agent = ?, detail = ? WHERE id = ?",
-                (when, agent, json.dumps(new, sort_keys=True), event_id),
-            )
-            return EventRecord(event_id, when, fleet, agent, "oom_kill", new)
+            return _take_live(conn, event_id, when, fleet, agent, detail)
     event_id, ts, old = same_unit[0]
     return EventRecord(event_id, ts, fleet, agent, "oom_kill", old)
+
+
+#: How far apart (seconds) a live kill and another process's recovery of it can be.
+_RACE_WINDOW = 120.0
+
+
+def _recovered_from_the_slice(
+    conn: sqlite3.Connection,
+    fleet: str,
+    agent: str | None,
+    detail: Mapping[str, Any],
+    when: float,
+) -> EventRecord | None:
+    """The recovered record of this live kill that the slice's counter alone made,
+    brought up to the live detail; or None.
+
+    Called when the stored watermark's slice counter already covers the live
+    kill: another process (a CLI call's open) recovered it after its scope was
+    gone, so its record names no unit and no process. The newest such record
+    near the kill's time is that one.
+    """
+    for event_id, raw in conn.execute(
+        "SELECT id, detail FROM events WHERE fleet = ? AND kind = 'oom_kill' AND ts >= ?"
+        " ORDER BY id DESC LIMIT ?",
+        (fleet, when - _RACE_WINDOW, _MATCH_WINDOW),
+    ):
+        old = _json_or(raw, _unreadable, dict)
+        if old.get("recovered") is True and old.get("unit") is None and old.get("pid") is None:
+            return _take_live(conn, event_id, when, fleet, agent, detail)
+    return None
 
 
 class OomStore:
@@ -141,6 +183,7 @@ class OomStore:
         *,
         seen: int | None = None,
         merge: Callable[[str | None], str] | None = None,
+        covered: Callable[[str | None], bool] | None = None,
         ts: float | None = None,
     ) -> EventRecord:
         """Record one OOM kill the monitor saw, in one transaction with what it accounts for.
@@ -151,13 +194,20 @@ class OomStore:
         fleet counts one kill more (when ``agent`` is known) and its
         ``oom_kill_seen`` is raised to ``seen``; ``merge`` turns the stored
         watermark into the one to store (never lower: ``_recovery.merge_marks``).
+        ``covered`` tells from the stored watermark whether another process
+        has counted this kill in the slice already (then its record is this one).
         """
         unit = detail.get("unit")
         when = time.time() if ts is None else ts
 
         def body(conn: sqlite3.Connection) -> EventRecord:
             known = _recorded_already(conn, fleet, agent, detail, seen, when)
-            record = known or _kill_event(conn, when, fleet, agent, detail)
+            # A recovery that had the slice's counter alone named no agent: its
+            # record takes the live detail and the row counts the kill now.
+            taken = None
+            if known is None and covered is not None and covered(_mark(conn, fleet)):
+                taken = _recovered_from_the_slice(conn, fleet, agent, detail, when)
+            record = known or taken or _kill_event(conn, when, fleet, agent, detail)
             if isinstance(unit, str):
                 conn.execute(
                     "UPDATE agents SET oom_kills = oom_kills + ?,"
