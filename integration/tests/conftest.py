@@ -36,14 +36,14 @@ EVERYWHERE = os.environ.get("AGENTSCOPE_TEST_EVERYWHERE") == "1"
 # difference between systemd versions or managers, each run in two of the
 # matrix's eight suites: one system and one user, on different distros, every
 # boot carrying about the same load (CI's 90 minutes; measured per suite on
-# sd247 as the user: chaos 130 s, scale 131 s, demo 81 s, docs 71 s). chaos
-# runs on 247 (PIDs) and 262 (PIDFDs), the launch's two paths. `vm.py
-# --everywhere` (make integration EVERYWHERE=1) runs all of them in every suite.
+# sd247 as the user: scale 131 s, demo 81 s, docs 71 s). scale runs on 247 and
+# 262, the ends of the range. The chaos test (130 s) is not among them: #18
+# asks for it on every distro under both managers. `vm.py --everywhere`
+# (make integration EVERYWHERE=1) runs all of them in every suite.
 HEAVY_SUITES: dict[str, frozenset[tuple[str, str]]] = {
-    "chaos": frozenset({("sd247", "system"), ("sid", "user")}),
-    "scale": frozenset({("bookworm", "user"), ("trixie", "system")}),
+    "scale": frozenset({("sd247", "system"), ("sid", "user")}),
     "demo": frozenset({("trixie", "user"), ("bookworm", "system")}),
-    "docs": frozenset({("sid", "system"), ("sd247", "user")}),
+    "docs": frozenset({("bookworm", "user"), ("trixie", "system")}),
 }
 
 

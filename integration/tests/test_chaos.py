@@ -23,12 +23,10 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 from conftest import systemctl
 
 from agentscope import AsyncFleet
 
-pytestmark = pytest.mark.heavy("chaos")
 ROUNDS = int(os.environ.get("AGENTSCOPE_CHAOS_ROUNDS", "20"))
 CLI = shutil.which("agentscope") or "agentscope"
 
