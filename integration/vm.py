@@ -429,9 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("-m", "--manager", choices=[*_MANAGERS, "both"], default="both")
     p.add_argument("-k", dest="k", default="", help="pytest -k expression")
-    # One VM runs both suites: about 1,450 s with two VMs on two cores as of
-    # 2026-12 (78 tests). The limit is for a hung guest, with a margin for a slow host.
-    p.add_argument("--timeout", type=float, default=2400, help="seconds per VM (default 2400)")
+    # One VM runs both suites: 1,500-1,900 s with two VMs on two cores as of
+    # 2026-12-02 (93 tests a suite). The limit is for a hung guest (a hung test
+    # fails on its own after 600 s: integration/pytest.ini), with a margin for a
+    # slower host: two rounds at the limit plus the host's checks are CI's 90 min.
+    p.add_argument("--timeout", type=float, default=2600, help="seconds per VM (default 2600)")
     p.add_argument("--memory", default="768M", help="VM memory (default 768M)")
     p.add_argument(
         "--accel",
