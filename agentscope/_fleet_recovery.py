@@ -40,6 +40,7 @@ from ._recovery import (
     Readings,
     RowMark,
     Watermark,
+    covers,
     kernel_kills,
     merge_marks,
     plan_recovery,
@@ -327,7 +328,8 @@ class RecoveryGlue:
         if accounted is not None and isinstance(unit, str):
             seen = accounted.scopes.get(unit)
 
-        def merge(stored_raw: str | None) -> str:
+        def reading(stored_raw: str | None) -> tuple[Watermark | None, Watermark]:
+            """The stored watermark, and this kill's counters as one."""
             stored = None if stored_raw is None else Watermark.from_json(stored_raw)
             assert mark is not None
             assert accounted is not None
@@ -340,21 +342,14 @@ class RecoveryGlue:
             )
             if stored is not None:  # the log's position is the recovery's to move
                 new = replace(new, log_source=stored.log_source, log_position=stored.log_position)
-            return merge_marks(stored, new).to_json()
+            return stored, new
+
+        def merge(stored_raw: str | None) -> str:
+            return merge_marks(*reading(stored_raw)).to_json()
 
         def covered(stored_raw: str | None) -> bool:
             # Another process's reading of this boot's slice counted this kill.
-            assert mark is not None
-            assert accounted is not None
-            if stored_raw is None:
-                return False
-            stored = Watermark.from_json(stored_raw)
-            return (
-                stored is not None
-                and (stored.boot, stored.slice_cgroup, stored.slice_inode)
-                == (mark.boot, mark.slice_cgroup, mark.baseline.slice_inode)
-                and stored.slice_oom_kill >= accounted.slice_oom_kill
-            )
+            return covers(*reading(stored_raw))
 
         use = mark is not None and accounted is not None
         registry.record_oom_kill(

@@ -290,9 +290,8 @@ def read_journal_boot(
     return _read(argv, None, keep=True, timeout=timeout, limit=max_entries)
 
 
-def _read(
-    argv: list[str], after: str | None, *, keep: bool, timeout: float, limit: int
-) -> JournalRead | None:
+def _spawn(argv: list[str]) -> subprocess.Popen[bytes] | None:
+    """journalctl with ``argv`` (fixed, validated), its stdout a pipe; None if it cannot start."""
     try:
         proc = subprocess.Popen(
             argv,
@@ -303,6 +302,15 @@ def _read(
             close_fds=True,
         )
     except OSError:
+        return None
+    return proc
+
+
+def _read(
+    argv: list[str], after: str | None, *, keep: bool, timeout: float, limit: int
+) -> JournalRead | None:
+    proc = _spawn(argv)
+    if proc is None:
         return None
     assert proc.stdout is not None
     lines: list[KernelLine] = []
@@ -446,16 +454,8 @@ def start_follower() -> subprocess.Popen[bytes] | None:
     path = journalctl_path()
     if path is None or not journal_access().readable:
         return None
-    try:
-        proc = subprocess.Popen(
-            follow_argv(path),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=_env(),
-            close_fds=True,
-        )
-    except OSError:
+    proc = _spawn(follow_argv(path))
+    if proc is None:
         return None
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)

@@ -42,6 +42,7 @@ __all__ = [
     "RecoveryPlan",
     "RowMark",
     "Watermark",
+    "covers",
     "kernel_kills",
     "merge_marks",
     "plan_recovery",
@@ -215,16 +216,26 @@ class Watermark:
         return cls(boot, slice_cgroup, inode, count, clean, source, position)
 
 
+def _one_counter(a: Watermark, b: Watermark) -> bool:
+    """Whether two watermarks read one slice counter: one boot, one cgroup of the slice."""
+    return (a.boot, a.slice_cgroup, a.slice_inode) == (b.boot, b.slice_cgroup, b.slice_inode)
+
+
+def covers(stored: Watermark | None, new: Watermark) -> bool:
+    """Whether ``stored`` already counts the slice's kills up to ``new``'s (another
+    process read the counter after them)."""
+    return (
+        stored is not None
+        and _one_counter(stored, new)
+        and (stored.slice_oom_kill >= new.slice_oom_kill)
+    )
+
+
 def merge_marks(stored: Watermark | None, new: Watermark) -> Watermark:
     """``new`` without going back: a reading taken before ``stored`` was (another
     process's) cannot lower the slice's or a scope's counter in the same boot and cgroup.
     """
-    if (
-        stored is None
-        or stored.boot != new.boot
-        or stored.slice_cgroup != new.slice_cgroup
-        or stored.slice_inode != new.slice_inode
-    ):
+    if stored is None or not _one_counter(stored, new):
         return new
     scopes = dict(stored.scopes) if len(stored.scopes) < MAX_SCOPES else {}
     for unit, n in new.scopes.items():

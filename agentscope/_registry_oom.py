@@ -201,11 +201,12 @@ class OomStore:
         when = time.time() if ts is None else ts
 
         def body(conn: sqlite3.Connection) -> EventRecord:
+            stored = _mark(conn, fleet)
             known = _recorded_already(conn, fleet, agent, detail, seen, when)
             # A recovery that had the slice's counter alone named no agent: its
             # record takes the live detail and the row counts the kill now.
             taken = None
-            if known is None and covered is not None and covered(_mark(conn, fleet)):
+            if known is None and covered is not None and covered(stored):
                 taken = _recovered_from_the_slice(conn, fleet, agent, detail, when)
             record = known or taken or _kill_event(conn, when, fleet, agent, detail)
             if isinstance(unit, str):
@@ -215,7 +216,7 @@ class OomStore:
                     (0 if agent is None or known else 1, seen or 0, unit, fleet),
                 )
             if merge is not None:
-                _store_mark(conn, fleet, merge(_mark(conn, fleet)))
+                _store_mark(conn, fleet, merge(stored))
             return record
 
         return self._transaction(body, write=True)
