@@ -33,26 +33,28 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
-from ._cgroup import arm_psi_trigger
+from ._cgroup import CGROUP_ROOT, arm_psi_trigger
 from ._errors import HostUnderPressure
+from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
+from ._guardlock import RETRY_EVERY, SliceLock, default_lock_dir
 from ._guardpolicy import (
     CMDLINE_LEN,
     GuardConfig,
+    GuardHeld,
     GuardKill,
     HostReader,
     HostReading,
     PressureClock,
     SliceProcess,
     Trigger,
-    choose_victim,
     next_interval,
     own_limit_stall,
     read_scope_stalls,
-    scan_slice_processes,
 )
-from ._proc import PROC_ROOT, read_cmdline, read_stat, read_vm_sizes
+from ._guardscan import measure, pick_victim, scan_candidates
+from ._proc import PROC_ROOT, read_cgroup, read_cmdline, read_stat
 
 __all__ = [
     "Guard",
@@ -78,6 +80,9 @@ MIN_VICTIM_SHARE = 0.01
 #: every reading, ahead of the crossing; such a choice serves for this long.
 NEAR_FACTOR = 1.5
 PREPARED_FOR = 1.0
+#: Near the threshold the slice is scanned again at most this often: the
+#: scan's cost is bounded (docs/benchmarks.md, bench_guard_scan.py).
+NEAR_RESCAN = 0.5
 #: How many past victims are remembered (never chosen again while listed).
 KILLED_KEPT = 256
 #: process_mrelease(2), Linux 5.15; the same number on every architecture
@@ -185,7 +190,10 @@ def kill_process(pid: int, start_time: int, proc_root: Path = PROC_ROOT) -> bool
     return killed.released
 
 
-def _kill(pid: int, start_time: int, proc_root: Path) -> _Killed | None:
+def _kill(
+    pid: int, start_time: int, proc_root: Path, in_scope: tuple[str, str] | None = None
+) -> _Killed | None:
+    """pidfd, the re-checks (start time; ``in_scope``: (slice name, unit) still), SIGKILL."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -193,6 +201,11 @@ def _kill(pid: int, start_time: int, proc_root: Path) -> _Killed | None:
     try:
         stat = read_stat(pid, proc_root)
         if stat is None or stat.start_time != start_time:
+            os.close(pidfd)
+            return None
+        # Chosen up to a second ago: a process that left the slice since
+        # (moved by its owner, or by systemd) is no longer the guard's.
+        if in_scope is not None and not _in_scope(pid, *in_scope, proc_root):
             os.close(pidfd)
             return None
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
@@ -211,10 +224,14 @@ def _kill(pid: int, start_time: int, proc_root: Path) -> _Killed | None:
 
 
 def _near(reading: HostReading, config: GuardConfig) -> bool:
-    """Within :data:`NEAR_FACTOR` of the memory threshold (both RAM and swap)."""
+    """Within :data:`NEAR_FACTOR` of the memory threshold (both RAM and swap, zram as RAM)."""
+    mem, swap = NEAR_FACTOR * config.mem_available_percent, NEAR_FACTOR * config.swap_free_percent
+    if reading.mem_available_percent <= mem and reading.swap_free_percent <= swap:
+        return True
     return (
-        reading.mem_available_percent <= NEAR_FACTOR * config.mem_available_percent
-        and reading.swap_free_percent <= NEAR_FACTOR * config.swap_free_percent
+        reading.zram_swap_total > 0
+        and reading.available_percent <= mem
+        and reading.disk_swap_free_percent <= swap
     )
 
 
@@ -222,6 +239,12 @@ def _sanitise(text: str) -> str:
     """A cmdline as one printable line (another user's process names it as it likes)."""
     clean = "".join(c if c.isprintable() else "?" for c in text)
     return clean[:CMDLINE_LEN]
+
+
+def _in_scope(pid: int, slice_name: str, unit: str, proc_root: Path) -> bool:
+    """``pid`` is still in ``unit`` under the slice (``/proc/PID/cgroup``), at any depth."""
+    path = read_cgroup(pid, proc_root)
+    return path is not None and f"/{slice_name}/{unit}/" in path + "/"
 
 
 Protected = Callable[[], tuple[Collection[int], Collection[str]]]
@@ -239,6 +262,10 @@ class _Loop:
         protected: Protected,
         on_kill: Callable[[GuardKill], None],
         on_reading: Callable[[HostReading, Trigger | None], None] | None,
+        *,
+        cgroup_root: Path,
+        lock: SliceLock,
+        on_held: Callable[[GuardHeld], None] | None = None,
     ) -> None:
         self.config = config
         self.slice_path = slice_path
@@ -247,6 +274,9 @@ class _Loop:
         self.protected = protected
         self.on_kill = on_kill
         self.on_reading = on_reading
+        self.on_held = on_held
+        self.lock = lock
+        self.cause = CauseTracker(cgroup_root, slice_path)
         self.clock = PressureClock(config)
         self.prev: HostReading | None = None
         self.host = HostReader(proc_root)
@@ -255,53 +285,107 @@ class _Loop:
         self.killed: dict[tuple[int, int], None] = {}
         # (when, victim and cmdline) chosen near the threshold, for the kill.
         self.ready: tuple[float, tuple[SliceProcess, str] | None] | None = None
+        # Said once per squeeze: the guard held its hand (reset when it clears).
+        self.held = False
+
+    def _skipped(self, path: str, exc: OSError) -> None:
+        _say_once(f"skip:{path}", "cannot list %s (%s): scanning the rest", path, exc)
 
     def step(self) -> tuple[float, _Killed | None]:
         """One reading, and a kill if it calls for one: (seconds to sleep, the kill)."""
-        reading = self.host.read(time.monotonic())
+        now = time.monotonic()
+        reading = self.host.read(now)
         trigger = self.clock.update(reading)
         if self.on_reading is not None:
             self.on_reading(reading, trigger)
         prev, self.prev = self.prev, reading
-        if trigger is not None:
+        acting = self.lock.try_acquire(now)
+        # The charges of the slice and of what is outside it, for "whose
+        # shortage" (at most once a second; a few dozen small reads).
+        self.cause.sample(now)
+        if trigger is None:
+            self.held = False
+        elif acting:
             killed = self.act(reading, trigger)
             if killed is not None:
+                self.cause.reset()
                 return 0.0, killed
-            # Nothing worth killing: the memory is held outside the slice. Scan
-            # again at the slow pace, not ten times a second on a host that is short.
+            # Nothing killed: scan again at the slow pace, not ten times a
+            # second on a host that is short.
             return self.config.max_interval, None
-        if _near(reading, self.config):
-            # Choose now, so that at the crossing the kill is a pidfd and a
+        if acting and _near(reading, self.config):
+            # Choose ahead, so that at the crossing the kill is a pidfd and a
             # signal, not a scan: every read of the scan lets go of the GIL,
             # and each time the guard thread may wait for it behind the loop.
-            self.ready = (reading.ts, self.choose(reading))
+            # At most once per NEAR_RESCAN: the scan's cost stays bounded.
+            if self.ready is None or now - self.ready[0] >= NEAR_RESCAN:
+                self.ready = (now, self.choose(reading))
         else:
             self.ready = None
-        return next_interval(reading, prev, self.config), None
+        interval = next_interval(reading, prev, self.config)
+        # A guard standing by tries the lock again within RETRY_EVERY.
+        return (interval if acting else min(interval, RETRY_EVERY)), None
 
     def choose(self, reading: HostReading) -> tuple[SliceProcess, str] | None:
         """Scan the slice: the victim and its cmdline, or None (none worth a kill)."""
         pids, units = self.protected()
-        processes = scan_slice_processes(
-            self.slice_path, self.proc_root, protected_pids=pids, protected_units=units
+        scan = scan_candidates(
+            self.slice_path,
+            self.proc_root,
+            floor=int(reading.mem_total * MIN_VICTIM_SHARE),
+            protected_pids=pids,
+            protected_units=units,
+            excluded=self.killed,
+            on_skip=self._skipped,
         )
-        floor = reading.mem_total * MIN_VICTIM_SHARE
-        processes = [
-            replace(p, eligible=False)
-            if p.size < floor or (p.pid, p.start_time) in self.killed
-            else p
-            for p in processes
-        ]
-        victim = choose_victim(processes, self.config.descendant_share)
+        victim = pick_victim(scan.processes, self.config.descendant_share, self.proc_root)
         if victim is None:
             return None
         proc = victim.process
         return proc, read_cmdline(proc.pid, self.proc_root, CMDLINE_LEN) or ""
 
+    def _hold(self, reading: HostReading, trigger: Trigger, blame: Blame) -> None:
+        """Say once per squeeze that the shortage is not the fleet's, and what is."""
+        if self.held:
+            return
+        self.held = True
+        log.warning(
+            "the host is short (%s: MemAvailable %.1f%%, PSI full %.0f%%) but not because of "
+            "the agents: %s holds %d MiB (grew %d MiB in %.0f s; the agents slice %d MiB, "
+            "grew %d MiB): nothing killed; the kernel, earlyoom or systemd-oomd may act",
+            trigger,
+            reading.mem_available_percent,
+            reading.psi_full_avg10 or 0.0,
+            blame.culprit or "nothing",
+            blame.culprit_bytes >> 20,
+            blame.culprit_growth >> 20,
+            CAUSE_WINDOW,
+            blame.slice_bytes >> 20,
+            blame.slice_growth >> 20,
+        )
+        if self.on_held is not None:
+            self.on_held(
+                GuardHeld(
+                    ts=time.time(),
+                    trigger=trigger,
+                    reason=blame.reason,
+                    culprit=blame.culprit,
+                    culprit_bytes=blame.culprit_bytes,
+                    culprit_growth=blame.culprit_growth,
+                    culprit_full_avg10=blame.culprit_full_avg10,
+                    slice_bytes=blame.slice_bytes,
+                    slice_growth=blame.slice_growth,
+                    mem_available_percent=round(reading.mem_available_percent, 2),
+                    swap_free_percent=round(reading.swap_free_percent, 2),
+                    psi_full_avg10=reading.psi_full_avg10,
+                )
+            )
+
     def act(self, reading: HostReading, trigger: Trigger) -> _Killed | None:
         """Kill the victim (the one chosen near the threshold, if fresh); None: none."""
         ready, self.ready = self.ready, None
-        if trigger == "psi":
+        pressure = None
+        if trigger != "memory":
             stall = own_limit_stall(read_scope_stalls(self.slice_path), reading, self.config)
             if stall is not None:
                 # Its own limit at work, on a host with memory to spare: no
@@ -317,6 +401,11 @@ class _Loop:
                     reading.mem_available_percent,
                 )
                 return None
+            pressure = (reading.psi_full_avg10 or 0.0, 0.0)
+        blame = self.cause.blame(reading.ts, reading.mem_total, pressure)
+        if not blame.fleet:
+            self._hold(reading, trigger, blame)
+            return None
         for _ in range(3):  # a victim gone between the scan and the kill: look again
             if ready is not None and reading.ts - ready[0] <= PREPARED_FOR:
                 chosen = ready[1]
@@ -336,11 +425,16 @@ class _Loop:
             if (proc.pid, proc.start_time) in self.killed:
                 continue
             # Its size now (one read), not at the scan.
-            sizes = read_vm_sizes(proc.pid, self.proc_root)
-            if sizes is not None:
-                proc = replace(proc, rss=sizes[0], swap=sizes[1])
+            measured = measure(proc.pid, self.proc_root)
+            if measured is not None:
+                proc = replace(proc, rss=measured[1], swap=measured[2])
             try:
-                killed = _kill(proc.pid, proc.start_time, self.proc_root)
+                killed = _kill(
+                    proc.pid,
+                    proc.start_time,
+                    self.proc_root,
+                    in_scope=(self.slice_path.name, proc.unit),
+                )
             except PermissionError as exc:  # not ours to kill: the next largest then
                 _say_once(f"eperm:{proc.pid}", "cannot kill pid %d: %s", proc.pid, exc)
                 self.killed[proc.pid, proc.start_time] = None
@@ -350,38 +444,49 @@ class _Loop:
             self.killed[proc.pid, proc.start_time] = None
             while len(self.killed) > KILLED_KEPT:
                 del self.killed[next(iter(self.killed))]
-            crossed = self.clock.crossed_at
-            reaction = killed.signalled_at - (crossed if crossed is not None else reading.ts)
-            event = GuardKill(
-                ts=time.time(),
-                agent=self.unit_agent(proc.unit),
-                unit=proc.unit,
-                pid=proc.pid,
-                comm=_sanitise(proc.comm),
-                cmdline=_sanitise(cmdline),
-                rss=proc.rss,
-                swap=proc.swap,
-                trigger=trigger,
-                mem_available_percent=round(reading.mem_available_percent, 2),
-                swap_free_percent=round(reading.swap_free_percent, 2),
-                psi_full_avg10=reading.psi_full_avg10,
-                psi_some_avg10=reading.psi_some_avg10,
-                reaction_seconds=round(max(reaction, 0.0), 4),
-                released=killed.released,
-            )
-            log.warning(
-                "guard killed pid %d (%s) of %s: %d MiB, %s (MemAvailable %.1f%%), %.0f ms",
-                proc.pid,
-                event.comm,
-                event.agent or proc.unit,
-                proc.size >> 20,
-                trigger,
-                event.mem_available_percent,
-                event.reaction_seconds * 1000,
-            )
-            self.on_kill(event)
+            self.report(reading, trigger, proc, cmdline, killed)
             return killed
         return None
+
+    def report(
+        self,
+        reading: HostReading,
+        trigger: Trigger,
+        proc: SliceProcess,
+        cmdline: str,
+        killed: _Killed,
+    ) -> None:
+        """After the kill: the event (names from the cache given as ``unit_agent``)."""
+        crossed = self.clock.crossed_at
+        reaction = killed.signalled_at - (crossed if crossed is not None else reading.ts)
+        event = GuardKill(
+            ts=time.time(),
+            agent=self.unit_agent(proc.unit),
+            unit=proc.unit,
+            pid=proc.pid,
+            comm=_sanitise(proc.comm),
+            cmdline=_sanitise(cmdline),
+            rss=proc.rss,
+            swap=proc.swap,
+            trigger=trigger,
+            mem_available_percent=round(reading.mem_available_percent, 2),
+            swap_free_percent=round(reading.swap_free_percent, 2),
+            psi_full_avg10=reading.psi_full_avg10,
+            psi_some_avg10=reading.psi_some_avg10,
+            reaction_seconds=round(max(reaction, 0.0), 4),
+            released=killed.released,
+        )
+        log.warning(
+            "guard killed pid %d (%s) of %s: %d MiB, %s (MemAvailable %.1f%%), %.0f ms",
+            proc.pid,
+            event.comm,
+            event.agent or proc.unit,
+            proc.size >> 20,
+            trigger,
+            event.mem_available_percent,
+            event.reaction_seconds * 1000,
+        )
+        self.on_kill(event)
 
 
 def run_guard(
@@ -395,18 +500,40 @@ def run_guard(
     on_reading: Callable[[HostReading, Trigger | None], None] | None = None,
     proc_root: Path = PROC_ROOT,
     psi_trigger: bool | None = None,
+    cgroup_root: Path = CGROUP_ROOT,
+    lock_dir: Path | Literal["default"] | None = "default",
+    on_held: Callable[[GuardHeld], None] | None = None,
 ) -> None:
     """Guard the agents slice ``slice_path`` until ``stop_fd`` is readable.
 
     Blocking: run it in a thread (:class:`Guard`) or a process of its own.
     ``on_kill`` gets each :class:`GuardKill` (called from this loop: keep it
-    quick, e.g. ``loop.call_soon_threadsafe``); ``on_reading`` every reading
-    and the trigger it gave; ``protected`` returns the pids and scope units
-    never to kill, asked before each choice. ``psi_trigger`` None arms a PSI
-    trigger only on the real /proc (a trigger is a write). A reading or
-    scan that fails is logged and the loop goes on.
+    quick, e.g. ``loop.call_soon_threadsafe``), ``on_held`` each
+    :class:`GuardHeld` (the host short, but not because of the agents);
+    ``on_reading`` every reading and the trigger it gave; ``protected``
+    returns the pids and scope units never to kill, asked before each
+    choice; ``unit_agent`` names a victim's agent after the kill and must
+    not block (a cache: the guard's thread never waits on a registry).
+    ``psi_trigger`` None arms a PSI trigger only on the real /proc (a
+    trigger is a write). ``lock_dir`` holds the one-guard-per-slice lock
+    (:mod:`agentscope._guardlock`; ``"default"``: /run or
+    $XDG_RUNTIME_DIR, None: no lock). A reading or scan that fails is
+    logged and the loop goes on.
     """
-    loop = _Loop(config, slice_path, proc_root, unit_agent, protected, on_kill, on_reading)
+    directory = default_lock_dir() if lock_dir == "default" else lock_dir
+    lock = SliceLock(slice_path, directory)
+    loop = _Loop(
+        config,
+        slice_path,
+        proc_root,
+        unit_agent,
+        protected,
+        on_kill,
+        on_reading,
+        cgroup_root=cgroup_root,
+        lock=lock,
+        on_held=on_held,
+    )
     poller = select.epoll()
     poller.register(stop_fd, select.EPOLLIN)
     psi_fd = None
@@ -415,6 +542,7 @@ def run_guard(
         if psi_fd is not None:
             poller.register(psi_fd, select.EPOLLPRI)
     failures = 0
+    standby_said = False
     try:
         while True:
             try:
@@ -425,6 +553,14 @@ def run_guard(
                 if failures == 1 or failures % 100 == 0:
                     log.error("guard reading failed (%d in a row): %s", failures, exc)
                 timeout, killed = config.max_interval, None
+            if lock.note is not None:
+                _say_once(f"lock:{lock.path}", "%s", lock.note)
+            elif not lock.held and not standby_said:
+                standby_said = True
+                log.info("another guard watches %s: standing by", slice_path)
+            elif lock.held and standby_said:
+                standby_said = False
+                log.info("the other guard of %s ended: this one acts now", slice_path)
             if killed is not None:
                 try:
                     if _wait_exit(poller, killed, stop_fd):
@@ -441,6 +577,7 @@ def run_guard(
                     os.close(psi_fd)
                     psi_fd = None
     finally:
+        lock.release()
         loop.host.close()
         poller.close()
         if psi_fd is not None:
@@ -486,14 +623,20 @@ class Guard:
         protected: Protected = lambda: ((), ()),
         proc_root: Path = PROC_ROOT,
         psi_trigger: bool | None = None,
+        cgroup_root: Path = CGROUP_ROOT,
+        lock_dir: Path | Literal["default"] | None = "default",
+        on_held: Callable[[GuardHeld], None] | None = None,
     ) -> None:
         self.config = config
         self.slice_path = Path(slice_path)
         self.proc_root = Path(proc_root)
+        self.cgroup_root = Path(cgroup_root)
         self._on_kill = on_kill
+        self._on_held = on_held
         self._unit_agent = unit_agent
         self._protected = protected
         self._psi_trigger = psi_trigger
+        self._lock_dir = lock_dir
         self._thread: threading.Thread | None = None
         self._stop_r = self._stop_w = -1
         self.last_reading: HostReading | None = None
@@ -546,6 +689,9 @@ class Guard:
                 on_reading=self._seen,
                 proc_root=self.proc_root,
                 psi_trigger=self._psi_trigger,
+                cgroup_root=self.cgroup_root,
+                lock_dir=self._lock_dir,
+                on_held=self._on_held,
             )
         except Exception:
             # The thread's end would otherwise be silent: say it loudly.

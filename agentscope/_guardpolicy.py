@@ -4,44 +4,51 @@ Plain functions and frozen data over the /proc and cgroup readers, with no
 thread, signal or clock of their own, so the host tests drive them over
 fake trees and the guard loop (:mod:`agentscope._guard`) stays small.
 
-- :func:`read_host` takes a :class:`HostReading` (``/proc/meminfo`` and
-  ``/proc/pressure/memory``); :func:`under_pressure` says whether it is
-  over a :class:`GuardConfig`'s thresholds, and :class:`PressureClock`
-  adds the "sustained for N seconds" of the PSI threshold and the time of
-  the crossing (for the reaction time a kill reports).
+- :func:`read_host` takes a :class:`HostReading` (``/proc/meminfo``,
+  ``/proc/pressure/memory``, and with :class:`HostReader` the zram devices
+  and the refault counters of :mod:`agentscope._memsources`);
+  :func:`under_pressure` says whether it is over a :class:`GuardConfig`'s
+  thresholds, and :class:`PressureClock` adds what needs time (PSI
+  sustained for N seconds, thrashing over a window) and the time of the
+  crossing (for the reaction time a kill reports).
 - :func:`next_interval` is the adaptive poll, as earlyoom's: the time the
   headroom left would last at the fill rate, clamped to the config's
   interval bounds.
-- :func:`scan_slice_processes` lists every process of the agents slice's
-  scopes (recursively) with its size (VmRSS + VmSwap); :func:`choose_victim`
-  applies the victim rule of docs/guard.md to that list.
+- The slice's processes and the victim rule are in
+  :mod:`agentscope._guardscan` (re-exported here).
 """
 
 from __future__ import annotations
 
-import errno
 import math
 import os
-from collections.abc import Collection, Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final, Literal
 
 from ._cgroup import (
-    _GONE,
     _GONE_OR_UNSUPPORTED,
     _read_kernel_file,
     parse_limit,
     parse_pressure,
-    parse_procs,
 )
 from ._dicts import as_dict
 from ._errors import InvalidConfig
-from ._proc import PROC_ROOT, parse_meminfo, read_oom_score_adj, read_stat, read_vm_sizes
-from ._tmux import is_tmux_unit
+from ._guardscan import (
+    SliceProcess,
+    Victim,
+    choose_victim,
+    scan_slice_processes,
+    scopes_of,
+)
+from ._memsources import MemSources, ZramUse, zram_credit
+from ._proc import PAGE_SIZE, PROC_ROOT, parse_meminfo
 
 __all__ = [
     "GuardConfig",
+    "GuardHeld",
     "GuardKill",
     "HostReader",
     "HostReading",
@@ -59,15 +66,13 @@ __all__ = [
     "under_pressure",
 ]
 
-Trigger = Literal["memory", "psi"]
+Trigger = Literal["memory", "psi", "thrash"]
 
 #: earlyoom's assumed worst-case fill rates (main.c, "adaptive sleep"): the
 #: poll interval is the headroom left divided by these, or by the measured
 #: rate when that is faster.
 ASSUMED_MEM_FILL = 6000 << 20  # bytes/s
 ASSUMED_SWAP_FILL = 800 << 20  # bytes/s
-#: A process never chosen: the kernel's own "unkillable" mark.
-OOM_SCORE_ADJ_MIN = -1000
 #: A victim's cmdline in a GuardKill is cut to this many characters.
 CMDLINE_LEN = 200
 
@@ -88,18 +93,26 @@ class GuardConfig:
 
     The guard acts when ``MemAvailable <= mem_available_percent`` % of
     MemTotal *and* ``SwapFree <= swap_free_percent`` % of SwapTotal (a host
-    without swap has 0 % free), as earlyoom does; or when the host's PSI
-    memory ``full`` avg10 has stayed ``>= psi_full_percent`` for
-    ``psi_full_seconds`` (as systemd-oomd does; None turns it off). It
-    checks every ``min_interval`` to ``max_interval`` seconds, the faster
-    the closer the host is to a threshold. ``descendant_share``: an agent's
-    main process that is the runaway loses its largest descendant instead
-    when that one holds at least this share of the main's size.
-    ``lock_memory`` locks the guard's process in RAM where allowed.
-    ``oom_score_adj`` (None: leave it) is set on the guard's process at
-    start; only a process that runs nothing but the monitor should set it.
-    ``process`` runs the guard in a small process of its own instead of a
-    thread of the caller's (docs/guard.md says when that matters).
+    without swap has 0 % free), as earlyoom does; on a host with zram swap
+    also when the same holds with zram counted as the RAM it is (memory
+    available plus what zram's free space would still save at its measured
+    compression, and swap on disk only); when the host *thrashes*: over the
+    last ``thrash_seconds`` PSI memory ``full`` was at least
+    ``thrash_full_percent`` % of the time and pages were refaulted or
+    swapped in at ``thrash_refault_percent`` % of MemTotal per second or
+    more (None turns it off); or when the host's PSI memory ``full`` avg10
+    has stayed ``>= psi_full_percent`` for ``psi_full_seconds`` (as
+    systemd-oomd does; None turns it off). It kills only when the agents
+    slice is the cause (docs/guard.md, "Whose shortage"). It checks every
+    ``min_interval`` to ``max_interval`` seconds, the faster the closer the
+    host is to a threshold. ``descendant_share``: an agent's main process
+    that is the runaway loses its largest descendant instead when that one
+    holds at least this share of the main's size. ``lock_memory`` locks the
+    guard's process in RAM where allowed. ``oom_score_adj`` (None: leave
+    it) is set on the guard's process at start; only a process that runs
+    nothing but the monitor should set it. ``process`` runs the guard in a
+    small process of its own instead of a thread of the caller's
+    (docs/guard.md says when that matters).
 
     Raises:
         InvalidConfig: a value out of its range (the message names it).
@@ -115,20 +128,26 @@ class GuardConfig:
     lock_memory: bool = True
     oom_score_adj: int | None = None
     process: bool = False
+    thrash_full_percent: float | None = 40.0
+    thrash_seconds: float = 5.0
+    thrash_refault_percent: float = 1.0
 
     def __post_init__(self) -> None:
         pct = "a number from 0 to 100 (percent)"
         _check_range("mem_available_percent", self.mem_available_percent, 0, 100, pct)
         _check_range("swap_free_percent", self.swap_free_percent, 0, 100, pct)
-        if self.psi_full_percent is not None:
-            _check_range(
-                "psi_full_percent",
-                self.psi_full_percent,
-                0.01,
-                100,
-                "a number above 0 and at most 100 (percent), or None for no PSI threshold",
-            )
+        for name in ("psi_full_percent", "thrash_full_percent"):
+            if getattr(self, name) is not None:
+                _check_range(
+                    name,
+                    getattr(self, name),
+                    0.01,
+                    100,
+                    "a number above 0 and at most 100 (percent), or None to turn it off",
+                )
         _check_range("psi_full_seconds", self.psi_full_seconds, 0, 3600, "from 0 to 3600 (seconds)")
+        _check_range("thrash_seconds", self.thrash_seconds, 1, 60, "from 1 to 60 (seconds)")
+        _check_range("thrash_refault_percent", self.thrash_refault_percent, 0, 100, pct)
         _check_range("min_interval", self.min_interval, 0.01, 10, "from 0.01 to 10 (seconds)")
         _check_range("max_interval", self.max_interval, 0.01, 60, "from 0.01 to 60 (seconds)")
         if self.max_interval < self.min_interval:
@@ -152,7 +171,14 @@ class GuardConfig:
 
 @dataclass(frozen=True, slots=True)
 class HostReading:
-    """Host memory at one moment: meminfo in bytes, PSI avg10 in percent (None: no PSI)."""
+    """Host memory at one moment: meminfo in bytes, PSI avg10 in percent (None: no PSI).
+
+    ``zram_swap_total``/``zram_swap_free`` are the zram devices' share of
+    SwapTotal/SwapFree and ``zram_credit`` the RAM their free space would
+    still save (:func:`~agentscope._memsources.zram_credit`);
+    ``psi_full_total`` (microseconds) and ``refaults`` (pages) are the
+    kernel's counters since boot, for rates over a window (None: not read).
+    """
 
     ts: float
     mem_total: int
@@ -161,6 +187,11 @@ class HostReading:
     swap_free: int
     psi_some_avg10: float | None
     psi_full_avg10: float | None
+    zram_swap_total: int = 0
+    zram_swap_free: int = 0
+    zram_credit: int = 0
+    psi_full_total: int | None = None
+    refaults: int | None = None
 
     @property
     def mem_available_percent(self) -> float:
@@ -172,18 +203,40 @@ class HostReading:
         """SwapFree as a percentage of SwapTotal; 0 without swap (as earlyoom counts it)."""
         return 100.0 * self.swap_free / self.swap_total if self.swap_total else 0.0
 
+    @property
+    def available_percent(self) -> float:
+        """MemAvailable plus zram's credit, as a percentage of MemTotal (zram as RAM)."""
+        avail = self.mem_available + self.zram_credit
+        return 100.0 * avail / self.mem_total if self.mem_total else 0.0
+
+    @property
+    def disk_swap_free_percent(self) -> float:
+        """SwapFree of the swap that is not zram; 0 without any."""
+        total = self.swap_total - self.zram_swap_total
+        free = self.swap_free - self.zram_swap_free
+        return 100.0 * free / total if total > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the reading, with the percentages."""
         return {
             **as_dict(self),
             "mem_available_percent": self.mem_available_percent,
             "swap_free_percent": self.swap_free_percent,
+            "available_percent": self.available_percent,
         }
 
 
-def _reading(meminfo: bytes, psi: bytes | None, now: float) -> HostReading:
+def _reading(
+    meminfo: bytes,
+    psi: bytes | None,
+    now: float,
+    zram: ZramUse | None = None,
+    refaults: int | None = None,
+) -> HostReading:
     mem = parse_meminfo(meminfo)
     pressure = None if psi is None else parse_pressure(psi)
+    full = None if pressure is None else pressure.full
+    zram = zram or ZramUse()
     return HostReading(
         ts=now,
         mem_total=mem.mem_total,
@@ -191,7 +244,12 @@ def _reading(meminfo: bytes, psi: bytes | None, now: float) -> HostReading:
         swap_total=mem.swap_total,
         swap_free=mem.swap_free,
         psi_some_avg10=None if pressure is None else pressure.some.avg10,
-        psi_full_avg10=None if pressure is None or pressure.full is None else pressure.full.avg10,
+        psi_full_avg10=None if full is None else full.avg10,
+        zram_swap_total=min(zram.swap_total, mem.swap_total),
+        zram_swap_free=min(zram.swap_free, mem.swap_free),
+        zram_credit=zram_credit(zram),
+        psi_full_total=None if full is None else full.total,
+        refaults=refaults,
     )
 
 
@@ -213,18 +271,20 @@ def read_host(proc_root: Path = PROC_ROOT, *, now: float = 0.0) -> HostReading:
 
 
 class HostReader:
-    """:func:`read_host` with both files kept open: what the guard reads at every poll.
+    """:func:`read_host` with the files kept open: what the guard reads at every poll.
 
     ``pread`` at offset 0 makes the kernel generate a seq file afresh, so an
     open file gives the same as opening it again, for half the cost and no
-    ``open`` (no path walk, no allocation) in a squeeze. Close it with
-    :meth:`close`.
+    ``open`` (no path walk, no allocation) in a squeeze. Besides meminfo and
+    PSI it reads the zram swap devices (only while there is swap) and the
+    refault counters (:class:`~agentscope._memsources.MemSources`). Close it
+    with :meth:`close`.
 
     Raises:
         OSError: (on creation) ``/proc/meminfo`` cannot be opened.
     """
 
-    def __init__(self, proc_root: Path = PROC_ROOT) -> None:
+    def __init__(self, proc_root: Path = PROC_ROOT, sys_root: Path | None = None) -> None:
         base = os.fspath(proc_root)
         self._meminfo = os.open(base + "/meminfo", os.O_RDONLY | os.O_CLOEXEC)
         self._psi: int | None = None
@@ -234,6 +294,10 @@ class HostReader:
             if exc.errno not in _GONE_OR_UNSUPPORTED:
                 os.close(self._meminfo)
                 raise
+        # A fake /proc gets a fake /sys beside it (or none), never the host's.
+        if sys_root is None:
+            sys_root = Path("/sys") if proc_root == PROC_ROOT else Path(proc_root).parent / "sys"
+        self._sources = MemSources(Path(proc_root), sys_root)
 
     def read(self, now: float) -> HostReading:
         """A reading now.
@@ -249,7 +313,12 @@ class HostReader:
             except OSError as exc:  # PSI switched off for good (cgroup.pressure, Linux 6.5+)
                 if exc.errno not in _GONE_OR_UNSUPPORTED:
                     raise
-        return _reading(meminfo, psi, now)
+        reading = _reading(meminfo, psi, now, refaults=self._sources.refaults())
+        if reading.swap_total:
+            zram = self._sources.zram()
+            if zram.swap_total:
+                reading = _reading(meminfo, psi, now, zram, reading.refaults)
+        return reading
 
     def close(self) -> None:
         """Close the files."""
@@ -257,13 +326,27 @@ class HostReader:
             if fd is not None and fd >= 0:
                 os.close(fd)
         self._meminfo, self._psi = -1, None
+        self._sources.close()
 
 
 def memory_low(reading: HostReading, config: GuardConfig) -> bool:
-    """MemAvailable and SwapFree both at or under their thresholds."""
-    return (
+    """MemAvailable and SwapFree both at or under their thresholds, with or without zram.
+
+    The first rule is earlyoom's (main.c: ``m.MemAvailablePercent <=
+    args.mem_term_percent && m.SwapFreePercent <= args.swap_term_percent``),
+    so the guard never acts later than earlyoom. The second counts zram as
+    RAM: available = MemAvailable + what zram's free space would still
+    save, swap = the swap on disk only (zram-only: none, so 0 % free).
+    """
+    if (
         reading.mem_available_percent <= config.mem_available_percent
         and reading.swap_free_percent <= config.swap_free_percent
+    ):
+        return True
+    return (
+        reading.zram_swap_total > 0
+        and reading.available_percent <= config.mem_available_percent
+        and reading.disk_swap_free_percent <= config.swap_free_percent
     )
 
 
@@ -276,11 +359,44 @@ def psi_high(reading: HostReading, config: GuardConfig) -> bool:
     )
 
 
+def thrash_rates(old: HostReading, new: HostReading) -> tuple[float, float] | None:
+    """(PSI full % of the time, refaults + swap-ins % of MemTotal per second) between two.
+
+    None when either reading lacks a counter, or no time passed.
+    """
+    span = new.ts - old.ts
+    if (
+        span <= 0
+        or new.psi_full_total is None
+        or old.psi_full_total is None
+        or new.refaults is None
+        or old.refaults is None
+        or not new.mem_total
+    ):
+        return None
+    stall = 100.0 * (new.psi_full_total - old.psi_full_total) / (span * 1e6)
+    paged = 100.0 * (new.refaults - old.refaults) * PAGE_SIZE / new.mem_total / span
+    return max(stall, 0.0), max(paged, 0.0)
+
+
+def thrashing(old: HostReading, new: HostReading, config: GuardConfig) -> bool:
+    """Both thrash rates over their thresholds between ``old`` and ``new``."""
+    if config.thrash_full_percent is None:
+        return False
+    rates = thrash_rates(old, new)
+    return (
+        rates is not None
+        and rates[0] >= config.thrash_full_percent
+        and rates[1] >= config.thrash_refault_percent
+    )
+
+
 def under_pressure(reading: HostReading, config: GuardConfig) -> Trigger | None:
     """Which threshold ``reading`` is over right now: ``"memory"``, ``"psi"`` or None.
 
     Memory wins when both are. The PSI threshold must also hold for
-    ``psi_full_seconds``: :class:`PressureClock` keeps that time.
+    ``psi_full_seconds``, and thrashing is a rate over a window:
+    :class:`PressureClock` keeps that time.
     """
     if memory_low(reading, config):
         return "memory"
@@ -304,13 +420,14 @@ class PressureClock:
     """Whether the host *is* under pressure, and since when: the thresholds over time.
 
     Feed it every reading with :meth:`update`. It returns the trigger once
-    a threshold holds (memory at once; PSI after ``psi_full_seconds``
-    over), and :attr:`crossed_at` the estimated moment the threshold was
-    crossed (interpolated between the last reading over and the first
-    under, so a poll's own delay counts in the reaction time). After a kill
-    call :meth:`restart`: PSI's avg10 decays over seconds, so the PSI time
-    counts again from the kill rather than killing a second process for the
-    same squeeze.
+    a threshold holds (memory at once; thrashing once its rates held over
+    the last ``thrash_seconds``; PSI after ``psi_full_seconds`` over), and
+    :attr:`crossed_at` the estimated moment the threshold was crossed
+    (interpolated between the last reading over and the first under, so a
+    poll's own delay counts in the reaction time). After a kill call
+    :meth:`restart`: PSI's avg10 decays over seconds and the thrash window
+    still holds the squeeze, so both count again from the kill rather than
+    killing a second process for the same squeeze.
     """
 
     def __init__(self, config: GuardConfig) -> None:
@@ -318,19 +435,32 @@ class PressureClock:
         self.crossed_at: float | None = None
         self._prev: HostReading | None = None
         self._psi_since: float | None = None
+        self._window: deque[HostReading] = deque()
 
     def restart(self, now: float) -> None:
-        """Count the PSI time again from ``now`` (after a kill)."""
+        """Count the PSI and thrash time again from ``now`` (after a kill)."""
         # Still over at the kill: the stall goes on from now, not from its start.
         high = self._prev is not None and psi_high(self._prev, self.config)
         self._psi_since = now if high else None
         self.crossed_at = None
+        self._window.clear()
+
+    def _thrash(self, reading: HostReading) -> bool:
+        """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""
+        window = self._window
+        window.append(reading)
+        span = self.config.thrash_seconds
+        while len(window) > 2 and window[1].ts <= reading.ts - span:
+            window.popleft()
+        old = window[0]
+        return reading.ts - old.ts >= span and thrashing(old, reading, self.config)
 
     def update(self, reading: HostReading) -> Trigger | None:
         """The trigger that holds at ``reading``, or None; sets :attr:`crossed_at`."""
         config, prev = self.config, self._prev
         self._prev = reading
         now = reading.ts
+        thrash = self._thrash(reading)
         if memory_low(reading, config):
             if self.crossed_at is None:
                 self.crossed_at = now
@@ -351,7 +481,12 @@ class PressureClock:
                             now,
                         ),
                     )
+                    self.crossed_at = min(self.crossed_at, now)
             return "memory"
+        if thrash:
+            if self.crossed_at is None:
+                self.crossed_at = now
+            return "thrash"
         if psi_high(reading, config):
             if self._psi_since is None:
                 self._psi_since = now
@@ -367,30 +502,41 @@ class PressureClock:
         return None
 
 
+def _room(avail: float, total: float, pct: float) -> float:
+    return avail - total * pct / 100
+
+
 def next_interval(reading: HostReading, prev: HostReading | None, config: GuardConfig) -> float:
     """Seconds until the next reading: the headroom left over the fill rate, clamped.
 
     As earlyoom: the time RAM would take to fill down to its threshold at
     :data:`ASSUMED_MEM_FILL` (or at the rate measured since ``prev``, when
     faster), plus the same for swap, kept within
-    [``min_interval``, ``max_interval``]. PSI ``full`` at half its threshold
-    or more polls at ``min_interval``.
+    [``min_interval``, ``max_interval``]; with zram, the sooner of that and
+    the same with zram counted as RAM. PSI ``full`` at half its threshold
+    (or the thrash threshold) or more polls at ``min_interval``.
     """
     low, high = config.min_interval, config.max_interval
-    if psi_high(reading, config) or (
-        config.psi_full_percent is not None
-        and reading.psi_full_avg10 is not None
-        and reading.psi_full_avg10 >= config.psi_full_percent / 2
-    ):
+    full = reading.psi_full_avg10
+    watch = [p for p in (config.psi_full_percent, config.thrash_full_percent) if p is not None]
+    if full is not None and any(full >= p / 2 for p in watch):
         return low
-    mem_room = reading.mem_available - reading.mem_total * config.mem_available_percent / 100
-    swap_room = reading.swap_free - reading.swap_total * config.swap_free_percent / 100
     mem_rate, swap_rate = float(ASSUMED_MEM_FILL), float(ASSUMED_SWAP_FILL)
     if prev is not None and reading.ts > prev.ts:
         span = reading.ts - prev.ts
         mem_rate = max(mem_rate, (prev.mem_available - reading.mem_available) / span)
         swap_rate = max(swap_rate, (prev.swap_free - reading.swap_free) / span)
-    seconds = max(mem_room, 0.0) / mem_rate + max(swap_room, 0.0) / swap_rate
+    total, mem_pct = reading.mem_total, config.mem_available_percent
+    swap_room = _room(reading.swap_free, reading.swap_total, config.swap_free_percent)
+    seconds = max(_room(reading.mem_available, total, mem_pct), 0.0) / mem_rate
+    seconds += max(swap_room, 0.0) / swap_rate
+    if reading.zram_swap_total:
+        disk_total = reading.swap_total - reading.zram_swap_total
+        disk_free = reading.swap_free - reading.zram_swap_free
+        avail = reading.mem_available + reading.zram_credit
+        zram_seconds = max(_room(avail, total, mem_pct), 0.0) / mem_rate
+        zram_seconds += max(_room(disk_free, disk_total, config.swap_free_percent), 0) / swap_rate
+        seconds = min(seconds, zram_seconds)
     return min(max(seconds, low), high)
 
 
@@ -422,23 +568,12 @@ class ScopeStall:
         return self.limit is not None and self.current >= self.limit * OWN_LIMIT_SHARE
 
 
-def _scopes_of(slice_path: Path) -> list[tuple[str, str]]:
-    """(unit, path) of each ``*.scope`` directly under the slice; [] without the slice."""
-    try:
-        with os.scandir(slice_path) as it:
-            return sorted((e.name, e.path) for e in it if e.name.endswith(".scope"))
-    except OSError as exc:
-        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
-            return []
-        raise
-
-
 def read_scope_stalls(slice_path: Path) -> list[ScopeStall]:
     """Each scope under the agents slice: its PSI full avg10, ``memory.current`` and limit.
 
     Scopes that vanish meanwhile, or whose kernel has no PSI, are left out.
     """
-    scopes = _scopes_of(slice_path)
+    scopes = scopes_of(slice_path)
     found = []
     for unit, path in scopes:
         psi = _read_kernel_file(path + "/memory.pressure", _GONE_OR_UNSUPPORTED)
@@ -483,140 +618,6 @@ def own_limit_stall(
     return max(local, key=lambda s: s.full_avg10, default=None)
 
 
-# ---------------------------------------------------------------------------
-# The victim
-
-
-@dataclass(frozen=True, slots=True)
-class SliceProcess:
-    """One process of an agent scope, as the guard sized it (bytes).
-
-    ``unit`` is the scope directly under the agents slice that holds it (at
-    any depth); ``eligible`` False for the processes that are never chosen
-    (protected, the guard's own, ``oom_score_adj`` -1000, already dying).
-    """
-
-    pid: int
-    start_time: int
-    comm: str
-    unit: str
-    rss: int
-    swap: int
-    eligible: bool = True
-
-    @property
-    def size(self) -> int:
-        """RSS + swap: what killing it gives back."""
-        return self.rss + self.swap
-
-
-@dataclass(frozen=True, slots=True)
-class Victim:
-    """The process to kill; ``main`` is its agent's main process (may be the victim itself)."""
-
-    process: SliceProcess
-    main: SliceProcess
-    runaway: SliceProcess
-
-    @property
-    def is_main(self) -> bool:
-        """The agent's main process itself is the victim."""
-        return self.process.pid == self.main.pid
-
-
-def _scope_procs(scope: str) -> Iterable[int]:
-    """Every pid in the cgroup ``scope`` and its sub-cgroups (vanished ones skipped)."""
-    stack = [scope]
-    while stack:
-        path = stack.pop()
-        data = _read_kernel_file(path + "/cgroup.procs")
-        if data is not None:
-            yield from parse_procs(data)
-        try:
-            with os.scandir(path) as it:
-                stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
-        except OSError as exc:
-            if exc.errno not in _GONE and exc.errno != errno.ENOTDIR:
-                raise
-
-
-def scan_slice_processes(
-    slice_path: Path,
-    proc_root: Path = PROC_ROOT,
-    *,
-    protected_pids: Collection[int] = (),
-    protected_units: Collection[str] = (),
-) -> list[SliceProcess]:
-    """Every process of every scope under the agents slice, sized, for :func:`choose_victim`.
-
-    Reads each ``*.scope`` directly under ``slice_path`` and its sub-cgroups
-    (``cgroup.procs``), then for each pid ``stat`` and ``status`` (VmRSS,
-    VmSwap) and ``oom_score_adj``. Processes and cgroups that vanish
-    meanwhile are left out; a missing slice gives ``[]``. Protected pids,
-    scopes in ``protected_units`` and every fleet's tmux server scope, the
-    caller's own process, ``oom_score_adj`` -1000 and processes already
-    dying are listed with ``eligible=False``
-    (they still count for which process is an agent's main one).
-
-    Raises:
-        OSError: other than processes or cgroups vanishing.
-    """
-    scopes = _scopes_of(slice_path)
-    own = os.getpid()
-    found: list[SliceProcess] = []
-    for unit, path in scopes:
-        shielded = unit in protected_units or is_tmux_unit(unit)
-        for pid in _scope_procs(path):
-            stat = read_stat(pid, proc_root)
-            sizes = read_vm_sizes(pid, proc_root)
-            adj = read_oom_score_adj(pid, proc_root)
-            if stat is None or sizes is None or adj is None:
-                continue  # exited meanwhile
-            eligible = not (
-                shielded
-                or pid == own
-                or pid in protected_pids
-                or adj <= OOM_SCORE_ADJ_MIN
-                or stat.dying
-            )
-            found.append(
-                SliceProcess(pid, stat.start_time, stat.comm, unit, sizes[0], sizes[1], eligible)
-            )
-    return found
-
-
-def _larger(p: SliceProcess) -> tuple[int, int]:
-    """Sort key: the larger size first, then the lower pid."""
-    return (-p.size, p.pid)
-
-
-def choose_victim(processes: Sequence[SliceProcess], descendant_share: float) -> Victim | None:
-    """The process the guard kills among ``processes``, or None when none is eligible.
-
-    The runaway is the largest eligible process (ties: the lower pid); its
-    agent is its scope, whose main process is the oldest one there
-    (earliest start time, then lowest pid). A runaway that is not the main
-    process is the victim. A runaway that is the main process yields to
-    that agent's largest eligible other process when it holds at least
-    ``descendant_share`` of the main's size; else the main process is the
-    victim. Never a process of another scope than the runaway's.
-    """
-    eligible = [p for p in processes if p.eligible and p.size > 0]
-    if not eligible:
-        return None
-    runaway = min(eligible, key=_larger)
-    same = [p for p in processes if p.unit == runaway.unit]
-    main = min(same, key=lambda p: (p.start_time, p.pid))
-    if runaway.pid != main.pid:
-        return Victim(runaway, main, runaway)
-    others = [p for p in eligible if p.unit == runaway.unit and p.pid != main.pid]
-    if others:
-        child = min(others, key=_larger)
-        if child.size >= descendant_share * main.size:
-            return Victim(child, main, runaway)
-    return Victim(main, main, runaway)
-
-
 @dataclass(frozen=True, slots=True)
 class GuardKill:
     """The guard killed a process of an agent before the kernel had to.
@@ -645,6 +646,43 @@ class GuardKill:
     psi_some_avg10: float | None
     reaction_seconds: float
     released: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the event, with its ``kind``."""
+        return {"kind": self.kind, **as_dict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class GuardHeld:
+    """The guard saw the host short but held its hand: the agents slice is not the cause.
+
+    Said once per squeeze. ``culprit`` is the cgroup outside the agents
+    slice that is (the fastest-growing, the largest, or the most stalled:
+    ``reason`` ``"growth"``, ``"size"``, ``"pressure"``) with its charge
+    and growth in bytes (``memory.current`` + ``memory.swap.current``; growth
+    over the last 10 s) and its PSI full avg10; the slice's own figures
+    beside them. The kernel, earlyoom or systemd-oomd act on it, not the
+    guard (docs/guard.md, "Whose shortage").
+    """
+
+    kind: ClassVar[str] = "guard_held"
+    ts: float
+    trigger: Trigger
+    reason: str
+    culprit: str | None
+    culprit_bytes: int
+    culprit_growth: int
+    culprit_full_avg10: float | None
+    slice_bytes: int
+    slice_growth: int
+    mem_available_percent: float
+    swap_free_percent: float
+    psi_full_avg10: float | None
+
+    @property
+    def agent(self) -> None:
+        """No agent: the cause is outside the fleet."""
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""

@@ -23,6 +23,7 @@ import pytest
 from agentscope import AsyncFleet, GuardConfig, GuardKill, HostUnderPressure, InvalidConfig, _guard
 from agentscope._events import Event
 from agentscope._guard import Guard, admit, kill_process, run_guard
+from agentscope._guardcause import CauseTracker
 from agentscope._guardpolicy import (
     HostReader,
     HostReading,
@@ -38,6 +39,7 @@ from agentscope._guardpolicy import (
     under_pressure,
 )
 from agentscope._guardproc import GuardChild
+from agentscope._guardscan import Scan
 from agentscope._monitor import Monitor
 from agentscope._registry import Registry
 from tests.fakefs import (
@@ -79,6 +81,7 @@ class Tree:
         token: str = "a1b2c3",
         swap_kb: dict[int, int] | None = None,
         oom_score_adj: dict[int, int] | None = None,
+        hidden: int = 0,
     ) -> str:
         """A scope of processes pid -> (comm, MiB, start time); ``sub``: pids in sub-cgroups."""
         unit = f"agentscope-f-{agent}-{token}.scope"
@@ -95,7 +98,15 @@ class Tree:
                 swap_kb=(swap_kb or {}).get(pid, 0),
                 oom_score_adj=(oom_score_adj or {}).get(pid, 800),
             )
-        make_cgroup(self.cg, f"{SLICE}/{unit}", procs=[p for p in procs if p not in in_sub])
+        # The scope's charge is what its processes hold (plus ``hidden``: tmpfs, memfds).
+        charged = sum(mib for _, mib, _ in procs.values()) << 20
+        charged += sum((swap_kb or {}).values()) << 10
+        make_cgroup(
+            self.cg,
+            f"{SLICE}/{unit}",
+            procs=[p for p in procs if p not in in_sub],
+            current=charged + hidden,
+        )
         for name, pids in (sub or {}).items():
             make_cgroup(self.cg, f"{SLICE}/{unit}/{name}", procs=pids)
         return unit
@@ -116,10 +127,16 @@ class Tree:
 
 
 @pytest.fixture(autouse=True)
-def kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The guard's reads see each fakefs change whole (as kernel files are generated)."""
-    monkeypatch.setattr(_guard, "scan_slice_processes", holding_kernel(_guard.scan_slice_processes))
+def kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The guard's reads see each fakefs change whole (as kernel files are generated).
+
+    Its lock files go to the test's directory, not the user's runtime one.
+    """
+    monkeypatch.setattr(_guard, "scan_candidates", holding_kernel(_guard.scan_candidates))
     monkeypatch.setattr(HostReader, "read", holding_kernel(HostReader.read))
+    monkeypatch.setattr(CauseTracker, "sample", holding_kernel(CauseTracker.sample))
+    monkeypatch.setattr(CauseTracker, "blame", holding_kernel(CauseTracker.blame))
+    monkeypatch.setattr(_guard, "default_lock_dir", lambda: tmp_path / "locks")
 
 
 @pytest.fixture
@@ -821,13 +838,13 @@ def test_near_the_threshold_the_victim_is_chosen_before_the_crossing(
 ) -> None:
     tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("pytest", 900, 200)})
     scans: list[float] = []
-    scan = _guard.scan_slice_processes
+    scan = _guard.scan_candidates
 
-    def counted(*args: object, **kw: object) -> list[SliceProcess]:
+    def counted(*args: object, **kw: object) -> Scan:
         scans.append(time.monotonic())
         return scan(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_guard, "scan_slice_processes", counted)
+    monkeypatch.setattr(_guard, "scan_candidates", counted)
     got: list[GuardKill] = []
     _, stop = start_guard(tree, FAST, on_kill=got.append)
     try:

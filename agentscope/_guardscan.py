@@ -1,0 +1,366 @@
+"""The guard's scan of the agents slice: every process sized by what is charged for it.
+
+- :func:`scan_slice_processes` lists the processes of every scope under the
+  slice (recursively), sized by VmRSS + VmSwap; :func:`scan_candidates` does
+  the same for only the scopes that can hold the largest process (a scope
+  whose charge is smaller than a process already found cannot), which is
+  what the guard runs near its threshold: its cost follows the runaway's
+  scope, not the slice's size.
+- A process whose main thread has exited (a zombie leader whose other
+  threads run) shows no ``VmRSS`` in its ``status`` and is state ``Z``: it
+  is sized, and judged alive or dying, by one of its live threads
+  (``/proc/PID/task/TID``).
+- A cgroup that cannot be listed (a threaded cgroup's ``cgroup.procs``
+  fails with EOPNOTSUPP; its processes are listed by its threaded domain)
+  costs that cgroup only: the scan goes on and says which it skipped.
+- :func:`choose_victim` applies the victim rule of docs/guard.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ._cgroup import _GONE, _read_kernel_file, parse_procs
+from ._proc import PROC_ROOT, ProcStat, parse_stat, read_oom_score_adj
+from ._tmux import is_tmux_unit
+
+__all__ = [
+    "Scan",
+    "ScopeCharge",
+    "SliceProcess",
+    "Victim",
+    "choose_victim",
+    "pick_victim",
+    "scan_candidates",
+    "scan_slice_processes",
+]
+
+#: A process never chosen: the kernel's own "unkillable" mark.
+OOM_SCORE_ADJ_MIN = -1000
+#: VmRSS counts file pages charged to other cgroups (shared libraries): a
+#: scope may show a process this much larger than the scope's own charge.
+SHARED_SLACK = 64 << 20
+#: Threads looked at for a process whose main thread exited.
+MAX_THREADS_LOOKED = 16
+
+OnSkip = Callable[[str, OSError], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SliceProcess:
+    """One process of an agent scope, as the guard sized it (bytes).
+
+    ``unit`` is the scope directly under the agents slice that holds it (at
+    any depth); ``eligible`` False for the processes that are never chosen
+    (protected, the guard's own, ``oom_score_adj`` -1000, already dying).
+    """
+
+    pid: int
+    start_time: int
+    comm: str
+    unit: str
+    rss: int
+    swap: int
+    eligible: bool = True
+
+    @property
+    def size(self) -> int:
+        """RSS + swap: what killing it gives back."""
+        return self.rss + self.swap
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """The process to kill; ``main`` is its agent's main process (may be the victim itself)."""
+
+    process: SliceProcess
+    main: SliceProcess
+    runaway: SliceProcess
+
+    @property
+    def is_main(self) -> bool:
+        """The agent's main process itself is the victim."""
+        return self.process.pid == self.main.pid
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeCharge:
+    """A scope's charge (``memory.current`` + ``memory.swap.current``, bytes; None: unread)."""
+
+    unit: str
+    path: str
+    charge: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What :func:`scan_candidates` found: the processes of the scopes it read."""
+
+    processes: list[SliceProcess]
+    scopes: list[ScopeCharge]
+    scanned: frozenset[str] = field(default_factory=frozenset)
+
+
+def scopes_of(slice_path: Path | str) -> list[tuple[str, str]]:
+    """(unit, path) of each ``*.scope`` directly under the slice; [] without the slice."""
+    try:
+        with os.scandir(slice_path) as it:
+            return sorted((e.name, e.path) for e in it if e.name.endswith(".scope"))
+    except OSError as exc:
+        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+            return []
+        raise
+
+
+def _scope_procs(scope: str, on_skip: OnSkip | None) -> Iterable[int]:
+    """Every pid in the cgroup ``scope`` and its sub-cgroups.
+
+    Vanished cgroups are skipped; one that cannot be read is skipped and
+    told to ``on_skip`` (a threaded cgroup's ``cgroup.procs``: EOPNOTSUPP).
+    """
+    stack = [scope]
+    while stack:
+        path = stack.pop()
+        try:
+            data = _read_kernel_file(path + "/cgroup.procs")
+        except OSError as exc:
+            data = None
+            if on_skip is not None:
+                on_skip(path, exc)
+        if data is not None:
+            yield from parse_procs(data)
+        try:
+            with os.scandir(path) as it:
+                stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+        except OSError as exc:
+            if exc.errno not in _GONE and exc.errno != errno.ENOTDIR and on_skip is not None:
+                on_skip(path, exc)
+
+
+def _vm_sizes(data: bytes) -> tuple[int, int] | None:
+    """(VmRSS, VmSwap) bytes from a ``status``; None when it has no VmRSS line."""
+    rss = swap = None
+    for line in data.splitlines():
+        if line.startswith(b"VmRSS:"):
+            rss = int(line.split()[1]) << 10
+        elif line.startswith(b"VmSwap:"):
+            swap = int(line.split()[1]) << 10
+    return None if rss is None else (rss, swap or 0)
+
+
+def measure(pid: int, proc_root: Path = PROC_ROOT) -> tuple[ProcStat, int, int] | None:
+    """A process's stat and (VmRSS, VmSwap), or None when it is gone.
+
+    A main thread that exited (state Z, no VmRSS) while other threads run
+    is measured by a live thread: its memory is the group's, and it is not
+    dying. A real zombie measures (0, 0).
+
+    Raises:
+        OSError: other than the process vanishing.
+    """
+    base = f"{os.fspath(proc_root)}/{pid}"
+    raw = _read_kernel_file(base + "/stat")
+    status = _read_kernel_file(base + "/status")
+    if raw is None or status is None:
+        return None
+    stat = parse_stat(raw)
+    sizes = _vm_sizes(status)
+    if sizes is None or stat.state == "Z":
+        live = _live_thread(base, pid)
+        if live is not None:
+            tstat, tsizes = live
+            stat = replace(stat, state=tstat.state, flags=tstat.flags, signals=tstat.signals)
+            sizes = tsizes
+    rss, swap = sizes if sizes is not None else (0, 0)
+    return stat, rss, swap
+
+
+def _live_thread(base: str, pid: int) -> tuple[ProcStat, tuple[int, int]] | None:
+    """A thread of ``pid`` other than its main one that is not a zombie, measured."""
+    try:
+        tids = [int(n) for n in os.listdir(base + "/task") if n.isdigit() and int(n) != pid]
+    except OSError as exc:
+        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+            return None
+        raise
+    for tid in sorted(tids)[:MAX_THREADS_LOOKED]:
+        raw = _read_kernel_file(f"{base}/task/{tid}/stat")
+        status = _read_kernel_file(f"{base}/task/{tid}/status")
+        if raw is None or status is None:
+            continue
+        tstat = parse_stat(raw)
+        sizes = _vm_sizes(status)
+        if tstat.state not in ("Z", "X", "x") and sizes is not None:
+            return tstat, sizes
+    return None
+
+
+def _scan_scope(
+    unit: str,
+    path: str,
+    proc_root: Path,
+    shielded: bool,
+    protected_pids: Collection[int],
+    on_skip: OnSkip | None,
+) -> list[SliceProcess]:
+    own = os.getpid()
+    found = []
+    for pid in _scope_procs(path, on_skip):
+        measured = measure(pid, proc_root)
+        if measured is None:
+            continue  # exited meanwhile
+        stat, rss, swap = measured
+        eligible = not (shielded or pid == own or pid in protected_pids or stat.dying)
+        found.append(SliceProcess(pid, stat.start_time, stat.comm, unit, rss, swap, eligible))
+    return found
+
+
+def _unkillable(p: SliceProcess, proc_root: Path) -> bool:
+    adj = read_oom_score_adj(p.pid, proc_root)
+    return adj is None or adj <= OOM_SCORE_ADJ_MIN
+
+
+def scan_slice_processes(
+    slice_path: Path,
+    proc_root: Path = PROC_ROOT,
+    *,
+    protected_pids: Collection[int] = (),
+    protected_units: Collection[str] = (),
+    on_skip: OnSkip | None = None,
+) -> list[SliceProcess]:
+    """Every process of every scope under the agents slice, sized, for :func:`choose_victim`.
+
+    Reads each ``*.scope`` directly under ``slice_path`` and its sub-cgroups
+    (``cgroup.procs``), then for each pid ``stat``, ``status`` (VmRSS,
+    VmSwap) and ``oom_score_adj``. Processes and cgroups that vanish
+    meanwhile are left out, and so is a cgroup that cannot be read (told to
+    ``on_skip``); a missing slice gives ``[]``. Protected pids, scopes in
+    ``protected_units`` and every fleet's tmux server scope, the caller's own
+    process, ``oom_score_adj`` -1000 and processes already dying are listed
+    with ``eligible=False`` (they still count for which process is an
+    agent's main one).
+
+    Raises:
+        OSError: other than processes or cgroups vanishing.
+    """
+    found: list[SliceProcess] = []
+    for unit, path in scopes_of(slice_path):
+        shielded = unit in protected_units or is_tmux_unit(unit)
+        for p in _scan_scope(unit, path, proc_root, shielded, protected_pids, on_skip):
+            if p.eligible and _unkillable(p, proc_root):
+                p = replace(p, eligible=False)
+            found.append(p)
+    return found
+
+
+def _charge(path: str) -> int | None:
+    """``memory.current`` + ``memory.swap.current`` of a cgroup (None: unreadable or gone)."""
+    try:
+        current = _read_kernel_file(path + "/memory.current")
+        swap = _read_kernel_file(path + "/memory.swap.current")
+    except OSError:
+        return None
+    if current is None or not current.strip().isdigit():
+        return None
+    extra = int(swap) if swap is not None and swap.strip().isdigit() else 0
+    return int(current) + extra
+
+
+def scan_candidates(
+    slice_path: Path,
+    proc_root: Path = PROC_ROOT,
+    *,
+    floor: int = 0,
+    protected_pids: Collection[int] = (),
+    protected_units: Collection[str] = (),
+    excluded: Collection[tuple[int, int]] = (),
+    on_skip: OnSkip | None = None,
+) -> Scan:
+    """The processes of the scopes that may hold the largest eligible process.
+
+    Scopes are read in the order of their charge (largest first); a scope
+    whose charge (plus :data:`SHARED_SLACK`) is below both ``floor`` and the
+    largest eligible process found so far is not read, nor any after it.
+    Each read scope is listed whole (its main process is its oldest).
+    Processes in ``excluded`` ((pid, start time): past victims) and those
+    smaller than ``floor`` are ineligible; ``oom_score_adj`` is read only
+    for the processes that could be chosen.
+
+    Raises:
+        OSError: other than processes or cgroups vanishing.
+    """
+    scopes = [
+        ScopeCharge(unit, path, _charge(path))
+        for unit, path in scopes_of(slice_path)
+        if unit not in protected_units and not is_tmux_unit(unit)
+    ]
+    order = sorted(scopes, key=lambda s: -(s.charge if s.charge is not None else 1 << 62))
+    found: list[SliceProcess] = []
+    scanned = set()
+    best = 0
+    for scope in order:
+        if scope.charge is not None and scope.charge + SHARED_SLACK < max(best, floor):
+            break
+        scanned.add(scope.unit)
+        for p in _scan_scope(scope.unit, scope.path, proc_root, False, protected_pids, on_skip):
+            if p.eligible and (p.size < floor or (p.pid, p.start_time) in excluded):
+                p = replace(p, eligible=False)
+            if p.eligible and p.size > best:
+                if _unkillable(p, proc_root):
+                    p = replace(p, eligible=False)
+                else:
+                    best = p.size
+            found.append(p)
+    return Scan(found, scopes, frozenset(scanned))
+
+
+def pick_victim(
+    processes: Sequence[SliceProcess], descendant_share: float, proc_root: Path = PROC_ROOT
+) -> Victim | None:
+    """:func:`choose_victim`, reading ``oom_score_adj`` only for the one chosen.
+
+    A victim at -1000 is marked ineligible and the choice made again.
+    """
+    procs = list(processes)
+    for _ in range(len(procs) + 1):
+        victim = choose_victim(procs, descendant_share)
+        if victim is None or not _unkillable(victim.process, proc_root):
+            return victim
+        procs = [replace(p, eligible=False) if p is victim.process else p for p in procs]
+    return None
+
+
+def _larger(p: SliceProcess) -> tuple[int, int]:
+    """Sort key: the larger size first, then the lower pid."""
+    return (-p.size, p.pid)
+
+
+def choose_victim(processes: Sequence[SliceProcess], descendant_share: float) -> Victim | None:
+    """The process the guard kills among ``processes``, or None when none is eligible.
+
+    The runaway is the largest eligible process (ties: the lower pid); its
+    agent is its scope, whose main process is the oldest one there
+    (earliest start time, then lowest pid). A runaway that is not the main
+    process is the victim. A runaway that is the main process yields to
+    that agent's largest eligible other process when it holds at least
+    ``descendant_share`` of the main's size; else the main process is the
+    victim. Never a process of another scope than the runaway's.
+    """
+    eligible = [p for p in processes if p.eligible and p.size > 0]
+    if not eligible:
+        return None
+    runaway = min(eligible, key=_larger)
+    same = [p for p in processes if p.unit == runaway.unit]
+    main = min(same, key=lambda p: (p.start_time, p.pid))
+    if runaway.pid != main.pid:
+        return Victim(runaway, main, runaway)
+    others = [p for p in eligible if p.unit == runaway.unit and p.pid != main.pid]
+    if others:
+        child = min(others, key=_larger)
+        if child.size >= descendant_share * main.size:
+            return Victim(child, main, runaway)
+    return Victim(main, main, runaway)
