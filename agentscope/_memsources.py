@@ -189,12 +189,16 @@ class MemSources:
 
     def __init__(self, proc_root: Path, sys_root: Path = SYS_ROOT) -> None:
         self._sys = os.fspath(sys_root)
-        self._swaps = _open(os.fspath(proc_root) + "/swaps")
+        self._swaps_path = os.fspath(proc_root) + "/swaps"
+        self._swaps = _open(self._swaps_path)
         self._vmstat = _open(os.fspath(proc_root) + "/vmstat")
         self._mm: dict[str, int | None] = {}  # device name -> its mm_stat fd
 
     def zram(self) -> ZramUse:
         """What the zram swap devices hold now (all zeros without any)."""
+        if self._swaps is None:
+            # Asked only while there is swap: then the kernel has this file.
+            self._swaps = _open(self._swaps_path)
         if self._swaps is None:
             return ZramUse()
         devices = [d for d in parse_swaps(_pread(self._swaps, 8192) or b"") if d.zram]

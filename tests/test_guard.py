@@ -455,6 +455,7 @@ def start_guard(
             "on_kill": got.append,
             "unit_agent": unit_agent,
             "proc_root": tree.proc,
+            "cgroup_root": tree.cg,
             **kw,
         },
         daemon=True,

@@ -1,0 +1,462 @@
+"""The guard on hosts as users have them (issue #25), over fake trees with real victims.
+
+zram and swap, thrashing with memory to spare, shortages that are not the
+fleet's (a hog elsewhere, another user's self-throttled cgroup), several
+guards over one slice, processes whose memory hides (a main thread that
+exited), a cgroup that cannot be listed, a victim that left the slice.
+"""
+
+# The fixtures (tree, sleeper, kernel) are test_guard's, imported by name.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agentscope import GuardConfig, GuardKill
+from agentscope._guard import _kill, run_guard
+from agentscope._guardcause import CauseTracker, outside_cgroups
+from agentscope._guardlock import SliceLock, lock_name
+from agentscope._guardpolicy import (
+    GuardHeld,
+    HostReader,
+    HostReading,
+    PressureClock,
+    under_pressure,
+)
+from agentscope._guardscan import measure, scan_candidates, scan_slice_processes
+from agentscope._memsources import parse_swaps, parse_vmstat_refaults
+from tests.fakefs import PAGE, format_pressure, make_cgroup, make_proc, write
+from tests.test_guard import (  # noqa: F401 (fixtures)
+    FAST,
+    MIB_PAGES,
+    SLICE,
+    WAIT,
+    Tree,
+    kernel,
+    reading,
+    sleeper,
+    start_guard,
+    tree,
+    unit_agent,
+    wait_until,
+)
+
+GIB_KB = 1 << 20
+
+
+def zram(tree: Tree, *, size_kb: int, used_kb: int, orig: int, mem_used: int) -> None:
+    """A zram swap device in /proc/swaps, and its mm_stat beside the fake /proc."""
+    write(
+        tree.proc / "swaps",
+        "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+        f"/dev/zram0                              partition\t{size_kb}\t\t{used_kb}\t\t100\n",
+    )
+    block = tree.proc.parent / "sys" / "block" / "zram0"
+    block.mkdir(parents=True, exist_ok=True)
+    write(block / "mm_stat", f"{orig} {mem_used // 2} {mem_used} 0 {mem_used} 0 0 0 0\n")
+
+
+def zram_host(tree: Tree, available_pct: float, zram_free_pct: float, ratio: float) -> None:
+    """An 8 GB host whose only swap is an 8 GB zram device, storing at ``ratio`` (cost/byte)."""
+    total = 8 * GIB_KB
+    used = int(total * (100 - zram_free_pct) / 100)
+    from tests.fakefs import make_meminfo
+
+    make_meminfo(
+        tree.proc,
+        total_kb=total,
+        available_kb=int(total * available_pct / 100),
+        swap_total_kb=total,
+        swap_free_kb=total - used,
+    )
+    zram(tree, size_kb=total, used_kb=used, orig=used << 10, mem_used=int((used << 10) * ratio))
+
+
+# -- zram counted as RAM ----------------------------------------------------
+
+
+def test_the_zram_wedge_is_a_shortage_though_swap_looks_free(tree: Tree) -> None:
+    # Pages that do not compress: MemAvailable 2 %, zram 60 % free. earlyoom's
+    # rule (both low) never fires here; zram is RAM, so the guard's does.
+    zram_host(tree, 2, 60, ratio=1.02)
+    reader = HostReader(tree.proc)
+    try:
+        host = reader.read(0.0)
+    finally:
+        reader.close()
+    assert host.swap_free_percent == pytest.approx(60, abs=0.1)
+    assert host.zram_credit == 0
+    assert under_pressure(host, GuardConfig()) == "memory"
+
+
+def test_zram_that_still_compresses_counts_as_the_ram_it_would_save(tree: Tree) -> None:
+    # 3:1: each free GiB of zram still saves 2/3 GiB; 2 % + 40 % x 2/3 ~ 28.7 %.
+    zram_host(tree, 2, 40, ratio=1 / 3)
+    reader = HostReader(tree.proc)
+    try:
+        host = reader.read(0.0)
+    finally:
+        reader.close()
+    assert host.available_percent == pytest.approx(2 + 40 * 2 / 3, abs=0.2)
+    assert under_pressure(host, GuardConfig()) is None
+    # Nearly full, it saves little: the guard acts.
+    zram_host(tree, 2, 5, ratio=1 / 3)
+    reader = HostReader(tree.proc)
+    try:
+        assert under_pressure(reader.read(1.0), GuardConfig()) == "memory"
+    finally:
+        reader.close()
+
+
+def test_never_later_than_earlyoom_even_with_zram_credit() -> None:
+    # earlyoom's own rule (MemAvailable <= 10 % and SwapFree <= 10 %) holds,
+    # whatever zram's credit says.
+    host = replace(reading(8, 9), zram_swap_total=1 << 30, zram_swap_free=int(0.09 * (1 << 30)))
+    host = replace(host, zram_credit=host.mem_total // 5)
+    assert host.available_percent > 10
+    assert under_pressure(host, GuardConfig()) == "memory"
+
+
+def test_swap_on_disk_beside_zram_must_be_low_too() -> None:
+    total = 1 << 30
+    host = replace(
+        reading(3, 50, swap_total=2 * total),
+        zram_swap_total=total,
+        zram_swap_free=total // 2,  # disk swap: 512 MiB of 1 GiB free
+    )
+    assert host.disk_swap_free_percent == pytest.approx(50)
+    assert under_pressure(host, GuardConfig()) is None
+    assert under_pressure(replace(host, swap_free=total // 2 + total // 20), GuardConfig())
+
+
+def test_swaps_and_vmstat_parse_as_the_kernel_prints_them() -> None:
+    swaps = parse_swaps(
+        b"Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+        b"/swapfile                               file\t\t1048572\t\t0\t\t-2\n"
+        b"/dev/zram0                              partition\t733180\t\t1024\t\t100\n"
+    )
+    assert [(s.name, s.zram, s.size, s.used) for s in swaps] == [
+        ("/swapfile", False, 1048572 << 10, 0),
+        ("/dev/zram0", True, 733180 << 10, 1 << 20),
+    ]
+    assert parse_vmstat_refaults(b"nr_free_pages 1\nworkingset_refault 40\npswpin 2\n") == 42
+    assert parse_vmstat_refaults(b"workingset_refault_anon 1\nworkingset_refault_file 2\n") == 3
+    assert parse_vmstat_refaults(b"nr_free_pages 1\n") is None
+
+
+def test_the_guard_ends_the_zram_wedge(tree: Tree, sleeper: subprocess.Popen[bytes]) -> None:
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("python3", 900, 200)})
+    got, stop = start_guard(tree, FAST)
+    try:
+        zram_host(tree, 2, 60, ratio=1.05)
+        assert sleeper.wait(WAIT) == -signal.SIGKILL
+        wait_until(lambda: len(got) == 1)
+    finally:
+        stop()
+    assert (got[0].pid, got[0].trigger, got[0].agent) == (sleeper.pid, "memory", "a")
+
+
+# -- thrashing where MemAvailable looks fine ---------------------------------
+
+
+def counters(ts: float, full_s: float, refault_pages: int, avail: float = 50) -> HostReading:
+    return replace(
+        reading(avail, 50, psi_full=0.0, ts=ts),
+        psi_full_total=int(full_s * 1e6),
+        refaults=refault_pages,
+    )
+
+
+def test_thrashing_triggers_on_stall_and_refaults_over_the_window() -> None:
+    config = GuardConfig(thrash_seconds=5)
+    per_s = int(0.02 * (8 << 30) / PAGE)  # 2 % of MemTotal a second
+    clock = PressureClock(config)
+    assert clock.update(counters(0, 0, 0)) is None
+    assert clock.update(counters(3, 2.0, 3 * per_s)) is None  # not 5 s of it yet
+    assert clock.update(counters(5, 3.0, 5 * per_s)) == "thrash"  # 60 % stalled, 2 %/s
+    assert clock.crossed_at == 5
+    # Stalled but nothing read back in (a CPU-bound reclaim, compaction): no.
+    quiet = PressureClock(config)
+    quiet.update(counters(0, 0, 0))
+    assert quiet.update(counters(5, 4.0, 10)) is None
+    # Reading back in at full speed but rarely stalled (a file scan): no.
+    busy = PressureClock(config)
+    busy.update(counters(0, 0, 0))
+    assert busy.update(counters(5, 0.5, 50 * per_s)) is None
+    # After a kill the window starts again: one squeeze, one kill.
+    clock.restart(5.1)
+    assert clock.update(counters(6, 3.6, 6 * per_s)) is None
+    off = PressureClock(GuardConfig(thrash_full_percent=None))
+    off.update(counters(0, 0, 0))
+    assert off.update(counters(5, 5.0, 50 * per_s)) is None
+
+
+# -- whose shortage ----------------------------------------------------------
+
+
+def outside(tree: Tree, rel: str, mib: int, *, full: float = 0.0) -> Path:
+    psi = format_pressure((full, full, 0, 0), (full, full, 0, 0))
+    return make_cgroup(tree.cg, rel, current=mib << 20, pressure=psi)
+
+
+def set_current(path: Path, mib: int) -> None:
+    write(path / "memory.current", f"{mib << 20}\n")
+
+
+def test_the_cgroups_outside_are_the_siblings_along_the_path(tree: Tree) -> None:
+    outside(tree, "user.slice/user-1001.slice/session-3.scope", 100)
+    outside(tree, "app.slice/app-firefox.scope", 100)
+    outside(tree, "app.slice/app-agentscope.slice/agentscope-monitor.scope", 50)
+    found = outside_cgroups(tree.cg, tree.slice)
+    assert found is not None
+    rel = sorted(os.path.relpath(p, tree.cg) for p in found)
+    assert rel == [
+        "app.slice/app-agentscope.slice/agentscope-monitor.scope",
+        "app.slice/app-firefox.scope",
+        "user.slice",
+    ]
+    assert outside_cgroups(tree.cg, Path("/elsewhere")) is None
+
+
+def test_the_fastest_grower_outside_holds_the_kill(tree: Tree) -> None:
+    tree.scope("a", {10: ("claude", 100, 100), 11: ("node", 900, 200)})
+    set_current(tree.slice, 1000)
+    hog = outside(tree, "user.slice/user-1001.slice/session-3.scope", 500)
+    outside(tree, "user.slice/user-1001.slice/other.scope", 10)
+    set_current(tree.cg / "user.slice", 510)
+    set_current(tree.cg / "user.slice/user-1001.slice", 510)
+    cause = CauseTracker(tree.cg, tree.slice)
+    cause.sample(0.0)
+    for cg in (hog, tree.cg / "user.slice", tree.cg / "user.slice/user-1001.slice"):
+        set_current(cg, 3000 if cg == hog else 3010)
+    blame = cause.blame(2.0, 8 << 30, None)
+    assert not blame.fleet
+    assert blame.reason == "growth"
+    assert blame.culprit == "/user.slice/user-1001.slice/session-3.scope"
+    assert blame.culprit_growth == 2500 << 20
+    # The same hog standing still while the slice grows: the slice's doing.
+    cause = CauseTracker(tree.cg, tree.slice)
+    cause.sample(0.0)
+    set_current(tree.slice, 2000)
+    blame = cause.blame(2.0, 8 << 30, None)
+    assert (blame.fleet, blame.reason, blame.slice_growth) == (True, "growth", 1000 << 20)
+
+
+def test_with_no_growth_the_larger_decides(tree: Tree) -> None:
+    set_current(tree.slice, 1000)
+    outside(tree, "system.slice", 400)
+    cause = CauseTracker(tree.cg, tree.slice)
+    assert cause.blame(0.0, 8 << 30, None).fleet
+    outside(tree, "system.slice", 4000)
+    cause = CauseTracker(tree.cg, tree.slice)
+    blame = cause.blame(0.0, 8 << 30, None)
+    assert (blame.fleet, blame.reason, blame.culprit) == (False, "size", "/system.slice")
+
+
+def test_a_hog_outside_the_slice_kills_no_agent_and_is_named_once(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("python3", 900, 200)})
+    set_current(tree.slice, 910)
+    outside(tree, "user.slice/user-1001.slice/session-3.scope", 6000)
+    set_current(tree.cg / "user.slice", 6000)
+    set_current(tree.cg / "user.slice/user-1001.slice", 6000)
+    held: list[GuardHeld] = []
+    got, stop = start_guard(tree, FAST, on_held=held.append)
+    try:
+        tree.host(5, 1)
+        time.sleep(0.5)
+    finally:
+        stop()
+    assert got == []
+    assert sleeper.poll() is None
+    (said,) = held  # once per squeeze, not at every reading
+    assert said.culprit == "/user.slice/user-1001.slice/session-3.scope"
+    assert said.culprit_bytes == 6000 << 20
+    assert said.trigger == "memory"
+    assert said.to_dict()["kind"] == "guard_held"
+
+
+def test_another_users_self_throttled_cgroup_kills_no_agent(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # Host PSI full 66 % with 64 % available: a cgroup outside under its own
+    # MemoryHigh. The agents idle (their PSI 0); the largest is a big tool call.
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("python3", 900, 200)})
+    set_current(tree.slice, 910)
+    outside(tree, "user.slice/user-1001.slice/build.scope", 48, full=70)
+    outside(tree, "user.slice", 48, full=70)
+    outside(tree, "user.slice/user-1001.slice", 48, full=70)
+    held: list[GuardHeld] = []
+    got, stop = start_guard(tree, replace(FAST, psi_full_seconds=0.05), on_held=held.append)
+    try:
+        tree.host(64, 50, psi_full=66)
+        wait_until(lambda: len(held) == 1)
+        time.sleep(0.2)
+    finally:
+        stop()
+    assert got == []
+    assert sleeper.poll() is None
+    assert (held[0].reason, held[0].culprit) == (
+        "pressure",
+        "/user.slice/user-1001.slice/build.scope",
+    )
+
+
+# -- one guard per slice -----------------------------------------------------
+
+
+def test_two_guards_on_one_squeeze_kill_one_process_and_a_standby_takes_over(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    first = sleeper.pid
+    tree.scope("a", {1: ("claude", 10, 100), first: ("node", 900, 200)})
+    kills: list[GuardKill] = []
+    got_a, stop_a = start_guard(tree, FAST, on_kill=kills.append)
+    time.sleep(0.2)  # a holds the lock
+    got_b, stop_b = start_guard(tree, FAST, on_kill=kills.append)
+    try:
+        tree.host(5, 1)
+        wait_until(lambda: len(kills) >= 1)
+        time.sleep(0.5)  # both see the host short all along; the victim not reaped yet
+        tree.host(40, 40)
+        assert [k.pid for k in kills] == [first]
+        assert sleeper.wait(WAIT) == -signal.SIGKILL
+        write(tree.slice / kills[0].unit / "cgroup.procs", "1\n")  # reaped: gone
+        stop_a()
+        # b takes over within a second of a's end.
+        second = sleeper.start_another()  # type: ignore[attr-defined]
+        tree.scope("b", {2: ("claude", 10, 100), second.pid: ("node", 900, 200)}, token="d4e5f6")
+        started = time.monotonic()
+        tree.host(5, 1)
+        assert second.wait(WAIT) == -signal.SIGKILL
+        assert time.monotonic() - started < 2.0
+    finally:
+        stop_b()
+    assert [k.pid for k in kills] == [first, second.pid]
+    assert (len(got_a), len(got_b)) == (0, 0)  # (the kills went to kills)
+
+
+def test_the_lock_is_per_slice_and_never_waits(tmp_path: Path) -> None:
+    a = SliceLock(Path("/sys/fs/cgroup/x.slice"), tmp_path)
+    b = SliceLock(Path("/sys/fs/cgroup/x.slice"), tmp_path)
+    other = SliceLock(Path("/sys/fs/cgroup/y.slice"), tmp_path)
+    assert a.try_acquire(0.0)
+    assert not b.try_acquire(0.0)
+    assert other.try_acquire(0.0)
+    a.release()
+    assert not b.try_acquire(0.5)  # retried at most once a second
+    assert b.try_acquire(1.0)
+    assert lock_name(Path("/a/x.slice")) != lock_name(Path("/b/x.slice"))
+    alone = SliceLock(Path("/x"), None)
+    assert alone.held
+    assert alone.note is not None
+
+
+# -- hidden memory, blind spots ----------------------------------------------
+
+
+def test_a_process_whose_main_thread_exited_is_sized_by_its_threads(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # 11's main thread exited (zombie leader, no VmRSS), thread 12 holds 300 MiB;
+    # 13 is a 128 MiB sibling. 11 is the runaway, not dying.
+    tree.scope("a", {10: ("claude", 20, 100), 13: ("node", 128, 300)})
+    base = make_proc(tree.proc, 11, comm="python3", start_time=200, state="Z", flags=0x4)
+    write(base / "status", "Name:\tpython3\nState:\tZ (zombie)\nThreads:\t2\n")
+    task = base / "task" / "12"
+    task.mkdir(parents=True)
+    write(
+        task / "stat",
+        (base / "stat").read_bytes().replace(b") Z ", b") R ").replace(b" 4 ", b" 0 "),
+    )
+    write(task / "status", f"Name:\tpython3\nVmRSS:\t{300 << 10} kB\nVmSwap:\t0 kB\n")
+    write(tree.slice / "agentscope-f-a-a1b2c3.scope" / "cgroup.procs", "10\n11\n13\n")
+    measured = measure(11, tree.proc)
+    assert measured is not None
+    assert measured[1] == 300 << 20
+    assert not measured[0].dying
+    procs = {p.pid: p for p in scan_slice_processes(tree.slice, tree.proc)}
+    assert procs[11].size == 300 << 20
+    assert procs[11].eligible
+
+
+def test_one_cgroup_that_cannot_be_listed_costs_that_cgroup_only(tree: Tree) -> None:
+    unit = tree.scope("a", {10: ("claude", 20, 100), 11: ("node", 900, 200)})
+    threaded = make_cgroup(tree.cg, f"{SLICE}/{unit}/threads")
+    (threaded / "cgroup.procs").unlink()
+    (threaded / "cgroup.procs").mkdir()  # reading it fails (EISDIR here, EOPNOTSUPP there)
+    skipped: list[str] = []
+    procs = scan_slice_processes(tree.slice, tree.proc, on_skip=lambda p, e: skipped.append(p))
+    assert {p.pid for p in procs} == {10, 11}
+    assert skipped == [str(threaded)]
+
+
+def test_the_kill_rechecks_that_the_victim_is_still_in_its_scope(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    unit = tree.scope("a", {sleeper.pid: ("node", 900, 200)})
+    make_proc(tree.proc, sleeper.pid, start_time=200, cgroup="/user.slice/session-1.scope")
+    slice_name = tree.slice.name
+    assert _kill(sleeper.pid, 200, tree.proc, in_scope=(slice_name, unit)) is None
+    assert sleeper.poll() is None
+    make_proc(tree.proc, sleeper.pid, start_time=200, cgroup=f"/{SLICE}/{unit}/tools")
+    killed = _kill(sleeper.pid, 200, tree.proc, in_scope=(slice_name, unit))
+    assert killed is not None
+    os.close(killed.pidfd)
+    assert sleeper.wait(WAIT) == -signal.SIGKILL
+
+
+def test_the_near_threshold_scan_reads_only_the_scopes_that_can_hold_the_largest(
+    tree: Tree,
+) -> None:
+    units = [
+        tree.scope(
+            f"s{i}", {100 + 10 * i + j: ("sh", 5, 100 + j) for j in range(5)}, token=f"{i:06d}"
+        )
+        for i in range(20)
+    ]
+    runaway = tree.scope("big", {900: ("claude", 10, 100), 901: ("node", 900, 200)}, token="ffffaa")
+    scan = scan_candidates(tree.slice, tree.proc, floor=80 << 20)
+    assert scan.scanned == {runaway}
+    assert {p.pid for p in scan.processes} == {900, 901}
+    assert len(scan.scopes) == len(units) + 1
+
+
+def test_a_guard_without_a_lock_directory_acts_alone(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("node", 900, 200)})
+    got: list[GuardKill] = []
+    r, w = os.pipe()
+    thread = threading.Thread(
+        target=run_guard,
+        args=(FAST, tree.slice),
+        kwargs={
+            "stop_fd": r,
+            "on_kill": got.append,
+            "proc_root": tree.proc,
+            "cgroup_root": tree.cg,
+            "lock_dir": None,
+        },
+        daemon=True,
+    )
+    thread.start()
+    try:
+        tree.host(5, 1)
+        assert sleeper.wait(WAIT) == -signal.SIGKILL
+    finally:
+        os.write(w, b"x")
+        thread.join(WAIT)
+        os.close(r)
+        os.close(w)
+    assert [k.pid for k in got] == [sleeper.pid]
