@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ._fleet import PIPE as PIPE
     from ._fleet import AsyncFleet as AsyncFleet
     from ._guardpolicy import GuardConfig as GuardConfig
+    from ._guardpolicy import GuardHeld as GuardHeld
     from ._guardpolicy import GuardKill as GuardKill
     from ._install import InstallError as InstallError
     from ._monitor import Monitor as Monitor
@@ -89,6 +90,7 @@ _LAZY = {
     "Capabilities": "._systemd",
     "probe": "._systemd",
     "GuardConfig": "._guardpolicy",
+    "GuardHeld": "._guardpolicy",
     "GuardKill": "._guardpolicy",
     "InstallError": "._install",
     "AgentExited": "._events",
@@ -129,6 +131,7 @@ __all__ = [
     "EventRecord",
     "Fleet",
     "GuardConfig",
+    "GuardHeld",
     "GuardKill",
     "HostUnderPressure",
     "InstallError",

@@ -4,8 +4,10 @@
 MemoryHigh holds agents, :class:`Pressure` once per window of memory
 pressure, :class:`AgentExited` and :class:`LimitFound` for context,
 :class:`Escaped` for an agent's process outside its scope, and the
-guard's :class:`~agentscope._guardpolicy.GuardKill`. :data:`Event` is their
-union: what a :class:`~agentscope.Monitor` yields and the fleet records.
+guard's :class:`~agentscope._guardpolicy.GuardKill` (and
+:class:`~agentscope._guardpolicy.GuardHeld` when the shortage is not the
+fleet's). :data:`Event` is their union: what a :class:`~agentscope.Monitor`
+yields and the fleet records.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, ClassVar, Literal
 from ._attribution import PressureEvent
 from ._cgroup import LimitHolder
 from ._dicts import as_dict
-from ._guardpolicy import GuardKill
+from ._guardpolicy import GuardHeld, GuardKill
 from ._report import MemoryReport
 
 __all__ = [
@@ -174,4 +176,4 @@ class Escaped:
         return {"kind": self.kind, **as_dict(self)}
 
 
-Event = OomKill | Throttled | Pressure | AgentExited | LimitFound | GuardKill | Escaped
+Event = OomKill | Throttled | Pressure | AgentExited | LimitFound | GuardKill | GuardHeld | Escaped

@@ -35,10 +35,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
+from . import _guardlock
 from ._cgroup import CGROUP_ROOT, arm_psi_trigger
 from ._errors import HostUnderPressure
 from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
-from ._guardlock import RETRY_EVERY, SliceLock, default_lock_dir
+from ._guardlock import RETRY_EVERY, SliceLock
 from ._guardpolicy import (
     CMDLINE_LEN,
     GuardConfig,
@@ -520,7 +521,7 @@ def run_guard(
     $XDG_RUNTIME_DIR, None: no lock). A reading or scan that fails is
     logged and the loop goes on.
     """
-    directory = default_lock_dir() if lock_dir == "default" else lock_dir
+    directory = _guardlock.default_lock_dir() if lock_dir == "default" else lock_dir
     lock = SliceLock(slice_path, directory)
     loop = _Loop(
         config,

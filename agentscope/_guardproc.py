@@ -11,10 +11,20 @@ nobody's GIL, its few pages can be locked where the harness's are too many
 
 The protocol, one JSON object per line. The parent writes nothing; when
 the child's stdin reaches EOF (the parent closed it, or died) the child
-exits. The child writes ``{"kill": GuardKill.to_dict()}`` for each kill
-and ``{"trigger": "memory"|"psi"|null, "reading": HostReading.to_dict()}``
-whenever the trigger changes (for admission control), and ``{"notes":
-[...]}`` once it is ready.
+exits. The child writes ``{"kill": GuardKill.to_dict()}`` for each kill,
+``{"held": GuardHeld.to_dict()}`` when it holds its hand (the shortage is
+not the fleet's), ``{"trigger": "memory"|"psi"|"thrash"|null, "reading":
+HostReading.to_dict()}`` whenever the trigger changes (for admission
+control), and ``{"notes": [...]}`` once it is ready.
+
+Nothing a squeeze stalls stands between the child's decision and its kill
+(issue #25): its stdout is non-blocking, and a line the parent is not
+reading fast enough waits in a short queue, retried at every reading and
+dropped (counted) past :data:`PENDING_MAX`, so a parent that stops reading
+never stops the guard. It is started with ``python -I -c``: no ``PYTHON*``
+variables and no working directory on ``sys.path`` (``python -m`` puts the
+working directory first: a ``json.py`` there would run in the guard, maybe
+as root); the parent hands it its own absolute ``sys.path`` entries.
 """
 
 from __future__ import annotations
@@ -30,8 +40,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from . import _guardlock
+from ._cgroup import CGROUP_ROOT
 from ._guard import prepare_process, run_guard
-from ._guardpolicy import GuardConfig, GuardKill, HostReading, Trigger
+from ._guardpolicy import GuardConfig, GuardHeld, GuardKill, HostReading, Trigger
 from ._proc import PROC_ROOT
 
 __all__ = ["GuardChild", "main"]
@@ -43,15 +55,47 @@ log = logging.getLogger("agentscope.guard")
 READY_TIMEOUT = 30.0
 #: A line longer than this from the child is not one of ours.
 MAX_LINE = 64 * 1024
+#: Lines the child keeps for a parent that does not read; older ones are dropped.
+PENDING_MAX = 64
+#: What the child runs: its sys.path is given, the package's directory first.
+BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
+    "from agentscope._guardproc import main; sys.exit(main())"
+)
 
 
 def _config_json(config: GuardConfig) -> str:
     return json.dumps(config.to_dict())
 
 
-def _write(obj: dict[str, Any]) -> None:
-    """One line to stdout with one write (a pipe keeps writes of <= PIPE_BUF whole)."""
-    os.write(1, (json.dumps(obj, separators=(",", ":")) + "\n").encode())
+class _Out:
+    """Lines to stdout, never blocking: each in one write (<= PIPE_BUF stays whole)."""
+
+    def __init__(self, fd: int = 1) -> None:
+        self.fd = fd
+        self.pending: list[bytes] = []
+        self.dropped = 0
+        os.set_blocking(fd, False)
+
+    def write(self, obj: dict[str, Any]) -> None:
+        """Queue one line and send what the pipe takes now."""
+        self.pending.append((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+        if len(self.pending) > PENDING_MAX:
+            del self.pending[0]
+            self.dropped += 1
+        self.flush()
+
+    def flush(self) -> None:
+        """Send the queued lines the pipe takes; keep the rest for later."""
+        while self.pending:
+            try:
+                os.write(self.fd, self.pending[0])
+            except BlockingIOError:
+                return
+            except BrokenPipeError:
+                self.pending.clear()
+                return
+            del self.pending[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--protect-pid", type=int, action="append", default=[])
     parser.add_argument("--protect-unit", action="append", default=[])
     parser.add_argument("--proc-root", type=Path, default=PROC_ROOT)
+    parser.add_argument("--cgroup-root", type=Path, default=CGROUP_ROOT)
+    parser.add_argument("--lock-dir", default="", help="the guard lock's directory ('': none)")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, format="agentscope-guard: %(message)s")
     config = GuardConfig(**json.loads(args.config))
@@ -74,22 +120,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     pids = frozenset({*args.protect_pid, os.getppid()})
     units = frozenset(args.protect_unit)
     last: list[Trigger | None] = [None]
+    out = _Out()
 
     def on_reading(reading: HostReading, trigger: Trigger | None) -> None:
+        out.flush()
         if trigger != last[0]:
             last[0] = trigger
-            _write({"trigger": trigger, "reading": reading.to_dict()})
+            out.write({"trigger": trigger, "reading": reading.to_dict()})
 
-    _write({"notes": notes})
+    out.write({"notes": notes})
     run_guard(
         config,
         args.slice,
         stop_fd=0,
-        on_kill=lambda kill: _write({"kill": kill.to_dict()}),
+        on_kill=lambda kill: out.write({"kill": kill.to_dict()}),
+        on_held=lambda held: out.write({"held": held.to_dict()}),
         protected=lambda: (pids, units),
         on_reading=on_reading,
         proc_root=args.proc_root,
+        cgroup_root=args.cgroup_root,
+        lock_dir=Path(args.lock_dir) if args.lock_dir else None,
     )
+    if out.dropped:
+        log.warning("%d lines to the parent were dropped: it did not read them", out.dropped)
     return 0
 
 
@@ -122,10 +175,14 @@ class GuardChild:
         unit_agent: Callable[[str], str | None] = lambda unit: None,
         protected: Callable[[], tuple[Any, Any]] = lambda: ((), ()),
         proc_root: Path = PROC_ROOT,
+        cgroup_root: Path = CGROUP_ROOT,
+        on_held: Callable[[GuardHeld], None] | None = None,
     ) -> None:
         self.config = config
         self.slice_path = Path(slice_path)
         self.proc_root = Path(proc_root)
+        self.cgroup_root = Path(cgroup_root)
+        self._on_held = on_held
         self._on_kill = on_kill
         self._unit_agent = unit_agent
         self._protected = protected
@@ -152,27 +209,34 @@ class GuardChild:
         if self._proc is not None:
             raise RuntimeError("this GuardChild was started before")
         pids, units = self._protected()
+        lock_dir = _guardlock.default_lock_dir()
+        # The package's own directory first, then the parent's absolute
+        # entries; never "" or a relative one (the working directory).
+        package_root = str(Path(__file__).resolve().parent.parent)
+        paths = [package_root, *(p for p in sys.path if os.path.isabs(p) and p != package_root)]
         argv = [
             sys.executable,
-            "-m",
-            "agentscope._guardproc",
+            "-I",
+            "-c",
+            BOOT,
+            json.dumps(paths),
             "--slice",
             os.fspath(self.slice_path),
             "--config",
             _config_json(self.config),
             "--proc-root",
             os.fspath(self.proc_root),
+            "--cgroup-root",
+            os.fspath(self.cgroup_root),
+            "--lock-dir",
+            os.fspath(lock_dir) if lock_dir is not None else "",
         ]
         for pid in sorted(pids):
             argv += ["--protect-pid", str(pid)]
         for unit in sorted(units):
             argv += ["--protect-unit", unit]
-        env = dict(os.environ)
-        # The child imports this very package, wherever it was imported from.
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         self._proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, cwd="/"
         )
         self._reader = threading.Thread(
             target=self._read, name="agentscope-guard-reader", daemon=True
@@ -216,6 +280,11 @@ class GuardChild:
                 kill = _kill_of(msg["kill"], self._unit_agent)
                 self.kills += 1
                 self._on_kill(kill)
+            elif "held" in msg:
+                if self._on_held is not None:
+                    self._on_held(
+                        GuardHeld(**{k: v for k, v in msg["held"].items() if k != "kind"})
+                    )
             elif "trigger" in msg:
                 self.last_reading = _reading_of(msg["reading"])
                 self.trigger = msg["trigger"]

@@ -191,6 +191,10 @@ class KillCounter:
         scopes = {u: s.oom_kill - s.pending for u, s in self._scopes.items()}
         return Baseline(None, slice_kills - pending, scopes)
 
+    def agents(self) -> dict[str, str]:
+        """The agent of each scope seen so far, by unit (the guard's names, known ahead)."""
+        return {u: s.agent for u, s in self._scopes.items() if s.agent is not None}
+
     def note_guard_kill(self, pid: int) -> None:
         """The guard killed ``pid``: its SIGKILL exit is not an OOM victim's."""
         self._guard_killed.add(pid)

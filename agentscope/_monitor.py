@@ -36,6 +36,7 @@ import select
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -47,7 +48,7 @@ from ._errors import AgentscopeError
 from ._escape import Attach, Escapee, EscapeLedger, reclaim
 from ._events import AgentExited, Escaped, Event, Pressure
 from ._guard import Guard, GuardHandle, Protected
-from ._guardpolicy import GuardConfig, GuardKill
+from ._guardpolicy import GuardConfig, GuardHeld, GuardKill
 from ._journal import MAX_LINE, parse_journal_entry, start_follower, stop_follower
 from ._killcount import JOURNAL_GRACE, KillCounter
 from ._proc import PROC_ROOT
@@ -179,6 +180,9 @@ class Monitor:
         self._guard_protect = guard_protect
         #: The running guard (None without one, or before start).
         self.guard: GuardHandle | None = None
+        # Each scope's agent, as the last sample knew it: the guard names its
+        # victims from this (its thread never waits on a registry).
+        self._guard_names: dict[str, str] = {}
         self._reclaim = reclaim_escaped
         self._escapes = EscapeLedger()
         self._next_audit = 0.0  # loop time of the next escape audit
@@ -270,13 +274,16 @@ class Monitor:
         self._task = loop.create_task(self._run(), name="agentscope-monitor")
 
     async def _start_guard(self, loop: asyncio.AbstractEventLoop, config: GuardConfig) -> None:
-        def deliver(event: GuardKill) -> None:
+        def deliver(event: GuardKill | GuardHeld) -> None:
             # From the guard's thread. A stalled loop runs it when it wakes: the
-            # kill is queued, never lost; a closed loop cannot take it any more.
+            # event is queued, never lost; a closed loop cannot take it any more.
             try:
-                loop.call_soon_threadsafe(self._emit_guard_kill, event)
+                loop.call_soon_threadsafe(self._emit_guard_event, event)
             except RuntimeError:
-                log.warning("guard kill after the monitor's loop closed: %r", event)
+                log.warning("guard event after the monitor's loop closed: %r", event)
+
+        def known_agent(unit: str) -> str | None:
+            return self._guard_names.get(unit)
 
         protected = self._guard_protect or (lambda: ((), ()))
         if config.process:
@@ -286,25 +293,34 @@ class Monitor:
                 config,
                 self.slice_path,
                 on_kill=deliver,
-                unit_agent=self.unit_agent,
+                on_held=deliver,
+                unit_agent=known_agent,
                 protected=protected,
                 proc_root=self.proc_root,
+                cgroup_root=self.cgroup_root,
             )
         else:
             self.guard = Guard(
                 config,
                 self.slice_path,
                 on_kill=deliver,
-                unit_agent=self.unit_agent,
+                on_held=deliver,
+                unit_agent=known_agent,
                 protected=protected,
                 proc_root=self.proc_root,
                 psi_trigger=self._psi_wanted,
+                cgroup_root=self.cgroup_root,
             )
         # mlockall, or spawning the guard process, are not for the loop's thread.
         await asyncio.to_thread(self.guard.start)
 
-    def _emit_guard_kill(self, event: GuardKill) -> None:
-        self._counter.note_guard_kill(event.pid)
+    def _emit_guard_event(self, event: GuardKill | GuardHeld) -> None:
+        if isinstance(event, GuardKill):
+            self._counter.note_guard_kill(event.pid)
+            if event.agent is None:
+                # A scope no sample had named yet: named now, after the kill,
+                # on the loop (the fleet's lookup may read its registry).
+                event = replace(event, agent=self.unit_agent(event.unit))
         self._emit(event)
 
     async def aclose(self) -> None:
@@ -599,6 +615,7 @@ class Monitor:
             self._watched = frozenset(sample.scopes)
         now = time.time()
         events, candidates = self._counter.count(sample, now)
+        self._guard_names = self._counter.agents()
         for event in events:
             self._emit(event)
         if candidates:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from agentscope import (
     AgentExited,
     Escaped,
+    GuardHeld,
     GuardKill,
     LimitFound,
     OomKill,
@@ -53,7 +54,16 @@ _PRESSURE_WINDOWS = ("avg10", "avg60", "avg300")
 _EVENT_KINDS = tuple(
     sorted(
         cls.kind
-        for cls in (OomKill, Throttled, Pressure, AgentExited, LimitFound, Escaped, GuardKill)
+        for cls in (
+            OomKill,
+            Throttled,
+            Pressure,
+            AgentExited,
+            LimitFound,
+            Escaped,
+            GuardKill,
+            GuardHeld,
+        )
     )
 )
 

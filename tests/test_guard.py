@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import AsyncFleet, GuardConfig, GuardKill, HostUnderPressure, InvalidConfig, _guard
+from agentscope import (
+    AsyncFleet,
+    GuardConfig,
+    GuardKill,
+    HostUnderPressure,
+    InvalidConfig,
+    _guard,
+    _guardlock,
+)
 from agentscope._events import Event
 from agentscope._guard import Guard, admit, kill_process, run_guard
 from agentscope._guardcause import CauseTracker
@@ -136,7 +144,7 @@ def kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(HostReader, "read", holding_kernel(HostReader.read))
     monkeypatch.setattr(CauseTracker, "sample", holding_kernel(CauseTracker.sample))
     monkeypatch.setattr(CauseTracker, "blame", holding_kernel(CauseTracker.blame))
-    monkeypatch.setattr(_guard, "default_lock_dir", lambda: tmp_path / "locks")
+    monkeypatch.setattr(_guardlock, "default_lock_dir", lambda: tmp_path / "locks")
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ exited), a cgroup that cannot be listed, a victim that left the slice.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,8 +34,10 @@ from agentscope._guardpolicy import (
     PressureClock,
     under_pressure,
 )
+from agentscope._guardproc import PENDING_MAX, GuardChild, _Out
 from agentscope._guardscan import measure, scan_candidates, scan_slice_processes
 from agentscope._memsources import parse_swaps, parse_vmstat_refaults
+from agentscope._monitor import Monitor
 from tests.fakefs import PAGE, format_pressure, make_cgroup, make_proc, write
 from tests.test_guard import (  # noqa: F401 (fixtures)
     FAST,
@@ -460,3 +464,78 @@ def test_a_guard_without_a_lock_directory_acts_alone(
         os.close(r)
         os.close(w)
     assert [k.pid for k in got] == [sleeper.pid]
+
+
+# -- nothing a squeeze stalls between the decision and the kill -------------
+
+
+def test_the_guard_process_never_blocks_on_a_parent_that_does_not_read() -> None:
+    r, w = os.pipe()
+    try:
+        out = _Out(w)
+        started = time.monotonic()
+        for i in range(5000):  # far more than the pipe holds (64 KiB)
+            out.write({"kill": {"pid": i, "pad": "x" * 200}})
+        assert time.monotonic() - started < 2.0
+        assert len(out.pending) == PENDING_MAX
+        assert out.dropped > 0
+        # The parent reads again: the queue drains, whole lines in order.
+        os.set_blocking(r, False)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(r, 1 << 16):
+                pass
+        out.flush()
+        assert out.pending == []
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_the_guard_process_imports_nothing_from_the_working_directory(
+    tree: Tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted = tmp_path / "cwd"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (planted / "argparse.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    tree.host(50, 50)
+    child = GuardChild(FAST, tree.slice, on_kill=lambda k: None, proc_root=tree.proc)
+    child.start()
+    try:
+        assert child.running
+        assert child._ready.wait(WAIT)
+    finally:
+        child.stop()
+    assert not marker.exists()
+
+
+async def test_a_hog_elsewhere_is_a_guard_held_event_of_the_monitor(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("python3", 900, 200)})
+    set_current(tree.slice, 910)
+    outside(tree, "system.slice", 6000)
+    got: list[object] = []
+    mon = Monitor(
+        slice_path=tree.slice,
+        unit_agent=unit_agent,
+        interval=0.05,
+        cgroup_root=tree.cg,
+        proc_root=tree.proc,
+        kmsg=None,
+        on_event=got.append,
+        guard=FAST,
+    )
+    async with mon:
+        tree.host(5, 1)
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if any(isinstance(e, GuardHeld) for e in got):
+                break
+    held = [e for e in got if isinstance(e, GuardHeld)]
+    assert [(h.culprit, h.reason) for h in held] == [("/system.slice", "size")]
+    assert not any(isinstance(e, GuardKill) for e in got)
+    assert sleeper.poll() is None
