@@ -83,7 +83,7 @@ NEAR_FACTOR = 1.5
 PREPARED_FOR = 1.0
 #: Near the threshold the slice is scanned again at most this often: the
 #: scan's cost is bounded (docs/benchmarks.md, bench_guard_scan.py).
-NEAR_RESCAN = 0.5
+NEAR_RESCAN = 0.6
 #: How many past victims are remembered (never chosen again while listed).
 KILLED_KEPT = 256
 #: process_mrelease(2), Linux 5.15; the same number on every architecture
@@ -288,6 +288,8 @@ class _Loop:
         self.ready: tuple[float, tuple[SliceProcess, str] | None] | None = None
         # Said once per squeeze: the guard held its hand (reset when it clears).
         self.held = False
+        # pid -> (start time, comm) of the slice's processes, from scan to scan.
+        self.known: dict[int, tuple[int, str]] = {}
 
     def _skipped(self, path: str, exc: OSError) -> None:
         _say_once(f"skip:{path}", "cannot list %s (%s): scanning the rest", path, exc)
@@ -338,6 +340,7 @@ class _Loop:
             protected_units=units,
             excluded=self.killed,
             on_skip=self._skipped,
+            known=self.known,
         )
         victim = pick_victim(scan.processes, self.config.descendant_share, self.proc_root)
         if victim is None:

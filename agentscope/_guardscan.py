@@ -46,6 +46,8 @@ OOM_SCORE_ADJ_MIN = -1000
 SHARED_SLACK = 64 << 20
 #: Threads looked at for a process whose main thread exited.
 MAX_THREADS_LOOKED = 16
+#: Start times remembered between scans (past this, forgotten at once).
+KNOWN_KEPT = 65536
 
 OnSkip = Callable[[str, OSError], None]
 
@@ -141,15 +143,20 @@ def _scope_procs(scope: str, on_skip: OnSkip | None) -> Iterable[int]:
                 on_skip(path, exc)
 
 
+def _kb_after(data: bytes, key: bytes) -> int | None:
+    """The number after ``key`` (``b"\\nVmRSS:"``) in a ``status``, in bytes; None: no line."""
+    at = data.find(key)
+    if at < 0:
+        return None
+    end = data.find(b"\n", at + len(key))
+    value = data[at + len(key) : end if end >= 0 else len(data)].split()
+    return int(value[0]) << 10 if value and value[0].isdigit() else None
+
+
 def _vm_sizes(data: bytes) -> tuple[int, int] | None:
     """(VmRSS, VmSwap) bytes from a ``status``; None when it has no VmRSS line."""
-    rss = swap = None
-    for line in data.splitlines():
-        if line.startswith(b"VmRSS:"):
-            rss = int(line.split()[1]) << 10
-        elif line.startswith(b"VmSwap:"):
-            swap = int(line.split()[1]) << 10
-    return None if rss is None else (rss, swap or 0)
+    rss = _kb_after(data, b"\nVmRSS:")
+    return None if rss is None else (rss, _kb_after(data, b"\nVmSwap:") or 0)
 
 
 def measure(pid: int, proc_root: Path = PROC_ROOT) -> tuple[ProcStat, int, int] | None:
@@ -270,6 +277,18 @@ def _charge(path: str) -> int | None:
     return int(current) + extra
 
 
+def _sizes(pid: int, proc_root: Path) -> tuple[int, int] | None:
+    """(VmRSS, VmSwap) from one read of ``status``; a zombie leader via its threads."""
+    status = _read_kernel_file(f"{os.fspath(proc_root)}/{pid}/status")
+    if status is None:
+        return None
+    sizes = _vm_sizes(status)
+    if sizes is not None and b"\nState:\tZ" not in status:
+        return sizes
+    measured = measure(pid, proc_root)
+    return None if measured is None else (measured[1], measured[2])
+
+
 def scan_candidates(
     slice_path: Path,
     proc_root: Path = PROC_ROOT,
@@ -279,16 +298,23 @@ def scan_candidates(
     protected_units: Collection[str] = (),
     excluded: Collection[tuple[int, int]] = (),
     on_skip: OnSkip | None = None,
+    known: dict[int, tuple[int, str]] | None = None,
 ) -> Scan:
-    """The processes of the scopes that may hold the largest eligible process.
+    """The processes of the scope that holds the largest eligible process.
 
-    Scopes are read in the order of their charge (largest first); a scope
-    whose charge (plus :data:`SHARED_SLACK`) is below both ``floor`` and the
-    largest eligible process found so far is not read, nor any after it.
-    Each read scope is listed whole (its main process is its oldest).
-    Processes in ``excluded`` ((pid, start time): past victims) and those
-    smaller than ``floor`` are ineligible; ``oom_score_adj`` is read only
-    for the processes that could be chosen.
+    First every process is sized from one read of its ``status``, scope by
+    scope in the order of their charge (largest first); a scope whose
+    charge (plus :data:`SHARED_SLACK`) is below both ``floor`` and the
+    largest process found so far is not read, nor any after it. Then only
+    the largest one's scope is read whole (``stat``: start times, for its
+    main process; whether it is dying): when the largest turns out not
+    eligible (dying, a past victim in ``excluded``, ``oom_score_adj``
+    -1000), the next largest is taken. Processes smaller than ``floor`` are
+    ineligible. :func:`pick_victim` then applies the victim rule to
+    :attr:`Scan.processes`, the runaway's scope. ``known`` (pid -> (start
+    time, comm)), kept by the caller from one scan to the next, spares the
+    ``stat`` of the processes seen before (a pid reused since is caught:
+    the runaway's and the victim's ``stat`` are read afresh).
 
     Raises:
         OSError: other than processes or cgroups vanishing.
@@ -299,38 +325,93 @@ def scan_candidates(
         if unit not in protected_units and not is_tmux_unit(unit)
     ]
     order = sorted(scopes, key=lambda s: -(s.charge if s.charge is not None else 1 << 62))
-    found: list[SliceProcess] = []
-    scanned = set()
-    best = 0
-    for scope in order:
-        if scope.charge is not None and scope.charge + SHARED_SLACK < max(best, floor):
-            break
-        scanned.add(scope.unit)
-        for p in _scan_scope(scope.unit, scope.path, proc_root, False, protected_pids, on_skip):
-            if p.eligible and (p.size < floor or (p.pid, p.start_time) in excluded):
-                p = replace(p, eligible=False)
-            if p.eligible and p.size > best:
-                if _unkillable(p, proc_root):
-                    p = replace(p, eligible=False)
-                else:
-                    best = p.size
-            found.append(p)
-    return Scan(found, scopes, frozenset(scanned))
+    own = os.getpid()
+    sized: dict[str, list[tuple[int, int, int]]] = {}  # unit -> (pid, rss, swap)
+    refused: set[int] = set()
+    while True:
+        best: tuple[int, int, ScopeCharge] | None = None  # (size, pid, scope)
+        for scope in order:
+            limit = max(best[0] if best else 0, floor)
+            if scope.charge is not None and scope.charge + SHARED_SLACK < limit:
+                break
+            if scope.unit not in sized:
+                entries = []
+                for pid in _scope_procs(scope.path, on_skip):
+                    sizes = _sizes(pid, proc_root)
+                    if sizes is not None:
+                        entries.append((pid, *sizes))
+                sized[scope.unit] = entries
+            for pid, rss, swap in sized[scope.unit]:
+                size = rss + swap
+                if size < floor or pid in refused or pid == own or pid in protected_pids:
+                    continue
+                if best is None or (size, -pid) > (best[0], -best[1]):
+                    best = (size, pid, scope)
+        if best is None:
+            return Scan([], scopes, frozenset(sized))
+        _, pid, scope = best
+        cache = {} if known is None else known
+        fresh = _stat_of(pid, proc_root, cache)  # the runaway: its stat now
+        procs = []
+        for p, rss, swap in sized[scope.unit]:
+            stat = cache.get(p) or _stat_of(p, proc_root, cache)
+            if stat is None:
+                continue  # exited meanwhile
+            start, comm = stat
+            eligible = not (
+                p == own
+                or p in protected_pids
+                or rss + swap < floor
+                or (p, start) in excluded
+                or (p == pid and (fresh is None or _dying(p, proc_root)))
+            )
+            procs.append(SliceProcess(p, start, comm, scope.unit, rss, swap, eligible))
+        runaway = next((p for p in procs if p.pid == pid), None)
+        if runaway is None or not runaway.eligible or _unkillable(runaway, proc_root):
+            refused.add(pid)
+            continue
+        if len(cache) > KNOWN_KEPT:
+            cache.clear()
+        return Scan(procs, scopes, frozenset(sized))
+
+
+def _stat_of(
+    pid: int, proc_root: Path, cache: dict[int, tuple[int, str]]
+) -> tuple[int, str] | None:
+    """(start time, comm) of ``pid`` read now, into ``cache``; None when gone."""
+    raw = _read_kernel_file(f"{os.fspath(proc_root)}/{pid}/stat")
+    if raw is None:
+        cache.pop(pid, None)
+        return None
+    stat = parse_stat(raw)
+    cache[pid] = (stat.start_time, stat.comm)
+    return cache[pid]
+
+
+def _dying(pid: int, proc_root: Path) -> bool:
+    """Killed or exiting (a zombie leader whose threads run is not); True when gone."""
+    measured = measure(pid, proc_root)
+    return measured is None or measured[0].dying
 
 
 def pick_victim(
     processes: Sequence[SliceProcess], descendant_share: float, proc_root: Path = PROC_ROOT
 ) -> Victim | None:
-    """:func:`choose_victim`, reading ``oom_score_adj`` only for the one chosen.
+    """:func:`choose_victim`, checking the one chosen: not dying, not at -1000.
 
-    A victim at -1000 is marked ineligible and the choice made again.
+    Its ``stat`` (dying: a zombie, exiting, SIGKILL pending) and
+    ``oom_score_adj`` are read for the victim only; one that fails is marked
+    ineligible and the choice made again.
     """
     procs = list(processes)
     for _ in range(len(procs) + 1):
         victim = choose_victim(procs, descendant_share)
-        if victim is None or not _unkillable(victim.process, proc_root):
+        if victim is None:
+            return None
+        proc = victim.process
+        if not _unkillable(proc, proc_root) and not _dying(proc.pid, proc_root):
             return victim
-        procs = [replace(p, eligible=False) if p is victim.process else p for p in procs]
+        procs = [replace(p, eligible=False) if p is proc else p for p in procs]
     return None
 
 

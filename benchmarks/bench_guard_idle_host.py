@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentscope._guard import Guard, _Loop
+from agentscope._guardlock import SliceLock
 from agentscope._guardpolicy import GuardConfig
 from agentscope._proc import PROC_ROOT
 from tests import fakefs
@@ -60,7 +61,17 @@ def main() -> None:
     config = GuardConfig(lock_memory=False)
     with tempfile.TemporaryDirectory() as tmp:
         slice_dir = _fake_slice(Path(tmp), args.agents)
-        loop = _Loop(config, slice_dir, PROC_ROOT, lambda u: None, lambda: ((), ()), print, None)
+        loop = _Loop(
+            config,
+            slice_dir,
+            PROC_ROOT,
+            lambda u: None,
+            lambda: ((), ()),
+            print,
+            None,
+            cgroup_root=Path(tmp),
+            lock=SliceLock(slice_dir, None),
+        )
         timeout, _ = loop.step()
         start = time.perf_counter()
         for _ in range(args.steps):
@@ -75,7 +86,9 @@ def main() -> None:
             c0, t0 = _cpu(), time.monotonic()
             time.sleep(args.seconds)
             base = (_cpu() - c0) / (time.monotonic() - t0)
-            guard = Guard(config, slice_dir, on_kill=print, psi_trigger=False)
+            guard = Guard(
+                config, slice_dir, on_kill=print, psi_trigger=False, cgroup_root=Path(tmp)
+            )
             guard.start()
             try:
                 c0, t0 = _cpu(), time.monotonic()
