@@ -10,28 +10,24 @@ freezes: issue #20). So:
   of its own runs it. It reads the host with raw ``os.read`` calls, sleeps
   in ``epoll`` on a PSI trigger (where the kernel permits one) and a stop
   pipe, and polls at the adaptive interval otherwise.
-- :func:`prepare_process` locks the process's pages (``mlockall`` with
-  ``MCL_ONFAULT``: only the pages in use, not every reserved arena) and,
-  when configured, lowers its ``oom_score_adj``; what it cannot do it says
-  once and goes on.
-- :func:`kill_process` signals through a pidfd after re-checking the
-  start time (no pid-reuse race), then calls ``process_mrelease`` so the
-  memory comes back before the victim has finished exiting.
+- :func:`prepare_process` and :func:`kill_process` (from
+  :mod:`agentscope._guardkill`) lock the guard's pages and kill a victim
+  after re-checking its start time and its scope.
+- :class:`~agentscope._guardcause.CauseTracker` says whether the agents
+  slice caused a shortage; :class:`~agentscope._guardlock.SliceLock` lets
+  one guard act per slice.
 - :func:`admit` is the fleet's admission control over its guards.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import os
 import select
-import signal
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -39,6 +35,7 @@ from . import _guardlock
 from ._cgroup import CGROUP_ROOT, arm_psi_trigger
 from ._errors import HostUnderPressure
 from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
+from ._guardkill import _kill, _Killed, _say_once, kill_process, prepare_process
 from ._guardlock import RETRY_EVERY, SliceLock
 from ._guardpolicy import (
     CMDLINE_LEN,
@@ -55,7 +52,7 @@ from ._guardpolicy import (
     read_scope_stalls,
 )
 from ._guardscan import measure, pick_victim, scan_candidates
-from ._proc import PROC_ROOT, read_cgroup, read_cmdline, read_stat
+from ._proc import PROC_ROOT, read_cmdline
 
 __all__ = [
     "Guard",
@@ -86,140 +83,6 @@ PREPARED_FOR = 1.0
 NEAR_RESCAN = 0.6
 #: How many past victims are remembered (never chosen again while listed).
 KILLED_KEPT = 256
-#: process_mrelease(2), Linux 5.15; the same number on every architecture
-#: with the generic syscall table (and x86-64).
-SYS_PROCESS_MRELEASE = 448
-_MCL_CURRENT, _MCL_FUTURE, _MCL_ONFAULT = 1, 2, 4
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_said: set[str] = set()  # the "cannot" notes already logged, once per process
-
-
-def _say_once(key: str, message: str, *args: object) -> None:
-    if key not in _said:
-        _said.add(key)
-        log.warning(message, *args)
-
-
-# ---------------------------------------------------------------------------
-# The process the guard runs in
-
-
-def _lock_memory() -> str | None:
-    """mlockall the current process; None when done, else why not."""
-    flags = _MCL_CURRENT | _MCL_FUTURE | _MCL_ONFAULT
-    if _libc.mlockall(flags) == 0:
-        return None
-    err = ctypes.get_errno()
-    if err == errno.EINVAL:  # a kernel before 4.4 has no MCL_ONFAULT
-        if _libc.mlockall(_MCL_CURRENT | _MCL_FUTURE) == 0:
-            return None
-        err = ctypes.get_errno()
-    return os.strerror(err)
-
-
-def prepare_process(config: GuardConfig, proc_root: Path = PROC_ROOT) -> list[str]:
-    """Lock this process's memory and set its oom_score_adj as ``config`` asks.
-
-    mlockall(``MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT``) locks the pages in
-    use and those faulted in later, so the guard's code and data are never
-    swapped out or dropped under pressure. Without CAP_IPC_LOCK the kernel
-    refuses when the process maps more than ``RLIMIT_MEMLOCK`` (8 MiB by
-    default): the reason is logged once and the guard runs unlocked.
-    Returns the notes of what could not be done (empty: all done).
-    """
-    notes: list[str] = []
-    if config.lock_memory:
-        reason = _lock_memory()
-        if reason is not None:
-            note = f"cannot lock the guard's memory (mlockall: {reason}); running unlocked"
-            _say_once("mlock", "%s", note)
-            notes.append(note)
-    if config.oom_score_adj is not None:
-        try:
-            with open(proc_root / "self" / "oom_score_adj", "w") as f:
-                f.write(f"{config.oom_score_adj}\n")
-        except OSError as exc:
-            note = f"cannot set the guard's oom_score_adj to {config.oom_score_adj}: {exc}"
-            _say_once("oom_score_adj", "%s", note)
-            notes.append(note)
-    return notes
-
-
-# ---------------------------------------------------------------------------
-# The kill
-
-
-@dataclass(frozen=True, slots=True)
-class _Killed:
-    pidfd: int
-    released: bool
-    signalled_at: float  # time.monotonic()
-
-
-def _mrelease(pidfd: int) -> bool:
-    """process_mrelease(pidfd): reap a killed process's memory now; False when refused."""
-    if _libc.syscall(SYS_PROCESS_MRELEASE, pidfd, 0) == 0:
-        return True
-    err = ctypes.get_errno()
-    # ENOSYS: before 5.15; EINVAL: not dying yet, or its memory already
-    # released; ESRCH: exited already. The memory then returns as it exits.
-    key = f"mrelease:{err}"
-    if key not in _said:
-        _said.add(key)
-        log.info(
-            "process_mrelease refused (%s): memory returns as the victim exits", os.strerror(err)
-        )
-    return False
-
-
-def kill_process(pid: int, start_time: int, proc_root: Path = PROC_ROOT) -> bool | None:
-    """SIGKILL ``pid`` if it is still the process that started at ``start_time``.
-
-    Opens a pidfd first, then re-reads the start time, so the signal goes
-    to that process and never to another that took its pid. Returns None
-    when it was not signalled (gone, or its pid reused), else whether
-    ``process_mrelease`` gave its memory back at once.
-
-    Raises:
-        OSError: other than the process being gone (EPERM: another user's).
-    """
-    killed = _kill(pid, start_time, proc_root)
-    if killed is None:
-        return None
-    os.close(killed.pidfd)
-    return killed.released
-
-
-def _kill(
-    pid: int, start_time: int, proc_root: Path, in_scope: tuple[str, str] | None = None
-) -> _Killed | None:
-    """pidfd, the re-checks (start time; ``in_scope``: (slice name, unit) still), SIGKILL."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    try:
-        stat = read_stat(pid, proc_root)
-        if stat is None or stat.start_time != start_time:
-            os.close(pidfd)
-            return None
-        # Chosen up to a second ago: a process that left the slice since
-        # (moved by its owner, or by systemd) is no longer the guard's.
-        if in_scope is not None and not _in_scope(pid, *in_scope, proc_root):
-            os.close(pidfd)
-            return None
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except ProcessLookupError:
-        os.close(pidfd)
-        return None
-    except BaseException:
-        os.close(pidfd)
-        raise
-    at = time.monotonic()
-    return _Killed(pidfd, _mrelease(pidfd), at)
-
-
 # ---------------------------------------------------------------------------
 # The loop
 
@@ -240,12 +103,6 @@ def _sanitise(text: str) -> str:
     """A cmdline as one printable line (another user's process names it as it likes)."""
     clean = "".join(c if c.isprintable() else "?" for c in text)
     return clean[:CMDLINE_LEN]
-
-
-def _in_scope(pid: int, slice_name: str, unit: str, proc_root: Path) -> bool:
-    """``pid`` is still in ``unit`` under the slice (``/proc/PID/cgroup``), at any depth."""
-    path = read_cgroup(pid, proc_root)
-    return path is not None and f"/{slice_name}/{unit}/" in path + "/"
 
 
 Protected = Callable[[], tuple[Collection[int], Collection[str]]]
@@ -342,6 +199,15 @@ class _Loop:
             on_skip=self._skipped,
             known=self.known,
         )
+        if scan.unheld is not None:
+            unit, amount = scan.unheld
+            _say_once(
+                f"unheld:{unit}",
+                "%s holds %d MiB that no process maps and none holds open (tmpfs files): "
+                "no kill gives it back; the largest process is chosen instead",
+                self.unit_agent(unit) or unit,
+                amount >> 20,
+            )
         victim = pick_victim(scan.processes, self.config.descendant_share, self.proc_root)
         if victim is None:
             return None

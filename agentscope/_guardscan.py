@@ -48,6 +48,8 @@ SHARED_SLACK = 64 << 20
 MAX_THREADS_LOOKED = 16
 #: Start times remembered between scans (past this, forgotten at once).
 KNOWN_KEPT = 65536
+#: Open files looked at per process for a memfd.
+MAX_FDS_LOOKED = 1024
 
 OnSkip = Callable[[str, OSError], None]
 
@@ -68,11 +70,12 @@ class SliceProcess:
     rss: int
     swap: int
     eligible: bool = True
+    hidden: int = 0
 
     @property
     def size(self) -> int:
-        """RSS + swap: what killing it gives back."""
-        return self.rss + self.swap
+        """RSS + swap (+ ``hidden``: memfds it holds unmapped): what killing it gives back."""
+        return self.rss + self.swap + self.hidden
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,9 @@ class Scan:
     processes: list[SliceProcess]
     scopes: list[ScopeCharge]
     scanned: frozenset[str] = field(default_factory=frozenset)
+    #: Memory charged to a scope and held by none of its processes (tmpfs
+    #: files): (unit, bytes), when it outweighs every process; killing frees none.
+    unheld: tuple[str, int] | None = None
 
 
 def scopes_of(slice_path: Path | str) -> list[tuple[str, str]]:
@@ -277,16 +283,16 @@ def _charge(path: str) -> int | None:
     return int(current) + extra
 
 
-def _sizes(pid: int, proc_root: Path) -> tuple[int, int] | None:
-    """(VmRSS, VmSwap) from one read of ``status``; a zombie leader via its threads."""
+def _sizes(pid: int, proc_root: Path) -> tuple[int, int, int] | None:
+    """(VmRSS, VmSwap, RssShmem) from one read of ``status``; a zombie leader via its threads."""
     status = _read_kernel_file(f"{os.fspath(proc_root)}/{pid}/status")
     if status is None:
         return None
     sizes = _vm_sizes(status)
     if sizes is not None and b"\nState:\tZ" not in status:
-        return sizes
+        return (*sizes, _kb_after(status, b"\nRssShmem:") or 0)
     measured = measure(pid, proc_root)
-    return None if measured is None else (measured[1], measured[2])
+    return None if measured is None else (measured[1], measured[2], 0)
 
 
 def scan_candidates(
@@ -316,6 +322,13 @@ def scan_candidates(
     ``stat`` of the processes seen before (a pid reused since is caught:
     the runaway's and the victim's ``stat`` are read afresh).
 
+    Memory charged to a scope and mapped by none of its processes (its
+    ``memory.stat`` ``shmem`` less their ``RssShmem``: memfds, tmpfs
+    files) is the scope's: when it outweighs the largest process, the
+    scope's processes that hold a memfd open carry it (killing them gives
+    it back); when none does (tmpfs files, which no kill frees)
+    :attr:`Scan.unheld` says so and the largest process is chosen as ever.
+
     Raises:
         OSError: other than processes or cgroups vanishing.
     """
@@ -326,8 +339,9 @@ def scan_candidates(
     ]
     order = sorted(scopes, key=lambda s: -(s.charge if s.charge is not None else 1 << 62))
     own = os.getpid()
-    sized: dict[str, list[tuple[int, int, int]]] = {}  # unit -> (pid, rss, swap)
+    sized: dict[str, list[tuple[int, int, int, int]]] = {}  # unit -> (pid, rss, swap, shmem)
     refused: set[int] = set()
+    unheld: tuple[str, int] | None = None
     while True:
         best: tuple[int, int, ScopeCharge] | None = None  # (size, pid, scope)
         for scope in order:
@@ -341,38 +355,123 @@ def scan_candidates(
                     if sizes is not None:
                         entries.append((pid, *sizes))
                 sized[scope.unit] = entries
-            for pid, rss, swap in sized[scope.unit]:
+            for pid, rss, swap, _ in sized[scope.unit]:
                 size = rss + swap
                 if size < floor or pid in refused or pid == own or pid in protected_pids:
                     continue
                 if best is None or (size, -pid) > (best[0], -best[1]):
                     best = (size, pid, scope)
+        hidden = {}
+        held = _hidden_holder(order, sized, max(best[0] if best else 0, floor), proc_root)
+        if held is not None and held[0] not in refused:
+            pid, scope, amount = held
+            entry = next(e for e in sized[scope.unit] if e[0] == pid)
+            best, hidden = (entry[1] + entry[2] + amount, pid, scope), {pid: amount}
         if best is None:
-            return Scan([], scopes, frozenset(sized))
+            return Scan([], scopes, frozenset(sized), _unheld(order, sized, floor))
         _, pid, scope = best
         cache = {} if known is None else known
         fresh = _stat_of(pid, proc_root, cache)  # the runaway: its stat now
         procs = []
-        for p, rss, swap in sized[scope.unit]:
+        for p, rss, swap, _ in sized[scope.unit]:
             stat = cache.get(p) or _stat_of(p, proc_root, cache)
             if stat is None:
                 continue  # exited meanwhile
             start, comm = stat
+            extra = hidden.get(p, 0)
             eligible = not (
                 p == own
                 or p in protected_pids
-                or rss + swap < floor
+                or rss + swap + extra < floor
                 or (p, start) in excluded
                 or (p == pid and (fresh is None or _dying(p, proc_root)))
             )
-            procs.append(SliceProcess(p, start, comm, scope.unit, rss, swap, eligible))
+            procs.append(SliceProcess(p, start, comm, scope.unit, rss, swap, eligible, extra))
         runaway = next((p for p in procs if p.pid == pid), None)
         if runaway is None or not runaway.eligible or _unkillable(runaway, proc_root):
             refused.add(pid)
             continue
         if len(cache) > KNOWN_KEPT:
             cache.clear()
-        return Scan(procs, scopes, frozenset(sized))
+        if not hidden:
+            unheld = _unheld(order, sized, runaway.size)
+        return Scan(procs, scopes, frozenset(sized), unheld)
+
+
+def _unmapped_shmem(path: str, sized: list[tuple[int, int, int, int]]) -> int:
+    """A scope's ``shmem`` (``memory.stat``, bytes) less what its processes map (RssShmem)."""
+    try:
+        data = _read_kernel_file(path + "/memory.stat")
+    except OSError:
+        return 0
+    if data is None:
+        return 0
+    data = b"\n" + data
+    at = data.find(b"\nshmem ")
+    if at < 0:
+        return 0
+    end = data.find(b"\n", at + 7)
+    value = data[at + 7 : end if end >= 0 else len(data)].strip()
+    shmem = int(value) if value.isdigit() else 0
+    return max(shmem - sum(entry[3] for entry in sized), 0)
+
+
+def memfd_holders(pids: Iterable[int], proc_root: Path = PROC_ROOT) -> list[int]:
+    """The pids among ``pids`` that hold a memfd open (``/proc/PID/fd/N`` -> ``/memfd:...``)."""
+    found = []
+    for pid in pids:
+        base = f"{os.fspath(proc_root)}/{pid}/fd"
+        try:
+            names = os.listdir(base)[:MAX_FDS_LOOKED]
+        except OSError:
+            continue  # gone, or another user's
+        for name in names:
+            try:
+                if os.readlink(f"{base}/{name}").startswith("/memfd:"):
+                    found.append(pid)
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def _hidden_of(
+    order: list[ScopeCharge], sized: dict[str, list[tuple[int, int, int, int]]]
+) -> list[tuple[int, ScopeCharge]]:
+    """(unmapped shmem, scope) of each scope read, the largest first."""
+    found = [(_unmapped_shmem(s.path, sized[s.unit]), s) for s in order if s.unit in sized]
+    return sorted((f for f in found if f[0] > 0), key=lambda f: -f[0])
+
+
+def _hidden_holder(
+    order: list[ScopeCharge],
+    sized: dict[str, list[tuple[int, int, int, int]]],
+    over: int,
+    proc_root: Path,
+) -> tuple[int, ScopeCharge, int] | None:
+    """The memfd holder that carries the largest scope's unmapped shmem, when it outweighs ``over``.
+
+    (pid, scope, the shmem); None when no scope's outweighs ``over`` or no
+    process of it holds a memfd.
+    """
+    for amount, scope in _hidden_of(order, sized):
+        if amount <= over:
+            return None
+        entries = {e[0]: e for e in sized[scope.unit]}
+        holders = memfd_holders(entries, proc_root)
+        if holders:
+            pid = max(holders, key=lambda p: (entries[p][1] + entries[p][2], -p))
+            return pid, scope, amount
+    return None
+
+
+def _unheld(
+    order: list[ScopeCharge], sized: dict[str, list[tuple[int, int, int, int]]], over: int
+) -> tuple[str, int] | None:
+    """The scope whose unmapped shmem (held by no process) outweighs ``over``."""
+    for amount, scope in _hidden_of(order, sized):
+        return (scope.unit, amount) if amount > over else None
+    return None
 
 
 def _stat_of(

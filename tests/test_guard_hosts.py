@@ -35,7 +35,7 @@ from agentscope._guardpolicy import (
     under_pressure,
 )
 from agentscope._guardproc import PENDING_MAX, GuardChild, _Out
-from agentscope._guardscan import measure, scan_candidates, scan_slice_processes
+from agentscope._guardscan import choose_victim, measure, scan_candidates, scan_slice_processes
 from agentscope._memsources import parse_swaps, parse_vmstat_refaults
 from agentscope._monitor import Monitor
 from tests.fakefs import PAGE, format_pressure, make_cgroup, make_proc, write
@@ -539,3 +539,26 @@ async def test_a_hog_elsewhere_is_a_guard_held_event_of_the_monitor(
     assert [(h.culprit, h.reason) for h in held] == [("/system.slice", "size")]
     assert not any(isinstance(e, GuardKill) for e in got)
     assert sleeper.poll() is None
+
+
+def test_memory_in_a_memfd_is_charged_to_the_process_that_holds_it(tree: Tree) -> None:
+    # 2 GiB in a memfd nobody maps: charged to the scope (memory.stat shmem),
+    # in no process's RSS. Its holder (a 30 MiB tool call) is the runaway,
+    # not the 900 MiB process of another agent.
+    unit = tree.scope("a", {10: ("claude", 20, 100), 11: ("node", 30, 200)}, hidden=2 << 30)
+    write(tree.slice / unit / "memory.stat", f"anon {50 << 20}\nfile 0\nshmem {2 << 30}\n")
+    (tree.proc / "11" / "fd").mkdir()
+    os.symlink("/memfd:blob (deleted)", tree.proc / "11" / "fd" / "3")
+    tree.scope("b", {20: ("claude", 10, 100), 21: ("python3", 900, 200)}, token="d4e5f6")
+    scan = scan_candidates(tree.slice, tree.proc, floor=80 << 20)
+    victim = choose_victim(scan.processes, 0.25)
+    assert victim is not None
+    assert (victim.process.pid, victim.process.hidden) == (11, 2 << 30)
+    # The same memory in tmpfs files: held by no process, no kill frees it;
+    # the largest process goes, and the scan says where the memory is.
+    os.unlink(tree.proc / "11" / "fd" / "3")
+    scan = scan_candidates(tree.slice, tree.proc, floor=80 << 20)
+    victim = choose_victim(scan.processes, 0.25)
+    assert victim is not None
+    assert victim.process.pid == 21
+    assert scan.unheld == (unit, 2 << 30)
