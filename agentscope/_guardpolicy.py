@@ -24,7 +24,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Final, Literal
 
@@ -298,6 +298,7 @@ class HostReader:
         if sys_root is None:
             sys_root = Path("/sys") if proc_root == PROC_ROOT else Path(proc_root).parent / "sys"
         self._sources = MemSources(Path(proc_root), sys_root)
+        self._last_full_total: int | None = None
 
     def read(self, now: float) -> HostReading:
         """A reading now.
@@ -313,7 +314,14 @@ class HostReader:
             except OSError as exc:  # PSI switched off for good (cgroup.pressure, Linux 6.5+)
                 if exc.errno not in _GONE_OR_UNSUPPORTED:
                     raise
-        reading = _reading(meminfo, psi, now, refaults=self._sources.refaults())
+        reading = _reading(meminfo, psi, now)
+        # The refault counters matter only to the thrash rule, which needs
+        # PSI full stalls: on a host that stalled not at all since the last
+        # reading, /proc/vmstat (the dearest of these files) is not read.
+        full_total = reading.psi_full_total
+        if full_total is not None and full_total != self._last_full_total:
+            reading = replace(reading, refaults=self._sources.refaults())
+        self._last_full_total = full_total
         if reading.swap_total:
             zram = self._sources.zram()
             if zram.swap_total:
