@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from agentscope import RegistryError
 from agentscope._contract import monitor_event_dict, stamped
 
 from . import _fleet, _render
@@ -258,12 +259,21 @@ def monitor(
     face: HttpFace | None = None
     interrupted = False
     try:
-        with (
-            fleet_of(ctx) as fleet,
-            fleet.monitor(
-                interval=interval, top=top, guard=guard_config, reclaim_escaped=reclaim_escaped
-            ) as stream,
-        ):
+        with contextlib.ExitStack() as stack:
+            try:
+                fleet = stack.enter_context(fleet_of(ctx))
+            except RegistryError as exc:
+                if not guard_config:
+                    raise
+                # The guard must not depend on the registry (issue #25): it
+                # runs alone, and says its kills are not being recorded.
+                _guard_alone(opts, guard_config, exc, interval, notifier)
+                return
+            stream = stack.enter_context(
+                fleet.monitor(
+                    interval=interval, top=top, guard=guard_config, reclaim_escaped=reclaim_escaped
+                )
+            )
             state = None
             if address is not None:
                 from agentscope import __version__
@@ -370,6 +380,64 @@ _END = object()
 #: At SIGTERM/SIGINT, how long the events the monitor already has may take to
 #: come out: its close stops the guard and waits for the sample in flight.
 _DRAIN_TIMEOUT = 10.0
+
+
+def _guard_alone(
+    opts: Options,
+    config: Any,
+    reason: Exception,
+    interval: float,
+    notifier: Notifier,
+    *,
+    slice_path: Any = None,
+    proc_root: Any = None,
+    cgroup_root: Any = None,
+    until: Callable[[], bool] = lambda: False,
+) -> None:
+    """The registry cannot be opened: the guard alone over the agents slice, until a signal.
+
+    Its kills and holds are printed and logged, not recorded; it says so
+    first (stderr, STATUS=). ``slice_path`` and the roots default to the
+    manager's agents slice on this host; ``until`` ends it (tests).
+    """
+    from pathlib import Path
+
+    from agentscope import _names, _scope
+    from agentscope._guard import Guard
+
+    if slice_path is None:
+        slice_path = Path(_scope.slice_cgroup(opts.resolved_manager, _names.DEFAULT_SLICE))
+    note = (
+        f"the registry cannot be opened ({reason}): the memory guard runs alone; "
+        "its kills are not being recorded"
+    )
+    sys.stderr.write(f"agentscope monitor: {note}\n")
+    sys.stderr.flush()
+    inbox: queue.Queue[Any] = queue.Queue(maxsize=1024)
+    roots = {k: v for k, v in (("proc_root", proc_root), ("cgroup_root", cgroup_root)) if v}
+    guard = Guard(config, slice_path, on_kill=inbox.put_nowait, on_held=inbox.put_nowait, **roots)
+    guard.start()
+    period = min(interval, notifier.watchdog / 2) if notifier.watchdog else interval
+    notifier.send(READY=1, STATUS=note)
+
+    def show_event(item: Any) -> None:
+        if opts.json:
+            line = json.dumps(monitor_event_dict(opts.fleet, item), default=str)
+        else:
+            line = _render.event_line(item.to_dict())
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    try:
+        while not until():
+            try:
+                show_event(inbox.get(timeout=period))
+            except queue.Empty:
+                notifier.send(WATCHDOG=1, STATUS=note)
+    finally:
+        guard.stop()
+        while not inbox.empty():  # a kill of a moment ago still goes out
+            show_event(inbox.get_nowait())
 
 
 def _monitor_loop(

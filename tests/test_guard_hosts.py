@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import GuardConfig, GuardKill
+from agentscope import GuardConfig, GuardKill, RegistryError
 from agentscope._guard import _kill, run_guard
 from agentscope._guardcause import CauseTracker, outside_cgroups
 from agentscope._guardlock import SliceLock, lock_name
@@ -562,3 +562,56 @@ def test_memory_in_a_memfd_is_charged_to_the_process_that_holds_it(tree: Tree) -
     assert victim is not None
     assert victim.process.pid == 21
     assert scan.unheld == (unit, 2 << 30)
+
+
+# -- the registry out of reach -------------------------------------------------
+
+
+def test_with_no_registry_the_guard_runs_alone_and_says_kills_are_not_recorded(
+    tree: Tree, sleeper: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli._cmd_monitor import _guard_alone
+    from cli._notify import Notifier
+    from cli._options import Options
+
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("node", 900, 200)})
+    tree.host(5, 1)
+    _guard_alone(
+        Options(manager="user", fleet="f"),
+        FAST,
+        RegistryError("/x/registry.db", "database is locked"),
+        0.05,
+        Notifier({}),
+        slice_path=tree.slice,
+        proc_root=tree.proc,
+        cgroup_root=tree.cg,
+        until=lambda: sleeper.poll() is not None,
+    )
+    out = capsys.readouterr()
+    assert "its kills are not being recorded" in out.err
+    assert "database is locked" in out.err
+    assert "guard_kill" in out.out
+    assert f"pid={sleeper.pid}" in out.out
+    assert sleeper.returncode == -signal.SIGKILL
+
+
+def test_monitor_guard_falls_back_to_the_guard_alone_when_the_registry_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cli import _cmd_monitor, _fleet
+    from cli.main import main
+
+    def broken(opts: object) -> object:
+        raise RegistryError("/x/registry.db", "disk full")
+
+    alone: list[str] = []
+    monkeypatch.setattr(_fleet, "open_fleet", broken)
+    monkeypatch.setattr(_cmd_monitor, "_guard_alone", lambda *a, **k: alone.append(str(a[2])))
+    with pytest.raises(SystemExit) as done:
+        main(["--manager", "user", "monitor", "--guard"])
+    assert done.value.code == 0
+    assert alone == ["disk full"]
+    # Without the guard the monitor needs its registry: the error stands.
+    with pytest.raises(SystemExit) as failed:
+        main(["--manager", "user", "monitor"])
+    assert failed.value.code != 0
