@@ -168,7 +168,6 @@ class _Loop:
         elif acting:
             killed = self.act(reading, trigger)
             if killed is not None:
-                self.cause.reset()
                 return 0.0, killed
             # Nothing killed: scan again at the slow pace, not ten times a
             # second on a host that is short.

@@ -165,11 +165,6 @@ class CauseTracker:
         while len(self._history) > 2 and self._history[1][0] <= now - CAUSE_WINDOW:
             self._history.popleft()
 
-    def reset(self) -> None:
-        """Forget the history (after a kill: the next decision sees the new state)."""
-        self._history.clear()
-        self._last = float("-inf")
-
     def blame(self, now: float, mem_total: int, pressure: tuple[float, float] | None) -> Blame:
         """Is the slice the cause? ``pressure``: (host full avg10, threshold) for PSI triggers."""
         self.sample(now, force=True)
