@@ -38,7 +38,15 @@ from agentscope._guardproc import PENDING_MAX, GuardChild, _Out
 from agentscope._guardscan import choose_victim, measure, scan_candidates, scan_slice_processes
 from agentscope._memsources import parse_swaps, parse_vmstat_refaults
 from agentscope._monitor import Monitor
-from tests.fakefs import PAGE, format_pressure, make_cgroup, make_proc, write
+from tests.fakefs import (
+    KERNEL,
+    PAGE,
+    format_pressure,
+    make_cgroup,
+    make_host_pressure,
+    make_proc,
+    write,
+)
 from tests.test_guard import (  # noqa: F401 (fixtures)
     FAST,
     MIB_PAGES,
@@ -615,3 +623,37 @@ def test_monitor_guard_falls_back_to_the_guard_alone_when_the_registry_fails(
     with pytest.raises(SystemExit) as failed:
         main(["--manager", "user", "monitor"])
     assert failed.value.code != 0
+
+
+def test_the_guard_ends_thrashing_with_memory_to_spare(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # 40 % available, swap half free: no memory trigger. But for 1.5 s every
+    # task stalls 70 % of the time and 3 % of memory a second is read back in.
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("node", 900, 200)})
+    per_tick = int(0.03 * 8_000_000 * 1024 / PAGE / 10)  # 3 %/s in 0.1 s steps
+    write(tree.proc / "vmstat", "nr_free_pages 1\nworkingset_refault_anon 0\npswpin 0\n")
+    config = replace(FAST, thrash_seconds=1.0, psi_full_percent=None)
+    got, stop = start_guard(tree, config)
+    try:
+        stalled = refaulted = 0
+        for _ in range(30):
+            stalled += 70_000  # µs of full stall per 0.1 s
+            refaulted += per_tick
+            with KERNEL:
+                tree.host(40, 50)
+                make_host_pressure(
+                    tree.proc, format_pressure((70, 0, 0, stalled), (70, 0, 0, stalled))
+                )
+                write(
+                    tree.proc / "vmstat",
+                    f"nr_free_pages 1\nworkingset_refault_anon {refaulted}\npswpin 0\n",
+                )
+            if sleeper.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert sleeper.wait(WAIT) == -signal.SIGKILL
+        wait_until(lambda: len(got) == 1)
+    finally:
+        stop()
+    assert (got[0].pid, got[0].trigger) == (sleeper.pid, "thrash")
