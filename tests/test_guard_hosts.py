@@ -351,7 +351,7 @@ def test_two_guards_on_one_squeeze_kill_one_process_and_a_standby_takes_over(
         started = time.monotonic()
         tree.host(5, 1)
         assert second.wait(WAIT) == -signal.SIGKILL
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 2.5  # retried every 1 s, plus a loaded host
     finally:
         stop_b()
     assert [k.pid for k in kills] == [first, second.pid]
@@ -484,7 +484,7 @@ def test_the_guard_process_never_blocks_on_a_parent_that_does_not_read() -> None
         started = time.monotonic()
         for i in range(5000):  # far more than the pipe holds (64 KiB)
             out.write({"kill": {"pid": i, "pad": "x" * 200}})
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 2.5  # retried every 1 s, plus a loaded host
         assert len(out.pending) == PENDING_MAX
         assert out.dropped > 0
         # The parent reads again: the queue drains, whole lines in order.
@@ -631,15 +631,16 @@ def test_the_guard_ends_thrashing_with_memory_to_spare(
     # 40 % available, swap half free: no memory trigger. But for 1.5 s every
     # task stalls 70 % of the time and 3 % of memory a second is read back in.
     tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("node", 900, 200)})
-    per_tick = int(0.03 * 8_000_000 * 1024 / PAGE / 10)  # 3 %/s in 0.1 s steps
+    per_s = 0.03 * 8_000_000 * 1024 / PAGE  # 3 % of MemTotal a second, in pages
     write(tree.proc / "vmstat", "nr_free_pages 1\nworkingset_refault_anon 0\npswpin 0\n")
     config = replace(FAST, thrash_seconds=1.0, psi_full_percent=None)
     got, stop = start_guard(tree, config)
     try:
-        stalled = refaulted = 0
-        for _ in range(30):
-            stalled += 70_000  # µs of full stall per 0.1 s
-            refaulted += per_tick
+        start = time.monotonic()
+        while sleeper.poll() is None and time.monotonic() - start < WAIT:
+            # The counters follow the wall clock (a loaded host's sleeps run long).
+            elapsed = time.monotonic() - start
+            stalled, refaulted = int(0.7 * elapsed * 1e6), int(per_s * elapsed)
             with KERNEL:
                 tree.host(40, 50)
                 make_host_pressure(
@@ -649,9 +650,7 @@ def test_the_guard_ends_thrashing_with_memory_to_spare(
                     tree.proc / "vmstat",
                     f"nr_free_pages 1\nworkingset_refault_anon {refaulted}\npswpin 0\n",
                 )
-            if sleeper.poll() is not None:
-                break
-            time.sleep(0.1)
+            time.sleep(0.05)
         assert sleeper.wait(WAIT) == -signal.SIGKILL
         wait_until(lambda: len(got) == 1)
     finally:
