@@ -484,10 +484,10 @@ def test_the_guard_process_never_blocks_on_a_parent_that_does_not_read() -> None
         started = time.monotonic()
         for i in range(5000):  # far more than the pipe holds (64 KiB)
             out.write({"kill": {"pid": i, "pad": "x" * 200}})
-        assert time.monotonic() - started < 2.5  # retried every 1 s, plus a loaded host
+        assert time.monotonic() - started < 2.5  # a blocking write would never return
         assert len(out.pending) == PENDING_MAX
         assert out.dropped > 0
-        # The parent reads again: the queue drains, whole lines in order.
+        # The parent reads again: the queue drains.
         os.set_blocking(r, False)
         with contextlib.suppress(BlockingIOError):
             while os.read(r, 1 << 16):
