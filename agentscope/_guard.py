@@ -27,7 +27,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -124,6 +124,7 @@ class _Loop:
         cgroup_root: Path,
         lock: SliceLock,
         on_held: Callable[[GuardHeld], None] | None = None,
+        on_relay: Callable[[GuardKill], None] | None = None,
     ) -> None:
         self.config = config
         self.slice_path = slice_path
@@ -133,6 +134,7 @@ class _Loop:
         self.on_kill = on_kill
         self.on_reading = on_reading
         self.on_held = on_held
+        self.on_relay = on_relay
         self.lock = lock
         self.cause = CauseTracker(cgroup_root, slice_path)
         self.clock = PressureClock(config)
@@ -160,6 +162,8 @@ class _Loop:
             self.on_reading(reading, trigger)
         prev, self.prev = self.prev, reading
         acting = self.lock.try_acquire(now)
+        if not acting:
+            self.relay()
         # The charges of the slice and of what is outside it, for "whose
         # shortage" (at most once a second; a few dozen small reads).
         self.cause.sample(now)
@@ -356,6 +360,29 @@ class _Loop:
             event.reaction_seconds * 1000,
         )
         self.on_kill(event)
+        self.lock.note_kill(event.to_dict())
+
+    def relay(self) -> None:
+        """Standing by: the acting guard's kills of agents it could not name but this guard can.
+
+        The acting guard's fleet records the kills it names; one of another
+        fleet's agent it records with no agent, and that fleet's guard,
+        standing by, tells it here, named.
+        """
+        for item in self.lock.new_kills():
+            if item.get("agent") is not None:
+                continue  # the acting guard named it: its own fleet records it
+            unit = item.get("unit")
+            agent = self.unit_agent(unit) if isinstance(unit, str) else None
+            if agent is None:
+                continue  # not one of ours: its own fleet's guard tells it
+            names = {f.name for f in fields(GuardKill)}
+            known = {k: v for k, v in item.items() if k in names}
+            try:
+                event = GuardKill(**{**known, "agent": agent})
+            except (TypeError, ValueError):
+                continue
+            (self.on_relay or self.on_kill)(event)
 
 
 def run_guard(
@@ -372,6 +399,7 @@ def run_guard(
     cgroup_root: Path = CGROUP_ROOT,
     lock_dir: Path | Literal["default"] | None = "default",
     on_held: Callable[[GuardHeld], None] | None = None,
+    on_relay: Callable[[GuardKill], None] | None = None,
 ) -> None:
     """Guard the agents slice ``slice_path`` until ``stop_fd`` is readable.
 
@@ -386,8 +414,10 @@ def run_guard(
     ``psi_trigger`` None arms a PSI trigger only on the real /proc (a
     trigger is a write). ``lock_dir`` holds the one-guard-per-slice lock
     (:mod:`agentscope._guardlock`; ``"default"``: /run or
-    $XDG_RUNTIME_DIR, None: no lock). A reading or scan that fails is
-    logged and the loop goes on.
+    $XDG_RUNTIME_DIR, None: no lock); while another guard holds it, that
+    guard's kills of agents ``unit_agent`` names go to ``on_relay``
+    (default ``on_kill``), named. A reading or scan that fails is logged
+    and the loop goes on.
     """
     directory = _guardlock.default_lock_dir() if lock_dir == "default" else lock_dir
     lock = SliceLock(slice_path, directory)
@@ -402,6 +432,7 @@ def run_guard(
         cgroup_root=cgroup_root,
         lock=lock,
         on_held=on_held,
+        on_relay=on_relay,
     )
     poller = select.epoll()
     poller.register(stop_fd, select.EPOLLIN)

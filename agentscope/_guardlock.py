@@ -14,19 +14,31 @@ the process dies). The kill path never touches the lock.
 
 Guards of the system manager and of a user manager watch different slices,
 so each has its own lock.
+
+The guard that acts may kill another fleet's agent (the slice is shared by
+every fleet of a manager). So it also appends each kill, one JSON line, to
+a file beside the lock (``.kills``, on the same tmpfs), and the guards
+standing by read the new lines at each reading: each fleet's guard
+reports the kills of its own agents, named, and its fleet records them.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 __all__ = ["SliceLock", "default_lock_dir", "lock_name"]
 
 #: A standby guard tries the lock again after this many seconds.
 RETRY_EVERY = 1.0
+#: The kills file is emptied by its writer past this size.
+KILLS_MAX = 1 << 20
+#: A line of the kills file longer than this is not one of ours.
+KILL_LINE_MAX = 8192
 
 
 def default_lock_dir() -> Path | None:
@@ -59,6 +71,7 @@ class SliceLock:
         self.path = None if lock_dir is None else Path(lock_dir) / lock_name(slice_path)
         self._fd: int | None = None
         self._next_try = float("-inf")
+        self._kills_at: int | None = None  # how far a standby has read the kills file
         #: Why this guard acts without the lock (None: it uses it).
         self.note: str | None = None
         if self.path is None:
@@ -100,3 +113,60 @@ class SliceLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    @property
+    def kills_path(self) -> Path | None:
+        """The file of the acting guard's kills, beside the lock."""
+        return None if self.path is None else self.path.with_suffix(".kills")
+
+    def note_kill(self, kill: dict[str, Any]) -> None:
+        """The acting guard: append ``kill`` for the guards standing by (after the kill)."""
+        path = self.kills_path
+        if path is None or self._fd is None:
+            return
+        line = (json.dumps(kill, separators=(",", ":")) + "\n").encode()[:KILL_LINE_MAX]
+        try:
+            fd = os.open(
+                path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+            )
+            try:
+                if os.fstat(fd).st_size > KILLS_MAX:
+                    os.ftruncate(fd, 0)
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the standbys then miss it; the kill itself is done and logged
+
+    def new_kills(self) -> list[dict[str, Any]]:
+        """A guard standing by: the kills appended since it last looked (none at first)."""
+        path = self.kills_path
+        if path is None or self.held:
+            self._kills_at = None
+            return []
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            self._kills_at = self._kills_at or 0
+            return []
+        try:
+            size = os.fstat(fd).st_size
+            if self._kills_at is None or size < self._kills_at:
+                # The first look (older kills are not ours to tell), or emptied.
+                self._kills_at = size if self._kills_at is None else 0
+                if self._kills_at == size:
+                    return []
+            data = os.pread(fd, min(size - self._kills_at, KILLS_MAX), self._kills_at)
+        finally:
+            os.close(fd)
+        complete = data[: data.rfind(b"\n") + 1]
+        self._kills_at += len(complete)
+        found = []
+        for line in complete.splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(item, dict):
+                found.append(item)
+        return found

@@ -11,7 +11,8 @@ nobody's GIL, its few pages can be locked where the harness's are too many
 
 The protocol, one JSON object per line. The parent writes nothing; when
 the child's stdin reaches EOF (the parent closed it, or died) the child
-exits. The child writes ``{"kill": GuardKill.to_dict()}`` for each kill,
+exits. The child writes ``{"kill": GuardKill.to_dict()}`` for each kill
+(and ``{"relayed": ...}`` for another guard's, while it stands by),
 ``{"held": GuardHeld.to_dict()}`` when it holds its hand (the shortage is
 not the fleet's), ``{"trigger": "memory"|"psi"|"thrash"|null, "reading":
 HostReading.to_dict()}`` whenever the trigger changes (for admission
@@ -135,6 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_fd=0,
         on_kill=lambda kill: out.write({"kill": kill.to_dict()}),
         on_held=lambda held: out.write({"held": held.to_dict()}),
+        # Another guard's kills: the parent knows whose agents they are.
+        unit_agent=lambda unit: unit,
+        on_relay=lambda kill: out.write({"relayed": kill.to_dict()}),
         protected=lambda: (pids, units),
         on_reading=on_reading,
         proc_root=args.proc_root,
@@ -280,6 +284,10 @@ class GuardChild:
                 kill = _kill_of(msg["kill"], self._unit_agent)
                 self.kills += 1
                 self._on_kill(kill)
+            elif "relayed" in msg:
+                kill = _kill_of(msg["relayed"], self._unit_agent)
+                if kill.agent is not None:  # another guard's kill of one of ours
+                    self._on_kill(kill)
             elif "held" in msg:
                 if self._on_held is not None:
                     self._on_held(

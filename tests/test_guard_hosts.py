@@ -656,3 +656,34 @@ def test_the_guard_ends_thrashing_with_memory_to_spare(
     finally:
         stop()
     assert (got[0].pid, got[0].trigger) == (sleeper.pid, "thrash")
+
+
+def test_a_kill_by_another_fleets_guard_is_told_by_the_agents_own_fleet(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # Fleet x's guard acts for the slice; agent a is fleet f's. x kills a's
+    # tool call (agent unknown to x); f's guard, standing by, tells it, named.
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("node", 900, 200)})
+    by_x: list[GuardKill] = []
+    by_f: list[GuardKill] = []
+
+    def restore(kill: GuardKill) -> None:
+        by_x.append(kill)
+        tree.host(40, 40)
+
+    _, stop_x = start_guard(tree, FAST, on_kill=restore, unit_agent=lambda unit: None)
+    time.sleep(0.2)  # x holds the lock
+    _, stop_f = start_guard(tree, FAST, on_kill=by_f.append)
+    try:
+        time.sleep(0.2)  # f stands by, and has looked at the kills so far (none)
+        tree.host(5, 1)
+        assert sleeper.wait(WAIT) == -signal.SIGKILL
+        wait_until(lambda: len(by_f) == 1)
+        time.sleep(0.2)
+    finally:
+        stop_f()
+        stop_x()
+    assert [(k.pid, k.agent) for k in by_x] == [(sleeper.pid, None)]
+    assert [(k.pid, k.agent, k.comm, k.trigger) for k in by_f] == [
+        (sleeper.pid, "a", "node", "memory")
+    ]
