@@ -510,7 +510,7 @@ def oomd_dropins(config: Config, header: str) -> dict[str, str]:
     return {
         f"{agents}.d/{OOMD_DROPIN}": (
             f"# {header}\n"
-            "# systemd-oomd and the agents (docs/install.md, \"systemd-oomd\"). Numbered\n"
+            '# systemd-oomd and the agents (docs/install.md, "systemd-oomd"). Numbered\n'
             "# after the distributions' 10- drop-ins, so these values win.\n"
             "[Slice]\n"
             "# A backstop where no guard runs: after the slice's memory pressure stays\n"
