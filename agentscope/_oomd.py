@@ -9,8 +9,8 @@ and ``-.slice`` (swap), Fedora's ``systemd-oomd-defaults`` every slice of
 every user manager (80 % for 20 s) and ``-.slice``.
 
 This module reads what applies (I/O: :func:`read_oomd_config`,
-:func:`read_chain`, :func:`oomd_state`) and judges it without I/O
-(:func:`assess`: which ancestor monitors the agents, at what limit and for
+:func:`read_oomd_chain`, :func:`oomd_state`) and judges it without I/O
+(:func:`assess_oomd`: which ancestor monitors the agents, at what limit and for
 how long, and whether oomd honours the agents' ``ManagedOOMPreference=``),
 for ``agentscope doctor``. And it reads oomd's own journal line about a kill
 (:func:`parse_oomd_line`), which the monitor turns into an
@@ -56,13 +56,13 @@ __all__ = [
     "OomdView",
     "UnitRules",
     "agents_ancestors",
-    "assess",
+    "assess_oomd",
     "oomd_kill_event",
     "oomd_state",
     "parse_oomd_conf",
     "parse_oomd_line",
     "parse_unit_rules",
-    "read_chain",
+    "read_oomd_chain",
     "read_oomd_config",
 ]
 
@@ -314,7 +314,7 @@ def agents_ancestors(slice_name: str, manager: str, uid: int) -> list[tuple[str,
     return [*chain, ("-.slice", "system")]
 
 
-async def read_chain(
+async def read_oomd_chain(
     buses: Mapping[str, SystemdBus], chain: Sequence[tuple[str, str]]
 ) -> list[UnitRules]:
     """The rules of each unit of ``chain`` (:func:`agents_ancestors`), read from its manager.
@@ -379,10 +379,17 @@ class OomdRule:
     limit: float
     duration: float | None
     honours_avoid: bool
+    #: The agents slice's own rule (agentscope's backstop): its candidates are agents only.
+    own: bool = False
 
     def describe(self) -> str:
         """One line: the rule and what it does to an agent."""
         where = f"{self.unit} ({self.manager} manager)"
+        if self.own and self.kind == "pressure":
+            return (
+                f"the agents slice's own rule (agentscope's backstop): memory pressure over "
+                f"{self.limit:g}% for {self.duration:g} s kills the agent scope reclaiming most"
+            )
         if self.kind == "swap":
             what = f"swap rule on {where}: memory and swap over {self.limit:g}% used"
         else:
@@ -400,7 +407,7 @@ class OomdRule:
 
 @dataclass(frozen=True, slots=True)
 class OomdView:
-    """What systemd-oomd would do to the fleet (:func:`assess`).
+    """What systemd-oomd would do to the fleet (:func:`assess_oomd`).
 
     ``state`` is oomd's ActiveState (``"active"``...), ``"listening"`` (its
     socket only), ``"not-found"``, or None (cannot tell); ``rules`` the rules
@@ -448,7 +455,7 @@ class OomdView:
         }
 
 
-def assess(state: str | None, config: OomdConfig, chain: Sequence[UnitRules]) -> OomdView:
+def assess_oomd(state: str | None, config: OomdConfig, chain: Sequence[UnitRules]) -> OomdView:
     """The rules of ``chain`` (the agents slice first, then its ancestors) that cover agents.
 
     A unit with ``ManagedOOMMemoryPressure=kill`` covers every leaf below it,
@@ -460,7 +467,7 @@ def assess(state: str | None, config: OomdConfig, chain: Sequence[UnitRules]) ->
     to the user), not above; under the system manager always.
     """
     rules: list[OomdRule] = []
-    for u in chain:
+    for index, u in enumerate(chain):
         if u.error is not None:
             continue
         system_agents = chain[0].manager == "system" if chain else True
@@ -477,6 +484,7 @@ def assess(state: str | None, config: OomdConfig, chain: Sequence[UnitRules]) ->
                     if u.pressure_duration is not None
                     else config.pressure_duration,
                     same_owner,
+                    own=index == 0,
                 )
             )
         if u.swap == "kill":
