@@ -182,6 +182,11 @@ def parse_oomd_conf(texts: Iterable[tuple[str, str]]) -> OomdConfig:
                 values.pop(key, None)
                 continue
             parsed = _timespan(value) if key.endswith("Sec") else _percent(value)
+            if key.endswith("Sec") and parsed == 0:
+                values.pop(key, None)  # oomd maps 0 to its default
+                continue
+            if key.endswith("Sec") and parsed is not None and parsed < 1:
+                parsed = None  # oomd ignores a duration under 1 s
             if parsed is None:
                 problems.append(f"{name}: {key}={value[:40]!r} not understood; ignored")
             else:

@@ -57,6 +57,19 @@ def test_later_files_win_and_an_empty_value_resets() -> None:
     assert config == OomdConfig(90.0, 70.0, 20.0)
 
 
+def test_a_zero_duration_is_the_default_and_one_under_a_second_ignored() -> None:
+    config = parse_oomd_conf(
+        [
+            ("a.conf", "[OOM]\nDefaultMemoryPressureDurationSec=20s\n"),
+            ("b.conf", "[OOM]\nDefaultMemoryPressureDurationSec=500ms\n"),
+        ]
+    )
+    assert config.pressure_duration == 20.0
+    assert len(config.problems) == 1
+    zero = parse_oomd_conf([("a.conf", "[OOM]\nDefaultMemoryPressureDurationSec=0\n")])
+    assert zero.pressure_duration == 30.0
+
+
 def test_bad_values_are_reported_and_ignored() -> None:
     config = parse_oomd_conf(
         [("x.conf", "[OOM]\nSwapUsedLimit=lots\nDefaultMemoryPressureDurationSec=soon\n")]
