@@ -253,9 +253,12 @@ class Monitor:
         # systemd-oomd's kills are told in its own journal lines only (_oomd.py).
         oomd = self._journal_wanted and await asyncio.to_thread(OOMD_SOCKET.exists)
         if kernel_journal or oomd:
-            self._journal = await asyncio.to_thread(
-                start_follower, kernel=kernel_journal, oomd=oomd
-            )
+            if oomd:
+                self._journal = await asyncio.to_thread(
+                    start_follower, kernel=kernel_journal, oomd=True
+                )
+            else:
+                self._journal = await asyncio.to_thread(start_follower)
             if self._journal is not None:
                 assert self._journal.stdout is not None
                 loop.add_reader(self._journal.stdout.fileno(), self._on_journal)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agentscope import OomdKill
+from agentscope import OomdKill, _monitor
 from agentscope._contract import monitor_event_dict
 from agentscope._journal import follow_argv
 from agentscope._monitor import Monitor
@@ -29,6 +33,13 @@ from agentscope._oomd import (
     read_oomd_config,
 )
 from cli import _doctor
+from tests.fakefs import (
+    format_pressure,
+    make_cgroup,
+    make_cgroup_root,
+    make_host_pressure,
+    make_meminfo,
+)
 from tests.fakesystemd import FakeSystemd, FakeUnit
 from tests.test_contract import validate
 
@@ -367,6 +378,63 @@ def test_the_monitor_turns_oomd_s_journal_line_into_an_event(tmp_path: Path) -> 
     other = SWAP_LINE.replace(f"{USER_SLICE}/{UNIT}", "/system.slice/cron.service")
     assert mon._oomd_line(other)  # oomd's line, but no agent of this fleet: no event
     assert [(type(e), e.agent, e.rule) for e in seen] == [(OomdKill, "coder", "swap")]
+
+
+@pytest.mark.parametrize("kmsg", [False, True])
+async def test_a_monitor_follows_oomd_s_journal_where_oomd_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kmsg: bool
+) -> None:
+    """The follower also reads oomd's lines; with /dev/kmsg open, oomd's lines only."""
+    cg = make_cgroup_root(tmp_path / "cg")
+    slice_path = make_cgroup(cg, USER_SLICE.lstrip("/"))
+    proc = tmp_path / "proc"
+    make_meminfo(proc)
+    make_host_pressure(proc, format_pressure((0, 0, 0, 0), (0, 0, 0, 0)))
+    socket = tmp_path / "io.systemd.ManagedOOM"
+    socket.touch()
+    monkeypatch.setattr(_monitor, "OOMD_SOCKET", socket)
+    asked: list[dict[str, bool]] = []
+    entry = json.dumps({"__CURSOR": "s=1;i=2", "_BOOT_ID": "0" * 32, "MESSAGE": SWAP_LINE})
+
+    def follower(**kw: bool) -> subprocess.Popen[bytes]:
+        asked.append(kw)
+        argv = ["sh", "-c", 'printf "%s\\n" "$0"; exec sleep 60', entry]
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert child.stdout is not None
+        os.set_blocking(child.stdout.fileno(), False)
+        return child
+
+    monkeypatch.setattr(_monitor, "start_follower", follower)
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer: the reader never sees EOF
+    seen: list[Any] = []
+    arrived = asyncio.Event()
+
+    def on_event(event: Any) -> None:
+        seen.append(event)
+        arrived.set()
+
+    mon = Monitor(
+        slice_path=slice_path,
+        unit_agent={UNIT: "coder"}.get,
+        interval=0.05,
+        cgroup_root=cg,
+        proc_root=proc,
+        kmsg=fifo if kmsg else None,
+        journal=True,
+        on_event=on_event,
+    )
+    try:
+        async with mon:
+            async with asyncio.timeout(10):
+                await arrived.wait()
+            # The kernel's lines come from the journal only where /dev/kmsg is closed.
+            assert mon._counter.await_kernel is not kmsg
+    finally:
+        os.close(holder)
+    assert asked == [{"kernel": not kmsg, "oomd": True}]
+    assert [(type(e), e.agent, e.unit) for e in seen] == [(OomdKill, "coder", UNIT)]
 
 
 def test_the_journal_follower_reads_oomd_s_own_messages() -> None:
