@@ -403,11 +403,11 @@ class OomdRule:
                 f"for {self.duration:g} s"
             )
         avoid = (
-            "the scopes' ManagedOOMPreference=avoid is honoured"
+            "it honours the scopes' ManagedOOMPreference=avoid (agents last)"
             if self.honours_avoid
-            else "the scopes' ManagedOOMPreference= is not honoured (another owner)"
+            else "it ignores the scopes' ManagedOOMPreference= (their owner is not the rule's)"
         )
-        return f"{what} kills a whole agent scope; {avoid}"
+        return f"{what} would kill a whole agent scope; {avoid}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -574,7 +574,8 @@ def render(
     fleets: list[str],
     header: str,
 ) -> Rendered:
-    """Fill in the templates: the slice, the monitor template and one wants link per fleet.
+    """Fill in the templates: the slice, the monitor template, the systemd-oomd drop-ins
+    (:func:`oomd_dropins`) and one wants link per fleet.
 
     ``header`` is a comment line put at the top of each file, saying where it
     came from. Paths are relative to the output (or unit) directory.

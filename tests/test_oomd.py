@@ -230,7 +230,7 @@ async def test_ubuntu_s_rules_under_the_user_manager(tmp_path: Path) -> None:
     summary = view.summary()
     assert summary.startswith("systemd-oomd is active; the agents slice's own rule")
     assert "swap rule on -.slice (system manager): memory and swap over 90% used" in summary
-    assert "not honoured (another owner)" in summary
+    assert "ignores the scopes' ManagedOOMPreference= (their owner is not the rule's)" in summary
     assert view.to_dict()["rules"][1]["unit"] == "user@1000.service"
 
 
@@ -482,7 +482,7 @@ def test_doctor_shows_oomd_s_rules_and_installs_the_drop_ins() -> None:
         oomd_dropins=False,
     )
     assert system["fix"].startswith("sudo agentscope install --system")
-    swap = "swap rule on -.slice (system manager): ... not honoured (another owner)"
+    swap = "swap rule on -.slice (system manager): ... ignores the scopes' preference"
     unprotected = _check(
         oomd_state="active",
         oomd_running=True,
