@@ -35,7 +35,7 @@ systemd 247-262):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
@@ -601,7 +601,7 @@ class OomdKill:
 
 
 def oomd_kill_event(
-    line: OomdLine, slice_cgroup: str, unit_agent: Any, ts: float
+    line: OomdLine, slice_cgroup: str, unit_agent: Callable[[str], str | None], ts: float
 ) -> OomdKill | None:
     """The event for an oomd kill of a scope in the agents slice (``slice_cgroup``, the
     slice's path as /proc/PID/cgroup names it); None for a kill elsewhere.
@@ -616,7 +616,7 @@ def oomd_kill_event(
     agent = unit_agent(unit)
     return OomdKill(
         ts,
-        agent if isinstance(agent, str) else None,
+        agent,
         unit,
         line.cgroup[:_MAX_CGROUP],
         line.rule,

@@ -492,8 +492,8 @@ def oomd_dropins(config: Config, header: str) -> dict[str, str]:
     keep it from doing so before the monitor's guard, which kills only the
     runaway tool call (docs/install.md, "systemd-oomd"):
 
-    - every agent scope (``agentscope-.scope.d/``, a prefix drop-in: it
-      applies to the transient scopes too) and the monitor get
+    - every agent scope (``agentscope-.scope.d/``, a prefix drop-in: transient
+      scopes read it from systemd 252 on) and the monitor get
       ``ManagedOOMPreference=avoid``: oomd picks them last. oomd reads the
       preference on the candidate cgroup itself (not inherited from the
       slice), and honours it only when the candidate is root's or has the
@@ -535,10 +535,10 @@ def oomd_dropins(config: Config, header: str) -> dict[str, str]:
         ),
         f"agentscope-.scope.d/{OOMD_DROPIN}": (
             f"# {header}\n"
-            "# Every agent scope (agentscope-*.scope, transient ones included): oomd\n"
-            "# kills other cgroups first. Honoured when the scope is root's or has the\n"
-            "# owner of the cgroup whose rule fired (a user manager's scopes: rules\n"
-            "# on user@UID.service and below, not -.slice's swap rule).\n"
+            "# Every agent scope (agentscope-*.scope; transient units read drop-ins\n"
+            "# from systemd 252 on): oomd kills other cgroups first. Honoured when the\n"
+            "# scope is root's or has the owner of the cgroup whose rule fired (a user\n"
+            "# manager's scopes: rules on user@UID.service and below, not -.slice's).\n"
             "[Scope]\n"
             "ManagedOOMPreference=avoid\n"
         ),
