@@ -4,7 +4,8 @@
 MemoryHigh holds agents, :class:`Pressure` once per window of memory
 pressure, :class:`AgentExited` and :class:`LimitFound` for context,
 :class:`Escaped` for an agent's process outside its scope, and the
-guard's :class:`~agentscope._guardpolicy.GuardKill`. :data:`Event` is their
+guard's :class:`~agentscope._guardpolicy.GuardKill`, and systemd-oomd's kill of
+an agent, :class:`~agentscope._oomd.OomdKill`. :data:`Event` is their
 union: what a :class:`~agentscope.Monitor` yields and the fleet records.
 """
 
@@ -17,6 +18,7 @@ from ._attribution import PressureEvent
 from ._cgroup import LimitHolder
 from ._dicts import as_dict
 from ._guardpolicy import GuardKill
+from ._oomd import OomdKill
 from ._report import MemoryReport
 
 __all__ = [
@@ -174,4 +176,4 @@ class Escaped:
         return {"kind": self.kind, **as_dict(self)}
 
 
-Event = OomKill | Throttled | Pressure | AgentExited | LimitFound | GuardKill | Escaped
+Event = OomKill | Throttled | Pressure | AgentExited | LimitFound | GuardKill | Escaped | OomdKill
