@@ -104,9 +104,19 @@ profile)
             "$lib/system/user@.service.d/10-oomd-user-service-defaults.conf" \
             "$lib/system/system.slice.d/10-oomd-per-slice-defaults.conf" \
             "$lib/user/slice.d/10-oomd-per-slice-defaults.conf"
-        swapoff -a
+        # swapoff pulls every swapped page back into RAM: with less memory
+        # available than swap used it would run the VM out of memory.
+        for _ in $(seq 60); do
+            awk '/^MemAvailable:/ {a=$2} /^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2}
+                 END {exit !(a > t - f + 65536)}' /proc/meminfo && break
+            sleep 1
+        done
+        swapoff -a || { echo "swapoff failed: $(grep -E 'MemAvailable|Swap' /proc/meminfo | tr -s ' \n' ' ')"; exit 1; }
         rm -f /swapfile
-        for z in /dev/zram*; do [ -b "$z" ] && zramctl --reset "$z"; done
+        # udev may still hold a device it just saw go: a moment, then once more.
+        for z in /dev/zram*; do
+            [ -b "$z" ] && { zramctl --reset "$z" 2>/dev/null || { sleep 1; zramctl --reset "$z"; }; }
+        done
         modprobe -r zram 2>/dev/null
         reload
         echo "profile debian: swap '$(swapon --show --noheadings)'"
