@@ -26,7 +26,7 @@ import typer.core
 
 from ._errors import Interrupted, report_error
 from ._options import Options, choose_manager
-from ._typerfast import quicken
+from ._typerfast import QuickHelp, quicken
 
 __all__ = ["app", "run_app"]
 
@@ -74,7 +74,7 @@ def build_command(name: str) -> Any:
     module, attr = COMMANDS[name]
     function = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
     single = typer.Typer(add_completion=False)
-    single.command(name)(_interruptible(function))
+    single.command(name, cls=_Command)(_interruptible(function))
     return quicken(typer.main.get_command(single))
 
 
@@ -108,13 +108,16 @@ class _LazyCommands(MutableMapping[str, Any]):
         return len(self._names)
 
 
-class _LazyGroup(typer.core.TyperGroup):
+class _Command(QuickHelp, typer.core.TyperCommand):
+    """A command of the app: typer's, its help option converted without pydantic."""
+
+
+class _LazyGroup(QuickHelp, typer.core.TyperGroup):
     """The root command: its subcommands come from :data:`COMMANDS`, built when asked for."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         self.commands = _LazyCommands([*self.commands, *COMMANDS])
-        quicken(self)
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # the names alone: nothing is built for them
@@ -198,7 +201,7 @@ def _globals(
 
 def run_app(args: Sequence[str], opts: Options) -> int:
     """Run the typer app on ``args``; return the exit code (errors already reported)."""
-    command = typer.main.get_command(app)
+    command = quicken(typer.main.get_command(app))  # the completion options came last
     try:
         rv = command.main(args=list(args), prog_name="agentscope", standalone_mode=False, obj=opts)
     except (Exception, KeyboardInterrupt) as exc:

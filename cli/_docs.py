@@ -55,7 +55,7 @@ codes of coreutils' `env` and `docker run`, which no command collides with:
 
 | exit | `exec` | kinds |
 |---|---|---|
-| 125 | agentscope failed: bad usage or input, no systemd manager, the scope refused, the name taken | every kind of codes 1-4 above |
+| 125 | agentscope failed: bad usage, no manager, scope refused, name taken | those of 1-4 |
 | 126 | the command cannot run: not executable, not a file, the exec refused | `cannot_run` |
 | 127 | the command is not found: not on `$PATH`, no such file | `command_not_found` |
 | 130 | interrupted (Ctrl-C) before the exec | `interrupted` |

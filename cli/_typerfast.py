@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-__all__ = ["quick_value", "quicken"]
+__all__ = ["QuickHelp", "quick_value", "quicken"]
 
 
 class _Unknown:
@@ -123,8 +123,24 @@ class _QuickParam:
 
 
 def quicken(command: Any) -> Any:
-    """Give ``command``'s parameters :class:`_QuickParam` converters; returns ``command``."""
+    """Give ``command``'s parameters :class:`_QuickParam` converters; returns ``command``.
+
+    The help option, made per command when a context first asks for it, is
+    given its converter by :class:`QuickHelp`.
+    """
     for param in getattr(command, "params", ()):
-        if getattr(param, "_runtime_param", False) is None and hasattr(param, "type_descriptor"):
-            param._runtime_param = _QuickParam(param.type_descriptor)
+        _quicken_param(param)
     return command
+
+
+def _quicken_param(param: Any) -> Any:
+    if getattr(param, "_runtime_param", False) is None and hasattr(param, "type_descriptor"):
+        param._runtime_param = _QuickParam(param.type_descriptor)
+    return param
+
+
+class QuickHelp:
+    """Mixed into a click command: its ``-h``/``--help`` option converts like the others."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _quicken_param(super().get_help_option(ctx))  # type: ignore[misc]
