@@ -117,7 +117,8 @@ class _LazyGroup(QuickHelp, typer.core.TyperGroup):
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
-        self.commands = _LazyCommands([*self.commands, *COMMANDS])
+        given, self.commands = self.commands, _LazyCommands(list(COMMANDS))
+        self.commands.update(given)  # none today: every command is in COMMANDS
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # the names alone: nothing is built for them

@@ -149,14 +149,14 @@ def print_version(as_json: bool) -> None:
     sys.stdout.flush()
 
 
-def version_only(args: Sequence[str]) -> bool:
-    """Whether ``args`` are global options and ``--version`` alone: typer would only print it.
+def version_only(args: Sequence[str]) -> bool | None:
+    """Whether ``args`` ask for the version alone, and in JSON: None if they ask for more.
 
     ``--version`` is eager: typer prints it whatever the values of the other
     global options. Anything else (a command, an unknown option, an option
     without its value) goes to typer, which also says what is wrong.
     """
-    seen, i = False, 0
+    seen, as_json, i = False, False, 0
     while i < len(args):
         arg = args[i]
         key, eq, _ = arg.partition("=")
@@ -164,12 +164,13 @@ def version_only(args: Sequence[str]) -> bool:
             seen = True
         elif key in _VALUED and not eq:
             if i + 1 >= len(args):
-                return False
-            i += 1
+                return None
+            i += 1  # its value, whatever it looks like
         elif key not in _VALUED and arg not in _FLAGS:
-            return False
+            return None
+        as_json = as_json or arg == "--json"
         i += 1
-    return seen
+    return as_json if seen else None
 
 
 def _command_word(args: Sequence[str]) -> str | None:
@@ -207,8 +208,9 @@ def _main(argv: Sequence[str] | None) -> NoReturn:
             report_error(exc, json_mode=opts.json, debug=opts.debug)
             sys.exit(exec_status(exc))
         sys.exit(0)  # reached only with a stand-in exec
-    if version_only(args):
-        print_version("--json" in args)
+    version = version_only(args)
+    if version is not None:
+        print_version(as_json=version)
         sys.exit(0)
     from ._logging import setup_logging
 

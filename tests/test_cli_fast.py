@@ -230,3 +230,25 @@ def test_what_a_value_does_is_what_typer_alone_does(
     monkeypatch.setattr(_typerfast, "quick_value", lambda *a: _typerfast.UNKNOWN)
     slow = run(*args)
     assert (quick.code, quick.stdout, quick.stderr) == (slow.code, slow.stdout, slow.stderr)
+
+
+@pytest.mark.parametrize(
+    ("args", "answer"),
+    [
+        (["--version"], False),
+        (["--json", "--version"], True),
+        (["--version", "--user", "--fleet=x", "--manager", "system"], False),
+        (["--fleet", "--json", "--version"], False),  # "--json" is the fleet's name there
+        (["--fleet", "--version"], None),  # the fleet is named "--version": typer's to refuse
+        (["--version", "ls"], None),
+        (["--version", "--bogus"], None),
+        (["--version", "-h"], None),
+        ([], None),
+    ],
+)
+def test_the_quick_version_answers_only_what_typer_would_answer_alike(
+    args: list[str], answer: bool | None
+) -> None:
+    from cli.main import version_only
+
+    assert version_only(args) is answer
