@@ -14,8 +14,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol, cast
 
-from agentscope import _spool
-
 from ._options import Options
 
 __all__ = [
@@ -222,4 +220,6 @@ def log_location(
     """:func:`default_log_path` as a trusted base and the parts agentscope creates below it."""
     if opts.resolved_manager == "system":
         return Path("/var/log"), ("agentscope", opts.fleet, f"{name}.log")
+    from agentscope import _spool
+
     return Path(_spool.state_dir("user", env)), ("logs", opts.fleet, f"{name}.log")

@@ -264,3 +264,16 @@ def test_ctrl_c_before_the_exec_is_still_130(
 ) -> None:
     fleet.fail = KeyboardInterrupt()
     assert run("exec", "me", "--", "true").code == 130
+
+
+def test_the_fallbacks_value_is_not_the_agents_name(
+    fleet: FakeFleet,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: execs.append(argv))
+    result = run("exec", "--fallback", "run", "b", "true", "--json")
+    assert result.code == 0, result.stderr
+    assert fleet.calls == [("adopt", os.getpid(), "b", None)]
+    assert execs == [["true", "--json"]]  # what follows the command is the command's
+    assert "Running as unit:" in result.stderr
