@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ._install import InstallError as InstallError
     from ._monitor import Monitor as Monitor
     from ._names import DEFAULT_SLICE as DEFAULT_SLICE
+    from ._oomd import OomdKill as OomdKill
     from ._registry import EventRecord as EventRecord
     from ._registry import default_registry_path as default_registry_path
     from ._report import AgentMemory as AgentMemory
@@ -100,6 +101,7 @@ _LAZY = {
     "MemoryReport": "._report",
     "Monitor": "._monitor",
     "OomKill": "._events",
+    "OomdKill": "._oomd",
     "Pressure": "._events",
     "Throttled": "._events",
     "TopProcess": "._report",
@@ -142,6 +144,7 @@ __all__ = [
     "MemoryReport",
     "Monitor",
     "OomKill",
+    "OomdKill",
     "Pressure",
     "RegistryCorrupt",
     "RegistryError",

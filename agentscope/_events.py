@@ -6,8 +6,9 @@ pressure, :class:`AgentExited` and :class:`LimitFound` for context,
 :class:`Escaped` for an agent's process outside its scope, and the
 guard's :class:`~agentscope._guardpolicy.GuardKill` (and
 :class:`~agentscope._guardpolicy.GuardHeld` when the shortage is not the
-fleet's). :data:`Event` is their union: what a :class:`~agentscope.Monitor`
-yields and the fleet records.
+fleet's), and systemd-oomd's kill of an agent,
+:class:`~agentscope._oomd.OomdKill`. :data:`Event` is their union: what a
+:class:`~agentscope.Monitor` yields and the fleet records.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ._attribution import PressureEvent
 from ._cgroup import LimitHolder
 from ._dicts import as_dict
 from ._guardpolicy import GuardHeld, GuardKill
+from ._oomd import OomdKill
 from ._report import MemoryReport
 
 __all__ = [
@@ -176,4 +178,14 @@ class Escaped:
         return {"kind": self.kind, **as_dict(self)}
 
 
-Event = OomKill | Throttled | Pressure | AgentExited | LimitFound | GuardKill | GuardHeld | Escaped
+Event = (
+    OomKill
+    | Throttled
+    | Pressure
+    | AgentExited
+    | LimitFound
+    | GuardKill
+    | GuardHeld
+    | Escaped
+    | OomdKill
+)

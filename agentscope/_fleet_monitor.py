@@ -24,7 +24,7 @@ from ._events import AgentExited, OomKill
 from ._events import Event as MonitorEvent
 from ._events import Pressure as MonitorPressure
 from ._guard import admit
-from ._guardpolicy import GuardConfig
+from ._guardpolicy import GuardConfig, GuardKill
 from ._monitor import Monitor
 from ._recovery import Baseline
 from ._registry import AgentRecord, Registry
@@ -210,6 +210,10 @@ class MonitorGlue:
             if isinstance(event, OomKill):
                 if not event.recovered:  # a recovered kill was recorded as it was found
                     await self._store_live_kill(mon, event, agent, detail, ts)
+                return
+            if isinstance(event, GuardKill) and agent is None:
+                # Another fleet's agent (the slice is shared): that fleet's
+                # guard tells it, named, and that fleet records it (docs/guard.md).
                 return
             if not isinstance(event, AgentExited):  # exits are recorded by the fleet
                 if isinstance(event, MonitorPressure):

@@ -185,8 +185,22 @@ def _argv(journalctl: str, after: str | None, boot: str | None = None) -> list[s
     return [*argv, "_TRANSPORT=kernel"]
 
 
-def follow_argv(journalctl: str) -> list[str]:
-    """The argv of a follower of new kernel messages (one JSON entry a line)."""
+#: systemd-oomd's own messages: _SYSTEMD_UNIT is journald's (from the sender's
+#: cgroup), which no other process can claim.
+OOMD_MATCH: Final = "_SYSTEMD_UNIT=systemd-oomd.service"
+
+
+def follow_argv(journalctl: str, *, kernel: bool = True, oomd: bool = False) -> list[str]:
+    """The argv of a follower of new kernel messages (one JSON entry a line).
+
+    ``oomd`` adds systemd-oomd's messages (its lines about kills, _oomd.py);
+    ``kernel`` False leaves the kernel's out (read from /dev/kmsg instead).
+    """
+    matches = (["_TRANSPORT=kernel"] if kernel else []) + ([OOMD_MATCH] if oomd else [])
+    if not matches:
+        raise ValueError("a follower of nothing: kernel or oomd must be True")
+    # journalctl ORs the groups "+" separates.
+    joined = [m for match in matches for m in ("+", match)][1:]
     return [
         journalctl,
         "--no-pager",
@@ -197,7 +211,7 @@ def follow_argv(journalctl: str) -> list[str]:
         "-o",
         "json",
         f"--output-fields={_FIELDS}",
-        "_TRANSPORT=kernel",
+        *joined,
     ]
 
 
@@ -448,13 +462,14 @@ def journal_access(
     return JournalAccess(readable, tuple(names), found)
 
 
-def start_follower() -> subprocess.Popen[bytes] | None:
-    """A ``journalctl --follow`` of new kernel messages, its stdout non-blocking; None when
-    this process may not read the system journal (or has no journalctl)."""
+def start_follower(*, kernel: bool = True, oomd: bool = False) -> subprocess.Popen[bytes] | None:
+    """A ``journalctl --follow`` of new kernel messages (and with ``oomd`` systemd-oomd's),
+    its stdout non-blocking; None when this process may not read the system journal
+    (or has no journalctl)."""
     path = journalctl_path()
     if path is None or not journal_access().readable:
         return None
-    proc = _spawn(follow_argv(path))
+    proc = _spawn(follow_argv(path, kernel=kernel, oomd=oomd))
     if proc is None:
         return None
     assert proc.stdout is not None

@@ -45,12 +45,13 @@ from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 from ._attribution import PressureSample, PressureWindow, parse_oom_kill_line
 from ._cgroup import CGROUP_ROOT
 from ._errors import AgentscopeError
-from ._escape import Attach, Escapee, EscapeLedger, reclaim
+from ._escape import Attach, Escapee, EscapeLedger, reclaim, slice_cgroup_path
 from ._events import AgentExited, Escaped, Event, Pressure
 from ._guard import Guard, GuardHandle, Protected
 from ._guardpolicy import GuardConfig, GuardHeld, GuardKill
 from ._journal import MAX_LINE, parse_journal_entry, start_follower, stop_follower
 from ._killcount import JOURNAL_GRACE, KillCounter
+from ._oomd import OOMD_SOCKET, oomd_kill_event, parse_oomd_line
 from ._proc import PROC_ROOT
 from ._recovery import Baseline
 from ._report import MemoryReport, build_report
@@ -252,11 +253,20 @@ class Monitor:
                     os.close(self._kmsg_fd)
                     self._kmsg_fd = None
         self._counter.kernel_log = self._kmsg_fd is not None
-        if self._kmsg_fd is None and self._journal_wanted:
-            self._journal = await asyncio.to_thread(start_follower)
+        kernel_journal = self._kmsg_fd is None and self._journal_wanted
+        # systemd-oomd's kills are told in its own journal lines only (_oomd.py).
+        oomd = self._journal_wanted and await asyncio.to_thread(OOMD_SOCKET.exists)
+        if kernel_journal or oomd:
+            if oomd:
+                self._journal = await asyncio.to_thread(
+                    start_follower, kernel=kernel_journal, oomd=True
+                )
+            else:
+                self._journal = await asyncio.to_thread(start_follower)
             if self._journal is not None:
                 assert self._journal.stdout is not None
                 loop.add_reader(self._journal.stdout.fileno(), self._on_journal)
+            if self._journal is not None and kernel_journal:
                 self._counter.victim_grace = JOURNAL_GRACE
                 self._counter.await_kernel = self._counter.kernel_log = True
         if self._psi_wanted:
@@ -523,6 +533,19 @@ class Monitor:
         self._counter.note_kernel_kill(kill, time.time(), via)
         return True
 
+    def _oomd_line(self, text: str) -> bool:
+        """systemd-oomd's line about a kill: an :class:`OomdKill` when it names an agent's
+        scope. True for any such line (it is no kernel line)."""
+        line = parse_oomd_line(text)
+        if line is None:
+            return False
+        slice_cgroup = slice_cgroup_path(self.slice_path, self.cgroup_root)
+        if slice_cgroup is not None:
+            event = oomd_kill_event(line, slice_cgroup, self.unit_agent, time.time())
+            if event is not None:
+                self._emit(event)
+        return True
+
     def _on_journal(self) -> None:
         proc = self._journal
         assert proc is not None
@@ -539,14 +562,15 @@ class Monitor:
                 assert self._loop is not None
                 self._loop.remove_reader(proc.stdout.fileno())
                 log.debug("the journal follower ended (status %s)", proc.poll())
-                self._counter.kernel_log = self._counter.await_kernel = False
+                if self._kmsg_fd is None:
+                    self._counter.kernel_log = self._counter.await_kernel = False
                 break
             *lines, self._journal_rest = (self._journal_rest + chunk).split(b"\n")
             if len(self._journal_rest) > MAX_LINE:
                 self._journal_rest = b""
             for raw in lines:
                 entry = parse_journal_entry(raw)
-                if entry is not None:
+                if entry is not None and not self._oomd_line(entry.text):
                     found = self._kernel_line(entry.text, "journal") or found
         if found:
             self._wake_soon()

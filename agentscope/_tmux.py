@@ -98,7 +98,10 @@ class TmuxError(LaunchError):
 
 
 class TmuxUnavailable(TmuxError):
-    """tmux or libtmux is not installed: ``apt install tmux``, ``pip install agentscope[tmux]``."""
+    """tmux or libtmux is not installed.
+
+    ``apt install tmux``; ``pip install 'agentscope-systemd[tmux]'`` for libtmux.
+    """
 
 
 class WindowExists(TmuxError):
@@ -251,7 +254,7 @@ def _libtmux() -> object:
     except ImportError as exc:
         raise TmuxUnavailable(
             "libtmux is not installed; install agentscope with the tmux extra: "
-            "pip install 'agentscope[tmux]'"
+            "pip install 'agentscope-systemd[tmux]'"
         ) from exc
     return libtmux
 

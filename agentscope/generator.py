@@ -11,7 +11,10 @@ early, late); it writes into the normal one only:
 - the monitor template ``agentscope-monitor@.service``,
 - one wants link per fleet, ``multi-user.target.wants/`` for the system
   manager and ``default.target.wants/`` for user managers, pointing at
-  ``../agentscope-monitor@.service``.
+  ``../agentscope-monitor@.service``,
+- the systemd-oomd drop-ins (``50-agentscope-oomd.conf``) of the agents
+  slice, the monitor's slice, the agent scopes (``agentscope-.scope.d/``)
+  and the monitor template: see :func:`oomd_dropins`.
 
 Units in the normal directory rank below /etc and /run, so an administrator
 can still override anything with ``systemctl edit``.
@@ -56,6 +59,7 @@ __all__ = [
     "DEFAULT_SLICE",
     "DEFAULT_WATCHDOG_SEC",
     "MONITOR_TEMPLATE",
+    "OOMD_DROPIN",
     "TEMPLATE_FILES",
     "Config",
     "FleetEntry",
@@ -64,6 +68,7 @@ __all__ = [
     "load_config",
     "main",
     "monitor_slice",
+    "oomd_dropins",
     "parse_config",
     "render",
     "select_fleets",
@@ -80,6 +85,10 @@ DEFAULT_EXEC = "/usr/local/bin/agentscope"
 DEFAULT_PRESSURE_LIMIT = "80%"
 DEFAULT_WATCHDOG_SEC = 30
 MONITOR_TEMPLATE = "agentscope-monitor@.service"
+#: The file name of every systemd-oomd drop-in: numbered after the
+#: distributions' ``10-`` ones (Ubuntu's, Fedora's systemd-oomd-defaults), so
+#: that its values win (drop-ins apply in file name order, the last one wins).
+OOMD_DROPIN = "50-agentscope-oomd.conf"
 
 #: Template name -> file name in ``units/`` (``agentscope/_units/`` in a wheel).
 TEMPLATE_FILES = {
@@ -476,6 +485,72 @@ def monitor_slice(slice_name: str) -> str:
     return slice_name[: -len(".slice")].rpartition("-")[0] + ".slice"
 
 
+def oomd_dropins(config: Config, header: str) -> dict[str, str]:
+    """systemd-oomd's settings for the fleet's units, as drop-ins: relative path -> text.
+
+    systemd-oomd kills a whole leaf cgroup, which is an agent's scope. These
+    keep it from doing so before the monitor's guard, which kills only the
+    runaway tool call (docs/install.md, "systemd-oomd"):
+
+    - every agent scope (``agentscope-.scope.d/``, a prefix drop-in: transient
+      scopes read it from systemd 252 on) and the monitor get
+      ``ManagedOOMPreference=avoid``: oomd picks them last. oomd reads the
+      preference on the candidate cgroup itself (not inherited from the
+      slice), and honours it only when the candidate is root's or has the
+      owner of the cgroup whose rule fired (systemd-oomd(8)).
+    - the agents slice keeps one pressure rule of its own, slower than the
+      guard (``ManagedOOMMemoryPressureLimit=`` of the config, for oomd's
+      default duration, 20-30 s, against the guard's 10 s): a backstop where
+      no guard runs. Its ``ManagedOOMSwap=auto``: the swap rule acts the
+      moment memory and swap are 90 % used, leaving the guard no time.
+    - the monitor's slice (the agents slice's parent) monitors nothing: a
+      distribution's per-slice rule there would cover the agents again.
+    """
+    agents = config.slice_name
+    return {
+        f"{agents}.d/{OOMD_DROPIN}": (
+            f"# {header}\n"
+            '# systemd-oomd and the agents (docs/install.md, "systemd-oomd"). Numbered\n'
+            "# after the distributions' 10- drop-ins, so these values win.\n"
+            "[Slice]\n"
+            "# A backstop where no guard runs: after the slice's memory pressure stays\n"
+            "# above the limit for oomd's DefaultMemoryPressureDurationSec= (20-30 s),\n"
+            "# oomd kills the agent scope reclaiming most. The guard acts after 10 s\n"
+            "# and kills only the runaway tool call.\n"
+            "ManagedOOMMemoryPressure=kill\n"
+            f"ManagedOOMMemoryPressureLimit={config.oomd_pressure_limit}\n"
+            "# The swap rule kills at once (memory and swap 90 % used): not here.\n"
+            "ManagedOOMSwap=auto\n"
+            "# oomd reads the preference of each candidate itself: the scopes carry\n"
+            "# theirs (agentscope-.scope.d/); this covers the slice as a leaf.\n"
+            "ManagedOOMPreference=avoid\n"
+        ),
+        f"{monitor_slice(agents)}.d/{OOMD_DROPIN}": (
+            f"# {header}\n"
+            "# The monitor's slice: no oomd rule of its own (a distribution's rule for\n"
+            "# every slice would cover the agents below it again).\n"
+            "[Slice]\n"
+            "ManagedOOMMemoryPressure=auto\n"
+            "ManagedOOMSwap=auto\n"
+        ),
+        f"agentscope-.scope.d/{OOMD_DROPIN}": (
+            f"# {header}\n"
+            "# Every agent scope (agentscope-*.scope; transient units read drop-ins\n"
+            "# from systemd 252 on): oomd kills other cgroups first. Honoured when the\n"
+            "# scope is root's or has the owner of the cgroup whose rule fired (a user\n"
+            "# manager's scopes: rules on user@UID.service and below, not -.slice's).\n"
+            "[Scope]\n"
+            "ManagedOOMPreference=avoid\n"
+        ),
+        f"{MONITOR_TEMPLATE}.d/{OOMD_DROPIN}": (
+            f"# {header}\n"
+            "# The monitor: oomd kills other cgroups first (same rule as the scopes').\n"
+            "[Service]\n"
+            "ManagedOOMPreference=avoid\n"
+        ),
+    }
+
+
 def select_fleets(config: Config, *, user_mode: bool, user: str | None) -> list[str]:
     """The fleets whose monitor this manager starts at boot.
 
@@ -499,7 +574,8 @@ def render(
     fleets: list[str],
     header: str,
 ) -> Rendered:
-    """Fill in the templates: the slice, the monitor template and one wants link per fleet.
+    """Fill in the templates: the slice, the monitor template, the systemd-oomd drop-ins
+    (:func:`oomd_dropins`) and one wants link per fleet.
 
     ``header`` is a comment line put at the top of each file, saying where it
     came from. Paths are relative to the output (or unit) directory.
@@ -524,6 +600,7 @@ def render(
     files = {
         config.slice_name: fill(templates["slice"]),
         MONITOR_TEMPLATE: fill(templates["monitor"]),
+        **oomd_dropins(config, header),
     }
     links = {
         f"{target}.wants/agentscope-monitor@{name}.service": f"../{MONITOR_TEMPLATE}"

@@ -67,6 +67,18 @@ from ._names import scope_pattern as scope_pattern
 from ._names import scope_unit_name as scope_unit_name
 from ._names import validate_name as validate_name
 from ._names import validate_slice as validate_slice
+from ._oomd import OOMD_SOCKET as OOMD_SOCKET
+from ._oomd import OomdConfig as OomdConfig
+from ._oomd import OomdLine as OomdLine
+from ._oomd import OomdRule as OomdRule
+from ._oomd import OomdView as OomdView
+from ._oomd import UnitRules as UnitRules
+from ._oomd import agents_ancestors as agents_ancestors
+from ._oomd import assess_oomd as assess_oomd
+from ._oomd import oomd_state as oomd_state
+from ._oomd import parse_oomd_line as parse_oomd_line
+from ._oomd import read_oomd_chain as read_oomd_chain
+from ._oomd import read_oomd_config as read_oomd_config
 from ._proc import MemInfo as MemInfo
 from ._proc import ProcessInfo as ProcessInfo
 from ._proc import ProcStat as ProcStat
@@ -91,6 +103,7 @@ __all__ = [
     "DEFAULT_SLICE",
     "DISTRIBUTION",
     "INFINITY",
+    "OOMD_SOCKET",
     "THROTTLE_WCHANS",
     "BusAddress",
     "CgroupMemory",
@@ -103,6 +116,10 @@ __all__ = [
     "MemInfo",
     "MemoryEvents",
     "MemoryStat",
+    "OomdConfig",
+    "OomdLine",
+    "OomdRule",
+    "OomdView",
     "Pressure",
     "PressureClock",
     "PressureEvent",
@@ -117,7 +134,10 @@ __all__ = [
     "SmapsRollup",
     "SystemdBus",
     "Throttle",
+    "UnitRules",
     "Victim",
+    "agents_ancestors",
+    "assess_oomd",
     "bus_addresses",
     "cgroup_path_for_unit",
     "cgroup_v2_mounted",
@@ -137,12 +157,14 @@ __all__ = [
     "memory_controller_enabled",
     "next_interval",
     "oom_victims",
+    "oomd_state",
     "parse_description",
     "parse_limit",
     "parse_meminfo",
     "parse_memory_events",
     "parse_memory_stat",
     "parse_oom_kill_line",
+    "parse_oomd_line",
     "parse_pressure",
     "parse_procs",
     "parse_stat",
@@ -153,6 +175,8 @@ __all__ = [
     "read_host",
     "read_meminfo",
     "read_oom_score_adj",
+    "read_oomd_chain",
+    "read_oomd_config",
     "read_smaps_rollup",
     "read_stat",
     "read_statm_rss",

@@ -3,6 +3,21 @@
 Run inside a VM of the test bed (``make bench BENCH=bench_cli.py``) or on any
 systemd host, as root (system manager) or as a user with a user manager.
 
+``--host``
+    Start-up alone, on any host, no systemd needed: each command below run
+    ``--runs`` times, interleaved (one of each per round, the order
+    rotating), with a user manager whose bus cannot be reached and a
+    registry in a temporary directory. Prints each command's median wall
+    time, its median CPU time (user + system, which another process on the
+    machine disturbs less) and both as a ratio to a bare ``python -c pass``
+    of the same interpreter. ``--source DIR`` runs the checkout in DIR
+    (``python -c 'from cli.main import main; main()'``) instead of the
+    ``agentscope`` command, so that two commits can be measured alike, one
+    run each. The commands: ``--version``; ``--help``; ``--json events``
+    (an empty registry); ``--json ls`` and ``ls --help`` (``ls`` fails at
+    the bus, exit 4, after its start-up); ``exec --help`` and ``exec``
+    of a command that is not there (exit 127 before any scope).
+
 ``exec``
     ``agentscope exec NAME -q -- true`` against ``systemd-run --scope -q
     true`` (``--user`` for the user manager) and a bare ``python -c pass``
@@ -104,11 +119,99 @@ async def bench_ls(cli: str, fleet_name: str, manager: str, agents: int) -> tupl
                 await fleet.kill(name, 9)
 
 
+# The commands of --host: (label, arguments after the global --user).
+HOST_COMMANDS = (
+    ("--version", ["--version"]),
+    ("--help", ["--help"]),
+    ("--json events", ["--json", "events"]),
+    ("--json ls (exit 4)", ["--json", "ls"]),
+    ("ls --help", ["ls", "--help"]),
+    ("exec --help", ["exec", "--help"]),
+    ("exec -- missing (exit 127)", ["exec", "b", "--", "no-such-command-agentscope"]),
+)
+
+
+def _run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system) and exit status of one run of ``cmd``."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_utime + usage.ru_stime, proc.returncode
+
+
+def bench_host(prefix: list[str], python: str, runs: int) -> dict[str, tuple[float, float, int]]:
+    """Median wall and CPU seconds and the exit status of each of :data:`HOST_COMMANDS`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
+        env = {
+            **os.environ,
+            "XDG_STATE_HOME": f"{tmp}/state",
+            "XDG_RUNTIME_DIR": f"{tmp}/run",
+            "DBUS_SESSION_BUS_ADDRESS": f"unix:path={tmp}/no-bus",
+            "COLUMNS": "100",
+        }
+        sides = {"python -c pass": [python, "-c", "pass"]}
+        sides |= {label: [*prefix, "--user", *args] for label, args in HOST_COMMANDS}
+        names = list(sides)
+        for name in names:  # warm the page cache and the bytecode caches
+            _run_measured(sides[name], env)
+        walls: dict[str, list[float]] = {name: [] for name in names}
+        cpus: dict[str, list[float]] = {name: [] for name in names}
+        codes: dict[str, int] = {}
+        for i in range(runs):
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                wall, cpu, codes[name] = _run_measured(sides[name], env)
+                walls[name].append(wall)
+                cpus[name].append(cpu)
+    return {
+        name: (statistics.median(walls[name]), statistics.median(cpus[name]), codes[name])
+        for name in names
+    }
+
+
+def host_main(source: str | None, runs: int) -> None:
+    if source is not None:
+        python = sys.executable
+        code = f"import sys; sys.path.insert(0, {source!r}); from cli.main import main; main()"
+        prefix = [python, "-c", code]
+        what = f"the checkout {source}"
+    else:
+        cli = shutil.which("agentscope")
+        if cli is None:
+            sys.exit("bench_cli: the agentscope command is not on PATH (or pass --source DIR)")
+        python = _interpreter(cli)
+        prefix = [cli]
+        what = cli
+    print(f"start-up of {what}, median of {runs} interleaved rounds, no systemd manager:")
+    results = bench_host(prefix, python, runs)
+    base_wall, base_cpu, _ = results["python -c pass"]
+    print(f"  {'command':<28} {'wall':>9} {'x python':>9} {'cpu':>9} {'x python':>9}  exit")
+    for name, (wall, cpu, code) in results.items():
+        print(
+            f"  {name:<28} {wall * 1e3:6.1f} ms {wall / base_wall:8.1f}x "
+            f"{cpu * 1e3:6.1f} ms {cpu / base_cpu:8.1f}x  {code}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--agents", type=int, default=100)
+    parser.add_argument("--host", action="store_true", help="start-up only, no systemd needed")
+    parser.add_argument("--source", help="with --host: the checkout to run, not agentscope")
+    parser.add_argument("--runs", type=int, default=30, help="with --host: rounds")
     args = parser.parse_args()
+    if args.host:
+        host_main(args.source, args.runs)
+        return
     cli = shutil.which("agentscope")
     if cli is None:
         sys.exit("bench_cli: the agentscope command is not on PATH")

@@ -1,16 +1,18 @@
-"""The host commands: doctor, gc, install, uninstall, demo."""
+"""The host commands: doctor, gc, install, uninstall, demo.
+
+What only one command needs (the doctor's checks, rich, subprocess) is
+imported by that command (issue 28).
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
-from . import _doctor, _render
 from ._context import emit_json, fleet_of, history_of, options, said, show
 from ._errors import BadInput, Failed
 from ._parse import parse_duration, parse_size
@@ -26,6 +28,8 @@ def doctor(
 
     Exits 1 when a check fails, 4 when systemd is unreachable.
     """
+    from . import _doctor, _render
+
     opts = options(ctx)
     facts = _doctor.gather(opts)
     results = _doctor.checks(facts)
@@ -74,6 +78,8 @@ def gc(
 
 
 def _run_actions(actions: Sequence[Sequence[str]], as_json: bool) -> None:
+    import subprocess
+
     for argv in actions:
         done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
         if done.returncode != 0:

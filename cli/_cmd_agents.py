@@ -1,25 +1,27 @@
-"""The agent commands: run, exec, ls, stop, kill, freeze, thaw, attach, logs, send."""
+"""The agent commands: run, exec, ls, stop, kill, freeze, thaw, attach, logs, send.
+
+rich, the renderers and what only one command needs are imported by that
+command: ``ls --json`` prints without rich (issue 28).
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.progress import Progress
 
-from agentscope._contract import stamped
-
-from . import _fleet, _render
-from ._context import console, emit_json, fleet_of, options, said, show, valid_agent, write_json
+from . import _fleet
+from ._context import emit_json, fleet_of, options, said, show, valid_agent, write_json
 from ._errors import BadInput, Failed
 from ._exec import exec_command, launch_controls
-from ._fleet import FleetLike, Options
+from ._options import Options
 from ._parse import parse_env, parse_signal, parse_size
+
+if TYPE_CHECKING:
+    from ._fleet import FleetLike
 
 __all__ = ["attach", "exec_", "freeze", "kill", "logs", "ls", "run", "send", "stop", "thaw"]
 
@@ -73,6 +75,8 @@ def run(
     reap_after: Annotated[str | None, _REAP_AFTER] = None,
 ) -> None:
     """Launch CMD as agent NAME, detached, its output going to a log file (or a tmux window)."""
+    import subprocess
+
     opts = options(ctx)
     size = parse_size(memory_max) if memory_max is not None else None
     controls = launch_controls(tasks_max, cpu_weight, io_weight, prop or [], reap_after)
@@ -153,7 +157,7 @@ def exec_(
     name: Annotated[str, typer.Argument(help="The agent's name.", callback=valid_agent)],
     cmd: Annotated[list[str], _CMD],
     memory_max: Annotated[
-        str | None, typer.Option(help="Cap the agent's memory (needs adopt() support).")
+        str | None, typer.Option(help="Cap the agent's memory: SIZE, 50% of RAM, or infinity.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not name the unit.")] = False,
     tasks_max: Annotated[str | None, _TASKS_MAX] = None,
@@ -161,13 +165,36 @@ def exec_(
     io_weight: Annotated[str | None, _IO_WEIGHT] = None,
     prop: Annotated[list[str] | None, _PROPERTY] = None,
     reap_after: Annotated[str | None, _REAP_AFTER] = None,
+    fallback: Annotated[
+        str | None,
+        typer.Option(
+            metavar="run|fail",
+            help="Where no scope can be made (no systemd manager, or it refused the scope): "
+            "run CMD unconfined, saying so on stderr (run), or exit 125 (fail, the default). "
+            "Also $AGENTSCOPE_EXEC_FALLBACK.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Move this process into a new agent scope NAME and exec CMD there.
 
-    CMD keeps the PID, stdio and signals, like systemd-run --scope.
+    CMD keeps the PID, stdio and signals, like systemd-run --scope. Exits
+    with CMD's status; its own failures are 125 (agentscope failed), 126 (CMD
+    cannot run) and 127 (CMD not found).
     """
+    from ._exec import fallback_mode
+
+    mode = fallback_mode(fallback)
     controls = launch_controls(tasks_max, cpu_weight, io_weight, prop or [], reap_after)
-    exec_command(options(ctx), name, cmd, memory_max=memory_max, quiet=quiet, controls=controls)
+    exec_command(
+        options(ctx),
+        name,
+        cmd,
+        memory_max=memory_max,
+        quiet=quiet,
+        controls=controls,
+        fallback=mode,
+    )
 
 
 def ls(ctx: typer.Context) -> None:
@@ -175,10 +202,14 @@ def ls(ctx: typer.Context) -> None:
     with fleet_of(ctx) as fleet:
         agents = [a.to_dict() for a in fleet.agents()]
     if options(ctx).json:
+        from agentscope._contract import stamped
+
         write_json([stamped("agent", a) for a in agents])  # an array: each element stamped
     elif not agents:
         sys.stdout.write(f"no agents in fleet {options(ctx).fleet!r}\n")
     else:
+        from . import _render
+
         show(_render.ls_table(agents))
 
 
@@ -214,7 +245,12 @@ def stop(
 def _stop_all(
     fleet: FleetLike, timeout: float, *, progress: bool
 ) -> tuple[list[str], list[dict[str, str]]]:
+    from rich.markup import escape
+    from rich.progress import Progress
+
     from agentscope import AgentNotFound, AgentscopeError
+
+    from ._context import console
 
     names = [a.name for a in fleet.agents()]
     stopped: list[str] = []

@@ -1,36 +1,34 @@
-"""The watching commands: report, events, top, and the foreground monitor."""
+"""The watching commands: report, events, top, and the foreground monitor.
+
+rich, the renderers and the monitor's machinery are imported by the command
+that uses them: ``events --json`` prints without them (issue 28).
+"""
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import json
 import os
-import queue
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from agentscope import RegistryError
-from agentscope._contract import monitor_event_dict, stamped
-
-from . import _fleet, _render
+from . import _fleet
 from ._context import emit_json, fleet_of, history_of, options, show
 from ._errors import BadInput, Failed, Interrupted
-from ._fleet import FleetLike, Options
-from ._notify import Notifier
 from ._parse import parse_since
 
 if TYPE_CHECKING:
+    import queue
+    from types import FrameType
+
     from agentscope.watchdog import FatalLog
 
+    from ._fleet import FleetLike, Options
     from ._http import FaceState
+    from ._notify import Notifier
 
 __all__ = ["events", "monitor", "report", "top"]
 
@@ -45,6 +43,8 @@ def report(
     if options(ctx).json:
         emit_json("report", data)
     else:
+        from . import _render
+
         show(_render.report_view(data))
 
 
@@ -104,6 +104,8 @@ _EVENTS_PAGE = 1000
 
 
 def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:
+    if not as_json:
+        from . import _render
     last = None
     for record in records:
         data = record.to_dict()
@@ -120,6 +122,9 @@ def top(
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 1.0,
 ) -> None:
     """A live view of the fleet: agents with memory bars, PSI, recent events; q quits."""
+    from agentscope._contract import stamped
+
+    from . import _render
     from ._top import run_top, snapshot
 
     opts = options(ctx)
@@ -234,7 +239,11 @@ def monitor(
     it is moved back first, and the event says whether that worked
     (docs/escapes.md).
     """
+    import contextlib
+    import signal
+
     from ._http import FaceState, HttpFace, parse_listen, start_face
+    from ._notify import Notifier
 
     opts = options(ctx)
     address = parse_listen(listen, any_address=listen_any) if listen is not None else None
@@ -251,6 +260,7 @@ def monitor(
     )
     notifier = Notifier()
     fatal = _monitor_fatal_log(opts)
+    from agentscope import RegistryError
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         raise _Stopped(signum)
@@ -348,6 +358,8 @@ def _monitor_fatal_log(opts: Options) -> FatalLog | None:
     """
     if not os.environ.get("INVOCATION_ID"):
         return None
+    import faulthandler
+
     from agentscope import default_registry_path
     from agentscope._paths import open_under
     from agentscope.watchdog import install_fatal_log
@@ -403,7 +415,10 @@ def _guard_alone(
     from pathlib import Path
 
     from agentscope import _names, _scope
+    from agentscope._contract import monitor_event_dict
     from agentscope._guard import Guard
+
+    from . import _render
 
     if slice_path is None:
         slice_path = Path(_scope.slice_cgroup(opts.resolved_manager, _names.DEFAULT_SLICE))
@@ -448,6 +463,13 @@ def _monitor_loop(
     as_json: bool,
     face: FaceState | None = None,
 ) -> None:
+    import queue
+    import threading
+
+    from agentscope._contract import monitor_event_dict
+
+    from . import _render
+
     # The events arrive on a thread of their own so that ticks (WATCHDOG=1,
     # STATUS=) go out on time even while no event comes. The queue is bounded
     # and the thread stops with the loop: a stream that never ends must not
@@ -524,6 +546,8 @@ def _drain(
     stream: _fleet.GuardedStream, inbox: queue.Queue[object], print_event: Callable[[Any], None]
 ) -> None:
     """Close ``stream`` and show what it still yields, for at most :data:`_DRAIN_TIMEOUT`."""
+    import queue
+
     stream.close()
     deadline = time.monotonic() + _DRAIN_TIMEOUT
     while (left := deadline - time.monotonic()) > 0:
@@ -559,6 +583,8 @@ def _sample(fleet: FleetLike, face: FaceState | None) -> str:
 
 
 def _status(fleet: FleetLike, listed: Sequence[Any]) -> str:
+    from ._render import format_bytes
+
     agents = [a.to_dict() for a in listed]
     states: dict[str, int] = {}
     for a in agents:
@@ -569,5 +595,5 @@ def _status(fleet: FleetLike, listed: Sequence[Any]) -> str:
     return (
         f"fleet {fleet.name}: {len(agents)} agents"
         + (f" ({detail})" if detail else "")
-        + f", {_render.format_bytes(memory)}, {kills} OOM kills"
+        + f", {format_bytes(memory)}, {kills} OOM kills"
     )

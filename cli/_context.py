@@ -7,19 +7,18 @@ fleet with :func:`fleet_of`, which closes it on every way out.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-import typer
-from rich.console import Console, RenderableType
-from rich.measure import Measurement
-
-from agentscope._contract import stamped
+from typing import TYPE_CHECKING, Any
 
 from . import _fleet
-from ._fleet import FleetLike, HistoryLike, Options
+from ._options import Options
+
+if TYPE_CHECKING:  # rich is imported by what prints with it, not by --json
+    import typer
+    from rich.console import Console, RenderableType
+
+    from ._fleet import FleetLike, HistoryLike
 
 __all__ = [
     "console",
@@ -60,15 +59,21 @@ def history_of(ctx: typer.Context) -> Iterator[HistoryLike]:
 
 def emit_json(shape: str, data: Mapping[str, Any]) -> None:
     """Print ``data`` as the contract's ``shape`` (docs/json.md): its ``schema`` field first."""
+    from agentscope._contract import stamped
+
     write_json(stamped(shape, data))
 
 
 def write_json(data: Any) -> None:
+    import json
+
     sys.stdout.write(json.dumps(data, default=str) + "\n")
     sys.stdout.flush()
 
 
 def console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
     return Console(stderr=stderr, highlight=False)
 
 
@@ -79,6 +84,8 @@ def show(renderable: RenderableType, out: Console | None = None) -> None:
     is a pipe) if it must: a line a terminal wraps, or that ``grep`` and
     ``cut`` read whole, beats a name split over four lines.
     """
+    from rich.measure import Measurement
+
     out = out if out is not None else console()
     # Measured as if the screen had no edge: a measurement is capped at the width.
     needed = Measurement.get(out, out.options.update_width(_NO_EDGE), renderable).maximum

@@ -42,11 +42,36 @@ traceback.
 |---|---|---|
 | 0 | ok | |
 | 1 | the operation failed | `bus_error`, `agent_exists`, `error`, `os_error`, `failed`, |
-| | | `unsupported`, `exec_failed`, `no_log`, `terminated`, `internal` |
-| 2 | bad usage or bad input | `usage`, `bad_input`, `invalid_name`, `launch_error` |
+| | | `no_log`, `terminated`, `internal` |
+| 2 | bad usage or bad input | `usage`, `bad_input`, `invalid_name`, `invalid_config`, |
+| | | `launch_error` |
 | 3 | no such agent | `not_found` |
 | 4 | systemd unreachable, not answering in time, or unsupported here | `systemd_unavailable` |
 | 130 | interrupted (Ctrl-C) | `interrupted` |
+
+`exec` becomes its command, so its exit status is the command's (128+N when
+signal N ended it, as a shell reports it), and its own failures use the
+codes of coreutils' `env` and `docker run`, which no command collides with:
+
+| exit | `exec` | kinds |
+|---|---|---|
+| 125 | agentscope failed: bad usage, no manager, scope refused, name taken | those of 1-4 |
+| 126 | the command cannot run: not executable, not a file, the exec refused | `cannot_run` |
+| 127 | the command is not found: not on `$PATH`, no such file | `command_not_found` |
+| 130 | interrupted (Ctrl-C) before the exec | `interrupted` |
+| other | the command's own status | |
+
+Where no scope can be made (no systemd manager reachable or answering, the
+manager refused the scope, or its start job failed), `exec --fallback run`
+runs the command all the same, unconfined and as itself (same PID, no
+scope, no record in the registry), after one line on stderr that says why;
+`AGENTSCOPE_EXEC_FALLBACK=run` does the same for every `exec` of a harness
+(`--fallback` wins over it; an empty value counts as unset). The default,
+`fail`, exits 125. Bad input, a name already taken, or a guard holding the
+host short of memory exit 125 whatever the fallback, and a bad value of
+either is exit 125 with a message naming it. `run` keeps the table above:
+it returns once the agent is launched, never with the agent's status, so
+there is nothing for its codes to collide with.
 
 SIZE is what systemd takes for `MemoryMax=`: bytes or a K/M/G/T suffix in
 powers of 1024 (`512M`, `1.5G`, `2GiB`; `KB` and `KiB` both mean 1024), a
@@ -64,8 +89,10 @@ Global options may also follow the command (`agentscope ls --json` is
 `agentscope --json ls`), anywhere before a `--`; what follows `--` is the
 agent's own command line and is left alone.
 
-`exec` starts without importing typer or rich: `main()` hands it to an
-argparse parser when it is the command (after any global options).
+`exec` starts without importing typer or rich: `main()` parses its
+arguments itself when it is the command (after any global options), and
+`--version` is answered before typer is imported. Every other command
+imports only its own module.
 
 Names are checked as they are parsed: a fleet or agent name that is not 1-64
 characters of `[A-Za-z0-9._-]` (not starting with `.` or `-`) is exit 2

@@ -23,6 +23,7 @@ _SD_PATH = "/org/freedesktop/systemd1"
 _SD_MANAGER = "org.freedesktop.systemd1.Manager"
 _UNIT_IFACE = "org.freedesktop.systemd1.Unit"
 OOMD_BINARY = Path("/usr/lib/systemd/systemd-oomd")
+_AGENTS_SLICE = "app-agentscope-agents.slice"
 LINGER_DIR = Path("/var/lib/systemd/linger")
 
 
@@ -48,6 +49,15 @@ class Facts:
     journal_groups: tuple[str, ...] = ()
     #: The user is listed in one of ``journal_groups`` (this process may predate it).
     journal_member: bool = False
+    #: What systemd-oomd would do to the fleet (agentscope.lowlevel.assess_oomd):
+    #: whether it runs, the rules covering the agents slice (one line each), those
+    #: under which oomd ignores the agent scopes' ManagedOOMPreference=avoid,
+    #: and whether agentscope's drop-ins are in effect on the slice (None: unknown).
+    oomd_running: bool = False
+    oomd_rules: tuple[str, ...] = ()
+    oomd_unprotected: tuple[str, ...] = ()
+    oomd_dropins: bool | None = None
+    oomd_error: str | None = None
 
 
 def foreign_distribution() -> tuple[str, str] | None:
@@ -86,6 +96,45 @@ async def _manager_facts(manager: str) -> tuple[str | None, str | None, str | No
     return policy, policy_error, oomd
 
 
+async def _oomd_facts(manager: str, slice_name: str) -> dict[str, Any]:
+    """What systemd-oomd would do to the fleet: its state, the rules over the agents slice."""
+    from agentscope import AgentscopeError
+    from agentscope.lowlevel import (
+        OOMD_SOCKET,
+        SystemdBus,
+        agents_ancestors,
+        assess_oomd,
+        oomd_state,
+        read_oomd_chain,
+        read_oomd_config,
+    )
+
+    system = SystemdBus("system")
+    own = SystemdBus(manager) if manager == "user" else None
+    try:
+        try:
+            await system.connect()
+        except AgentscopeError as exc:
+            return {"oomd_error": f"the system manager is unreachable: {exc}"}
+        state = await oomd_state(system, socket_present=await asyncio.to_thread(OOMD_SOCKET.exists))
+        config = await asyncio.to_thread(read_oomd_config)
+        chain = agents_ancestors(slice_name, manager, os.getuid())
+        buses = {"system": system, **({"user": own} if own is not None else {})}
+        view = assess_oomd(state, config, await read_oomd_chain(buses, chain))
+    finally:
+        system.close()
+        if own is not None:
+            own.close()
+    agents = view.chain[0]
+    return {
+        "oomd_state": state,
+        "oomd_running": view.running,
+        "oomd_rules": tuple(r.describe() for r in view.rules),
+        "oomd_unprotected": tuple(r.describe() for r in view.rules if not r.honours_avoid),
+        "oomd_dropins": None if agents.error else agents.preference == "avoid",
+    }
+
+
 def gather(opts: Options) -> Facts:
     """Probe systemd, the cgroup tree and this process for :func:`checks`."""
     import agentscope
@@ -102,8 +151,10 @@ def gather(opts: Options) -> Facts:
         caps = agentscope.probe_sync(manager).to_dict()
     except agentscope.SystemdUnavailable as exc:
         unreachable = str(exc)
+    oomd_facts: dict[str, Any] = {}
     if caps is not None:
         policy, policy_error, oomd = asyncio.run(_manager_facts(manager))
+        oomd_facts = asyncio.run(_oomd_facts(manager, str(caps.get("slice") or _AGENTS_SLICE)))
     journal = journal_access()
     return Facts(
         manager=manager,
@@ -113,7 +164,6 @@ def gather(opts: Options) -> Facts:
         default_oom_policy=policy,
         default_oom_policy_error=policy_error,
         oomd_binary=OOMD_BINARY.exists(),
-        oomd_state=oomd,
         linger=(LINGER_DIR / user).exists() if manager == "user" else None,
         oom_score_adj=read_oom_score_adj(os.getpid()),
         foreign_distribution=foreign_distribution(),
@@ -121,6 +171,7 @@ def gather(opts: Options) -> Facts:
         journal_readable=journal.readable,
         journal_groups=journal.groups,
         journal_member=_listed_in(user, journal.groups),
+        **{"oomd_state": oomd, **oomd_facts},
     )
 
 
@@ -158,6 +209,66 @@ def _victims_check(facts: Facts) -> dict[str, Any]:
         else f"sudo usermod -aG {group} {facts.user}  # then {relogin}"
     )
     return _check("oom_victims", "warn", detail, fix)
+
+
+def _oomd_check(facts: Facts) -> dict[str, Any]:
+    """What systemd-oomd would do to the fleet, and agentscope's drop-ins as the fix.
+
+    oomd kills a whole agent scope; its absence is no fault (the guard ends a
+    squeeze), so this never suggests installing or starting it.
+    """
+    install = (
+        "agentscope install --user"
+        if facts.manager == "user"
+        else "sudo agentscope install --system"
+    )
+    state = facts.oomd_state or ("installed" if facts.oomd_binary else "not installed")
+    if facts.oomd_error is not None:
+        return _check(
+            "systemd_oomd",
+            "warn",
+            f"cannot tell what systemd-oomd does: {facts.oomd_error}",
+            install,
+        )
+    if not facts.oomd_running:
+        return _check(
+            "systemd_oomd", "pass", f"systemd-oomd is {state}: it kills no agent (the guard acts)"
+        )
+    if not facts.oomd_rules:
+        return _check(
+            "systemd_oomd", "pass", f"systemd-oomd is {state}; no rule of it covers the agents"
+        )
+    rules = "; ".join(facts.oomd_rules)
+    if facts.oomd_dropins is False:
+        return _check(
+            "systemd_oomd",
+            "warn",
+            f"systemd-oomd is {state} and may kill a whole agent: {rules}; agentscope's "
+            "drop-ins (50-agentscope-oomd.conf: ManagedOOMPreference=avoid on every agent "
+            "scope, the slice's rule after the guard's) are not in effect",
+            f"{install}  # then restart the agents: a scope takes the drop-in when it starts",
+        )
+    if facts.oomd_unprotected:
+        fix = (
+            "run the fleet under the system manager, where oomd honours the scopes' "
+            "ManagedOOMPreference=avoid: sudo agentscope install --system"
+            if facts.manager == "user"
+            else install
+        )
+        return _check(
+            "systemd_oomd",
+            "warn",
+            f"systemd-oomd is {state}; under "
+            + "; ".join(facts.oomd_unprotected)
+            + ": the guard must act first (at MemAvailable and SwapFree <= 10%, the swap "
+            "rule's own moment)",
+            fix,
+        )
+    return _check(
+        "systemd_oomd",
+        "pass",
+        f"systemd-oomd is {state}; {rules}; agentscope's drop-ins keep the guard first",
+    )
 
 
 def _check(name: str, status: str, detail: str, fix: str | None = None) -> dict[str, Any]:
@@ -277,26 +388,7 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
                     policy_fix,
                 )
             )
-    if facts.oomd_binary:
-        state = facts.oomd_state or "state unknown"
-        status = "pass" if facts.oomd_state in (None, "active") else "warn"
-        out.append(
-            _check(
-                "systemd_oomd",
-                status,
-                f"systemd-oomd installed, {state}",
-                None if status == "pass" else "sudo systemctl enable --now systemd-oomd",
-            )
-        )
-    else:
-        out.append(
-            _check(
-                "systemd_oomd",
-                "warn",
-                f"systemd-oomd not installed ({OOMD_BINARY} missing)",
-                "sudo apt-get install systemd-oomd",
-            )
-        )
+    out.append(_oomd_check(facts))
     if facts.linger is None:
         out.append(_check("linger", "pass", "not needed for the system manager"))
     elif facts.linger:

@@ -11,6 +11,15 @@ This is the one place that maps exceptions to exit codes::
   130  interrupted                 Ctrl-C (KeyboardInterrupt, Interrupted), as a shell
                                reports SIGINT, in every command
 
+``exec`` becomes its command, whose status any number may be: its own
+failures are those of coreutils' ``env`` and ``docker run`` instead
+(:func:`exec_status`)::
+
+  125  agentscope failed           everything above but 130
+  126  the command cannot run      CannotRun (not executable, exec refused)
+  127  the command is not found    CommandNotFound
+  130  interrupted                 before the exec
+
 With ``--json`` the message goes to stderr as ``{"schema": "agentscope.error/1",
 "error": ..., "kind": ...}``.
 Kept free of typer and rich, and of any import its ``exec`` fast path
@@ -26,6 +35,9 @@ if TYPE_CHECKING:
     from typing import TextIO
 
 __all__ = [
+    "EXIT_CANNOT_RUN",
+    "EXIT_COMMAND_NOT_FOUND",
+    "EXIT_EXEC_FAILED",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_NOT_FOUND",
@@ -33,9 +45,12 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "BadInput",
+    "CannotRun",
+    "CommandNotFound",
     "Failed",
     "Interrupted",
     "classify",
+    "exec_status",
     "report_error",
 ]
 
@@ -45,6 +60,10 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_UNAVAILABLE = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+# exec's own (coreutils env(1), timeout(1), docker run): no command's status collides.
+EXIT_EXEC_FAILED = 125
+EXIT_CANNOT_RUN = 126
+EXIT_COMMAND_NOT_FOUND = 127
 
 
 class BadInput(ValueError):
@@ -57,6 +76,20 @@ class Failed(Exception):
     def __init__(self, message: str, kind: str = "failed") -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class CommandNotFound(Failed):
+    """``exec``'s command is not there (not on ``$PATH``, no such file): exec exits 127."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "command_not_found")
+
+
+class CannotRun(Failed):
+    """``exec``'s command is there but cannot run (not executable, exec refused): exit 126."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "cannot_run")
 
 
 class Interrupted(Exception):
@@ -103,6 +136,17 @@ def classify(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, OSError):
         return EXIT_FAILED, "os_error"
     return EXIT_FAILED, "internal"
+
+
+def exec_status(exc: BaseException) -> int:
+    """``exec``'s exit code for ``exc``: 127, 126, 130, else 125 (agentscope failed)."""
+    if isinstance(exc, CommandNotFound):
+        return EXIT_COMMAND_NOT_FOUND
+    if isinstance(exc, CannotRun):
+        return EXIT_CANNOT_RUN
+    if classify(exc)[0] == EXIT_INTERRUPTED:
+        return EXIT_INTERRUPTED
+    return EXIT_EXEC_FAILED
 
 
 def _message(exc: BaseException, kind: str) -> str:

@@ -8,6 +8,12 @@ on ``$PATH`` by hand (shutil likewise), and the scope is made by
 :func:`agentscope._exec.adopt_self`, which needs neither asyncio, dbus-fast
 nor SQLite. When that fast path cannot tell that all is ordinary, the
 library's :meth:`Fleet.adopt` does the work.
+
+Its own failures exit 125 (agentscope failed), 126 (the command cannot
+run) or 127 (not found), like coreutils' ``env`` and ``docker run``: any
+other status is the command's. Where no scope can be made, ``--fallback
+run`` (or ``AGENTSCOPE_EXEC_FALLBACK=run``) runs the command unconfined
+instead of failing.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._errors import BadInput, Failed
+from ._errors import BadInput, CannotRun, CommandNotFound
 from ._options import Options
 
 TYPE_CHECKING = False
@@ -28,6 +34,7 @@ __all__ = [
     "VALUED",
     "ExecHelp",
     "exec_command",
+    "fallback_mode",
     "launch_controls",
     "parse_exec_args",
     "resolve_command",
@@ -36,8 +43,13 @@ __all__ = [
 
 USAGE = (
     "agentscope exec NAME [--memory-max SIZE] [--tasks-max N] [--cpu-weight N] "
-    "[--io-weight N] [-p NAME=VALUE]... [--reap-after SECONDS|keep] [--quiet] -- CMD [ARGS...]"
+    "[--io-weight N] [-p NAME=VALUE]... [--reap-after SECONDS|keep] [--fallback run|fail] "
+    "[--quiet] -- CMD [ARGS...]"
 )
+
+#: Where a harness sets exec's --fallback once for every exec it starts.
+FALLBACK_ENV = "AGENTSCOPE_EXEC_FALLBACK"
+FALLBACKS = ("fail", "run")
 
 # exec's options that take a value, and the ExecArgs field each fills.
 VALUED = {
@@ -46,6 +58,7 @@ VALUED = {
     "--cpu-weight": "cpu_weight",
     "--io-weight": "io_weight",
     "--reap-after": "reap_after",
+    "--fallback": "fallback",
     "--property": "properties",
     "-p": "properties",
 }
@@ -57,6 +70,7 @@ class ExecArgs:
     __slots__ = (
         "cmd",
         "cpu_weight",
+        "fallback",
         "io_weight",
         "memory_max",
         "name",
@@ -72,6 +86,7 @@ class ExecArgs:
         self.cpu_weight: str | None = None
         self.io_weight: str | None = None
         self.reap_after: str | None = None
+        self.fallback: str | None = None
         self.properties: list[str] = []
 
 
@@ -91,8 +106,16 @@ Options:
                         CPUWeight, IOWeight, MemoryMax, MemorySwapMax, TasksMax
   --reap-after SECONDS  stop what CMD leaves in its scope this long after CMD
                         ends (default 10); keep: never
+  --fallback run|fail   where no scope can be made (no systemd manager, or it
+                        refused the scope): run CMD unconfined, saying so in
+                        one line on stderr (run), or exit 125 (fail, the
+                        default); also ${FALLBACK_ENV}
   -q, --quiet           do not print "Running as unit: ..."
   -h, --help            show this message and exit
+
+Exit status: CMD's own (128+N if a signal N ended it); 125 if agentscope
+failed (bad usage, no systemd manager, the scope refused), 126 if CMD cannot
+run, 127 if CMD is not found.
 """
 
 
@@ -156,6 +179,22 @@ def parse_exec_args(args: Sequence[str]) -> ExecArgs:
     return ns
 
 
+def fallback_mode(option: str | None, env: dict[str, str] | None = None) -> str:
+    """``run`` or ``fail``: what ``--fallback``, else ``$AGENTSCOPE_EXEC_FALLBACK``, says.
+
+    Raises:
+        BadInput: a value that is neither (an empty variable counts as unset).
+    """
+    if option is not None:
+        if option not in FALLBACKS:
+            raise BadInput(f"--fallback takes run or fail, not {option!r}")
+        return option
+    value = (env if env is not None else os.environ).get(FALLBACK_ENV, "")
+    if value and value not in FALLBACKS:
+        raise BadInput(f"{FALLBACK_ENV}={value!r} is not run or fail (unset it for fail)")
+    return value or "fail"
+
+
 def launch_controls(
     tasks_max: str | None = None,
     cpu_weight: str | None = None,
@@ -205,20 +244,23 @@ def resolve_command(prog: str, env: dict[str, str] | None = None) -> str:
     """The executable ``prog`` names, on ``$PATH`` unless it holds a slash.
 
     Raises:
-        BadInput: not found, or not executable.
+        CommandNotFound: no such file, or not on ``$PATH``;
+        CannotRun: there, but not an executable file.
     """
     if os.sep in prog:
+        if not os.path.lexists(prog):
+            raise CommandNotFound(f"{prog!r}: no such file")
         if not os.path.isfile(prog):
-            raise BadInput(f"{prog!r}: no such file")
+            raise CannotRun(f"{prog!r} is not a file one can run")
         if not os.access(prog, os.X_OK):
-            raise BadInput(f"{prog!r} is not executable (chmod +x it)")
+            raise CannotRun(f"{prog!r} is not executable (chmod +x it)")
         return prog
     path = (env if env is not None else os.environ).get("PATH", os.defpath)
     for directory in path.split(os.pathsep):
         candidate = os.path.join(directory or ".", prog)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
-    raise BadInput(f"{prog!r} not found on PATH ({path})")
+    raise CommandNotFound(f"{prog!r} not found on PATH ({path})")
 
 
 def run_exec(
@@ -229,6 +271,7 @@ def run_exec(
 ) -> None:
     """Parse ``exec``'s arguments and run :func:`exec_command`."""
     ns = parse_exec_args(args)
+    fallback = fallback_mode(ns.fallback)
     controls = launch_controls(
         ns.tasks_max, ns.cpu_weight, ns.io_weight, ns.properties, ns.reap_after
     )
@@ -240,6 +283,7 @@ def run_exec(
         quiet=ns.quiet,
         execv=execv,
         controls=controls,
+        fallback=fallback,
     )
 
 
@@ -252,15 +296,18 @@ def exec_command(
     quiet: bool = False,
     execv: Callable[[str, list[str]], object] | None = None,
     controls: dict[str, Any] | None = None,
+    fallback: str = "fail",
 ) -> None:
     """Adopt this process as agent ``name``, then exec ``cmd`` (never returns on success).
 
     ``execv`` is the exec itself (``os.execv`` when None); tests pass a
-    stand-in. ``controls`` are :func:`launch_controls`'s keywords.
+    stand-in. ``controls`` are :func:`launch_controls`'s keywords. With
+    ``fallback="run"``, a scope that cannot be made (:func:`no_scope_here`)
+    is said in one line on stderr and ``cmd`` runs unconfined all the same.
 
     Raises:
-        BadInput: no command, a bad size, a command not found (no scope is made);
-        Failed: the exec itself failed (the process is in its scope by then).
+        BadInput: no command, a bad size (no scope is made);
+        CommandNotFound, CannotRun: before the scope is made, or by the exec;
         and whatever :meth:`Fleet.adopt` raises.
     """
     if not cmd:
@@ -271,15 +318,45 @@ def exec_command(
 
         size = parse_size(memory_max)
     path = resolve_command(cmd[0])
-    unit = _adopt(opts, name, list(cmd), size, controls or {})
-    if not (quiet or opts.json):
+    unit: str | None = None
+    try:
+        unit = _adopt(opts, name, list(cmd), size, controls or {})
+    except Exception as exc:
+        if fallback != "run" or not no_scope_here(exc):
+            raise
+        sys.stderr.write(
+            f"agentscope: WARNING: no scope for agent {name!r} ({exc}); "
+            f"running {cmd[0]!r} unconfined (fallback: run)\n"
+        )
+    if unit is not None and not (quiet or opts.json):
         sys.stderr.write(f"Running as unit: {unit}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         (execv or os.execv)(path, list(cmd))
     except OSError as exc:
-        raise Failed(f"cannot exec {cmd[0]!r} in {unit}: {exc}", "exec_failed") from exc
+        where = f" in {unit}" if unit is not None else ""
+        message = f"cannot exec {cmd[0]!r}{where}: {exc}"
+        if isinstance(exc, FileNotFoundError):
+            raise CommandNotFound(message) from exc
+        raise CannotRun(message) from exc
+
+
+def no_scope_here(exc: BaseException) -> bool:
+    """Whether ``exc`` says that no scope can be made here, which ``--fallback run`` covers.
+
+    No systemd manager reachable (or not answering in time), a manager that
+    refused the scope, or a scope whose start job failed. Not bad input, not
+    a name already taken, not a guard that holds the host short of memory:
+    those fail whatever the fallback.
+    """
+    import agentscope
+
+    if isinstance(exc, agentscope.HostUnderPressure):
+        return False
+    return isinstance(
+        exc, agentscope.SystemdUnavailable | agentscope.BusError | agentscope.LaunchError
+    )
 
 
 def _adopt(

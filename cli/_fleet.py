@@ -12,9 +12,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import IO, Any, Protocol, cast
-
-from agentscope import _spool
+from typing import IO, Any, Literal, Protocol, cast
 
 from ._options import Options
 
@@ -194,10 +192,15 @@ def open_history(opts: Options) -> HistoryLike:
     Raises:
         RegistryError: the file cannot be opened (RegistryCorrupt: damaged).
     """
-    from agentscope import default_registry_path
-    from agentscope.lowlevel import Registry, resolve_manager
+    # The registry's own modules, not agentscope.lowlevel's re-exports: lowlevel
+    # imports the bus (dbus-fast, asyncio), which a registry read never needs.
+    from agentscope._names import resolve_manager
+    from agentscope._registry import Registry, default_registry_path
 
-    return _History(Registry(default_registry_path(resolve_manager(opts.manager))), opts.fleet)
+    manager: Literal["system", "user"] = (
+        "system" if resolve_manager(opts.manager) == "system" else "user"
+    )
+    return _History(Registry(default_registry_path(manager)), opts.fleet)
 
 
 def default_log_path(opts: Options, name: str, env: Mapping[str, str] = os.environ) -> Path:
@@ -217,4 +220,6 @@ def log_location(
     """:func:`default_log_path` as a trusted base and the parts agentscope creates below it."""
     if opts.resolved_manager == "system":
         return Path("/var/log"), ("agentscope", opts.fleet, f"{name}.log")
+    from agentscope import _spool
+
     return Path(_spool.state_dir("user", env)), ("logs", opts.fleet, f"{name}.log")

@@ -9,7 +9,7 @@ scrape costs no D-Bus call and no cgroup read.
 
 Loopback only unless ``--listen-any``: the figures name agents, their command
 lines' owners and the host's memory, which is not for the whole network.
-Needs prometheus-client (``pip install 'agentscope[monitor]'``), imported
+Needs prometheus-client (``pip install 'agentscope-systemd[monitor]'``), imported
 only when the face is started.
 """
 
@@ -585,7 +585,7 @@ def start_face(address: tuple[str, int], state: FaceState) -> HttpFace:
         from prometheus_client import CollectorRegistry, ProcessCollector
     except ImportError as exc:
         raise Failed(
-            "--listen needs prometheus-client: pip install 'agentscope[monitor]'", "failed"
+            "--listen needs prometheus-client: pip install 'agentscope-systemd[monitor]'", "failed"
         ) from exc
     registry = CollectorRegistry(auto_describe=False)
     collector: Collector = _StateCollector(state)

@@ -2,8 +2,10 @@
 
 ``exec`` takes a fast path that imports neither typer nor rich (nor
 logging, nor anything it can do without): it moves this process into a
-scope and execs, so its start-up is the command's. Every other command goes
-through the typer app in :mod:`._app`.
+scope and execs, so its start-up is the command's. ``--version`` is
+answered before typer is imported. Every other command goes through the
+typer app in :mod:`._app`, which imports only the module of the command
+that runs.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ if TYPE_CHECKING:  # annotations only: collections and typing cost imports
     from collections.abc import Sequence
     from typing import NoReturn
 
-__all__ = ["hoist_globals", "main", "split_globals"]
+__all__ = ["hoist_globals", "main", "print_version", "split_globals", "version_only"]
 
 _VALUED = ("--manager", "--fleet")
 _FLAGS = ("--json", "--debug", *MANAGER_FLAGS)
@@ -132,6 +134,60 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(report_error(exc, json_mode="--json" in args, debug="--debug" in args))
 
 
+def print_version(as_json: bool) -> None:
+    """``--version``'s line (``agentscope.version/1`` with ``--json``)."""
+    from agentscope import __version__
+
+    if as_json:
+        import json
+
+        from agentscope._contract import stamped
+
+        sys.stdout.write(json.dumps(stamped("version", {"version": __version__})) + "\n")
+    else:
+        sys.stdout.write(f"agentscope {__version__}\n")
+    sys.stdout.flush()
+
+
+def version_only(args: Sequence[str]) -> bool | None:
+    """Whether ``args`` ask for the version alone, and in JSON: None if they ask for more.
+
+    ``--version`` is eager: typer prints it whatever the values of the other
+    global options. Anything else (a command, an unknown option, an option
+    without its value) goes to typer, which also says what is wrong.
+    """
+    seen, as_json, i = False, False, 0
+    while i < len(args):
+        arg = args[i]
+        key, eq, _ = arg.partition("=")
+        if arg == "--version":
+            seen = True
+        elif key in _VALUED and not eq:
+            if i + 1 >= len(args):
+                return None
+            i += 1  # its value, whatever it looks like
+        elif key not in _VALUED and arg not in _FLAGS:
+            return None
+        as_json = as_json or arg == "--json"
+        i += 1
+    return as_json if seen else None
+
+
+def _command_word(args: Sequence[str]) -> str | None:
+    """The command ``args`` name: the first word that is not a global option or its value."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+        if arg in _VALUED:
+            i += 1
+        i += 1
+    return None
+
+
 def _main(argv: Sequence[str] | None) -> NoReturn:
     args = hoist_globals(sys.argv[1:] if argv is None else argv)
     split = split_globals(args)
@@ -147,13 +203,24 @@ def _main(argv: Sequence[str] | None) -> NoReturn:
             sys.stdout.write(HELP)
             sys.exit(0)
         except (Exception, KeyboardInterrupt) as exc:
-            from ._errors import report_error
+            from ._errors import exec_status, report_error
 
-            sys.exit(report_error(exc, json_mode=opts.json, debug=opts.debug))
+            report_error(exc, json_mode=opts.json, debug=opts.debug)
+            sys.exit(exec_status(exc))
         sys.exit(0)  # reached only with a stand-in exec
+    version = version_only(args)
+    if version is not None:
+        print_version(as_json=version)
+        sys.exit(0)
     from ._logging import setup_logging
 
     setup_logging(opts.debug)
     from ._app import run_app
 
-    sys.exit(run_app(args, opts))
+    code = run_app(args, opts)
+    if code not in (0, 130) and _command_word(args) == "exec":
+        # exec with global options typer had to read: they were bad. Its own code.
+        from ._errors import EXIT_EXEC_FAILED
+
+        code = EXIT_EXEC_FAILED
+    sys.exit(code)

@@ -66,6 +66,10 @@ class Distro:
     extra_mirrors: tuple[str, ...] = ()
     aptopts: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()  # extra mmdebstrap --customize-hook commands
+    # Packages beyond _PACKAGES: systemd-oomd for the host profiles (roothelper.sh
+    # profile), on the distros whose suites run them (integration/tests/test_hosts.py).
+    # Not on sd247: bullseye's systemd 247 has no systemd-oomd package.
+    packages: tuple[str, ...] = ()
 
 
 # bullseye's systemd 247.3 under a bookworm userland (Python 3.11), as in
@@ -88,7 +92,7 @@ DISTROS: dict[str, Distro] = {
             hooks=(_SD247_DOWNGRADE,),
         ),
         Distro("bookworm", "bookworm", "252", "3.11"),
-        Distro("trixie", "trixie", "257", "3.13"),
+        Distro("trixie", "trixie", "257", "3.13", packages=("systemd-oomd",)),
         Distro(
             "sid",
             "sid",
@@ -96,6 +100,7 @@ DISTROS: dict[str, Distro] = {
             "3.14",
             # The sid index here is a snapshot whose Release file has expired.
             aptopts=('Acquire::Check-Valid-Until "false"',),
+            packages=("systemd-oomd",),
         ),
     )
 }
@@ -263,6 +268,13 @@ def _hooks(distro: Distro, files: Path, wheels: Path) -> list[str]:
         "apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer "
         "man-db.timer || true",
         'chroot "$1" systemctl mask earlyoom.service',
+        # Debian's default host has no systemd-oomd: installed for the host profiles,
+        # masked until one is applied (roothelper.sh profile).
+        *(
+            ['chroot "$1" systemctl mask systemd-oomd.service systemd-oomd.socket']
+            if "systemd-oomd" in distro.packages
+            else []
+        ),
         f'cp -r {wheels} "$1/tmp/wheels"',
         'chroot "$1" python3 -m venv /opt/agentscope',
         'chroot "$1" /opt/agentscope/bin/python -m pip install --quiet --no-index '
@@ -320,7 +332,7 @@ def _build(distro: Distro, out: Path) -> None:
             "mmdebstrap",
             "--mode=root" if as_root else "--mode=unshare",
             "--variant=apt",
-            "--include=" + ",".join(_PACKAGES),
+            "--include=" + ",".join((*_PACKAGES, *distro.packages)),
             *(f"--aptopt={o}" for o in distro.aptopts),
             *(f"--customize-hook={h}" for h in hooks),
             distro.suite,

@@ -11,6 +11,17 @@
 #                         test of victims named from it (test_recovery.py); it removes it
 #   journal_reader run SCRIPT   run integration/tests/SCRIPT as the test user, with the
 #                         groups of a new login (the suite's own process predates them)
+#   profile ubuntu|fedora|debian   the host as users have it (issue #25), for the tests
+#                         that need one (test_hosts.py), which go back to debian after:
+#                         ubuntu: a swap file as large as memory, systemd-oomd with
+#                         Ubuntu's drop-ins (user@.service ManagedOOMMemoryPressure=kill
+#                         at 50 %, -.slice ManagedOOMSwap=kill, 20 s pressure duration);
+#                         fedora: zram swap as large as memory (zram-generator's
+#                         min(ram, 8G), priority 100), systemd-oomd with Fedora's
+#                         systemd-oomd-defaults (-.slice ManagedOOMSwap=kill, every
+#                         slice of system.slice and of each user manager at 80 %, 20 s);
+#                         debian: none of it (Debian's default: no swap, no oomd).
+#                         The distributions' drop-ins go where they put them, /usr/lib.
 set -u
 . /payload/env 2>/dev/null || true
 lru=/sys/kernel/mm/lru_gen
@@ -48,6 +59,69 @@ journal_reader)
             DBUS_SESSION_BUS_ADDRESS="unix:path=/run/user/$uid/bus" \
             PYTHONDONTWRITEBYTECODE=1 python "$script" ;;
     *) echo "journal_reader: add, remove or run SCRIPT"; exit 2 ;;
+    esac
+    ;;
+profile)
+    lib=/usr/lib/systemd
+    uid=$(id -u "${TEST_USER:?no test user}")
+    reload() {
+        systemctl daemon-reload
+        runuser -u "$TEST_USER" -- env XDG_RUNTIME_DIR="/run/user/$uid" systemctl --user daemon-reload
+    }
+    mem_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
+    case "${2:-}" in
+    ubuntu|fedora)
+        swapon --show=NAME --noheadings | grep -q . && { echo "swap is on already"; exit 3; }
+        mkdir -p "$lib/system/-.slice.d" "$lib/oomd.conf.d"
+        printf '[Slice]\nManagedOOMSwap=kill\n' >"$lib/system/-.slice.d/10-oomd-root-slice-defaults.conf"
+        printf '[OOM]\nDefaultMemoryPressureDurationSec=20s\n' >"$lib/oomd.conf.d/10-oomd-defaults.conf"
+        if [ "$2" = ubuntu ]; then
+            fallocate -l "${mem_kb}K" /swapfile && chmod 600 /swapfile && mkswap -q /swapfile \
+                && swapon /swapfile || exit 1
+            mkdir -p "$lib/system/user@.service.d"
+            printf '[Service]\nManagedOOMMemoryPressure=kill\nManagedOOMMemoryPressureLimit=50%%\n' \
+                >"$lib/system/user@.service.d/10-oomd-user-service-defaults.conf"
+        else
+            modprobe zram && dev=$(zramctl --find --size "${mem_kb}K") && mkswap -q "$dev" \
+                && swapon -p 100 "$dev" || exit 1
+            mkdir -p "$lib/system/system.slice.d" "$lib/user/slice.d"
+            for f in "$lib/system/system.slice.d" "$lib/user/slice.d"; do
+                printf '[Slice]\nManagedOOMMemoryPressure=kill\nManagedOOMMemoryPressureLimit=80%%\n' \
+                    >"$f/10-oomd-per-slice-defaults.conf"
+            done
+        fi
+        reload
+        systemctl unmask systemd-oomd.socket systemd-oomd.service >/dev/null 2>&1
+        systemctl start systemd-oomd.service || exit 1
+        echo "profile $2: $(swapon --show=NAME,TYPE,SIZE --noheadings | tr '\n' ' ')"
+        oomctl 2>&1 | head -n 40
+        ;;
+    debian)
+        systemctl stop systemd-oomd.service systemd-oomd.socket 2>/dev/null
+        systemctl mask systemd-oomd.service systemd-oomd.socket >/dev/null 2>&1
+        rm -f "$lib/system/-.slice.d/10-oomd-root-slice-defaults.conf" \
+            "$lib/oomd.conf.d/10-oomd-defaults.conf" \
+            "$lib/system/user@.service.d/10-oomd-user-service-defaults.conf" \
+            "$lib/system/system.slice.d/10-oomd-per-slice-defaults.conf" \
+            "$lib/user/slice.d/10-oomd-per-slice-defaults.conf"
+        # swapoff pulls every swapped page back into RAM: with less memory
+        # available than swap used it would run the VM out of memory.
+        for _ in $(seq 60); do
+            awk '/^MemAvailable:/ {a=$2} /^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2}
+                 END {exit !(a > t - f + 65536)}' /proc/meminfo && break
+            sleep 1
+        done
+        swapoff -a || { echo "swapoff failed: $(grep -E 'MemAvailable|Swap' /proc/meminfo | tr -s ' \n' ' ')"; exit 1; }
+        rm -f /swapfile
+        # udev may still hold a device it just saw go: a moment, then once more.
+        for z in /dev/zram*; do
+            [ -b "$z" ] && { zramctl --reset "$z" 2>/dev/null || { sleep 1; zramctl --reset "$z"; }; }
+        done
+        modprobe -r zram 2>/dev/null
+        reload
+        echo "profile debian: swap '$(swapon --show --noheadings)'"
+        ;;
+    *) echo "profile: ubuntu, fedora or debian"; exit 2 ;;
     esac
     ;;
 *) echo "unknown request: ${1:-}"; exit 2 ;;

@@ -57,6 +57,17 @@ _ACCEL = {
     "kvm": ["-accel", "kvm", "-cpu", "host"],
     "tcg": ["-accel", "tcg,thread=multi", "-cpu", "max"],
 }
+# What qemu prints when KVM cannot run the guest. It then *pauses* the VM and
+# stays alive rather than exiting (seen on this project's own machine kind,
+# whose /dev/kvm opens: ../shared/FIELD-NOTES.md, "Hosts as users have them").
+_KVM_DEAD = re.compile(
+    r"KVM internal error|emulation failure|KVM: entry failed|error: kvm run failed"
+)
+# Seconds without one byte on either serial port after which a guest is taken
+# for stuck, not slow. Under KVM the kernel's first console line comes within
+# a second or two; under TCG the payload's first line within ~20 s (measured
+# 2026-12-02: console ~3-6 s, payload ~15-25 s on an idle 2-core host).
+_SILENCE = {"kvm": 45.0, "tcg": 240.0}
 
 
 def _log(msg: str) -> None:
@@ -233,25 +244,57 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _start_qemu(cmd: list[str], work: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=(work / "qemu.err").open("wb"),
-        # qemu's snapshot overlay goes here and is removed with the run.
-        env={**os.environ, "TMPDIR": str(work)},
-        preexec_fn=_die_with_parent,
-    )
+    with (work / "qemu.err").open("wb") as err:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            # qemu's snapshot overlay goes here and is removed with the run.
+            env={**os.environ, "TMPDIR": str(work)},
+            preexec_fn=_die_with_parent,
+        )
+
+
+def _stuck(work: Path, mode: str, started: float) -> str | None:
+    """Why a VM that has not exited is not going anywhere, or None while it may be slow.
+
+    A guest that stopped without qemu exiting (KVM's internal error or
+    emulation failure pauses it) or that printed nothing at all on either
+    serial port within ``_SILENCE[mode]`` seconds is stuck.
+    """
+    if mode == "kvm":
+        err = (
+            (work / "qemu.err").read_text(errors="replace") if (work / "qemu.err").exists() else ""
+        )
+        if m := _KVM_DEAD.search(err):
+            line = next((ln for ln in err.splitlines() if m.group(0) in ln), m.group(0))
+            return f"qemu paused the guest: {line.strip()[:160]}"
+    silent = time.monotonic() - started
+    if silent > _SILENCE[mode] and not any(
+        (work / name).exists() and (work / name).stat().st_size
+        for name in ("console.log", "out.log")
+    ):
+        return f"no console output in {silent:.0f}s"
+    return None
 
 
 def _follow(
-    proc: subprocess.Popen[bytes], out: Path, timeout: float, t0: float, prefix: str
-) -> tuple[str | None, dict[str, str], dict[str, list[str]], bool, bool]:
+    proc: subprocess.Popen[bytes],
+    out: Path,
+    timeout: float,
+    t0: float,
+    prefix: str,
+    stuck: Callable[[], str | None],
+) -> tuple[str | None, dict[str, str], dict[str, list[str]], bool, bool, str | None]:
     """Stream the payload's serial.
 
-    Returns (status, summaries, failures, whether any line came, whether the VM ended itself).
+    Returns (status, summaries, failures, whether any line came, whether the
+    VM ended itself, why it is stuck: see _stuck).
     """
     status: str | None = None
+    why_stuck: str | None = None
+    next_check = 0.0
     summaries: dict[str, str] = {}
     failures: dict[str, list[str]] = {}
     current: str | None = None
@@ -280,12 +323,17 @@ def _follow(
                 break
             else:
                 time.sleep(0.2)
+            # Until the guest has said something: is it slow, or stuck for good?
+            if not seen and time.monotonic() >= next_check:
+                next_check = time.monotonic() + 1.0
+                if why_stuck := stuck():
+                    break
             if time.monotonic() - t0 > timeout:
                 _log(f"{prefix}timeout after {timeout:.0f}s, stopping the VM")
                 break
             if _STOPPING.is_set():
                 break
-    return status, summaries, failures, seen, ended
+    return status, summaries, failures, seen, ended, why_stuck
 
 
 def boot(
@@ -343,32 +391,42 @@ def boot(
         ]
         _log(f"booting {distro.name} (systemd {distro.systemd}), managers: {' '.join(managers)}")
         t0 = time.monotonic()
-        # KVM first where /dev/kvm opens; a qemu that dies at once under it (seen on a
-        # host whose KVM refuses an MSR write) falls back to TCG.
+        # KVM first where /dev/kvm opens. A qemu that dies at once under it (seen on a
+        # host whose KVM refuses an MSR write) or that pauses the guest (KVM's
+        # emulation failure on this project's own machine kind) falls back to TCG
+        # at once; a guest that is merely slow is left alone.
         plan = [accel] if accel != "auto" else ["kvm", "tcg"] if _kvm_usable() else ["tcg"]
-        panics = 0
+        retried = False
         while plan:
             mode = plan[0]
             out.write_bytes(b"")
+            console.write_bytes(b"")
             started = time.monotonic()
             proc = _start_qemu([*cmd[:1], *_ACCEL[mode], *cmd[1:]], work)
-            status, summaries, failures, seen, ended = _follow(proc, out, timeout, t0, prefix)
+            status, summaries, failures, seen, ended, why_stuck = _follow(
+                proc, out, timeout, t0, prefix, functools.partial(_stuck, work, mode, started)
+            )
             _stop(proc)
-            if ended and not seen and mode == "kvm" and len(plan) > 1:
+            if (ended or why_stuck) and not seen and mode == "kvm" and len(plan) > 1:
                 err = (work / "qemu.err").read_text(errors="replace").strip().splitlines()
-                why = err[0][:200] if err else f"qemu ended after {time.monotonic() - started:.0f}s"
+                why = why_stuck or (
+                    err[0][:200] if err else f"qemu ended after {time.monotonic() - started:.0f}s"
+                )
                 _log(f"{distro.name}: KVM did not work here ({why}); booting under TCG")
                 plan.pop(0)
                 continue
             # Under TCG a guest kernel now and then panics while it boots (seen: an
             # oops in cgroup_subtree_control_write before any test ran). A VM that
-            # ended by itself before the payload printed a line is booted once more;
-            # anything later is a result.
+            # ended by itself, or went silent, before the payload printed a line is
+            # booted once more; anything later is a result.
             panicked = b"Kernel panic" in console.read_bytes() if console.exists() else False
-            if ended and not seen and panicked and panics == 0:
-                panics += 1
-                _log(f"{distro.name}: the guest kernel panicked before the payload ran; again")
+            if not seen and not retried and (why_stuck or (ended and panicked)):
+                retried = True
+                why = why_stuck or "the guest kernel panicked"
+                _log(f"{distro.name}: {why} before the payload ran; booting again")
                 continue
+            if why_stuck:
+                _log(f"{distro.name}: {why_stuck}; giving up on this VM")
             break
         _log(f"{distro.name}: ran under {mode.upper()}")
         elapsed = time.monotonic() - t0
@@ -387,6 +445,15 @@ def boot(
         if proc is not None:
             _stop(proc)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _prefetch(distros: list[str]) -> None:
+    """Build the images in order, in the background; a failure is the VM's to report."""
+    for d in distros:
+        if _STOPPING.is_set():
+            return
+        with contextlib.suppress(Exception):
+            images.ensure_image(d)
 
 
 def _boot_parallel(
@@ -495,15 +562,24 @@ def main(argv: list[str] | None = None) -> int:
                     results.update({(d, m): r for m, r in got.items()})
             else:
                 built = []
-                for d in distros:  # built one after another, before any VM runs
-                    try:
-                        images.ensure_image(d, rebuild=args.rebuild)
-                    except Exception as exc:
-                        results.update(
-                            {(d, m): r for m, r in _runner_failed(d, managers, exc).items()}
-                        )
-                        continue
-                    built.append(d)
+                if args.rebuild:
+                    for d in distros:  # rebuilt one after another, before any VM runs
+                        try:
+                            images.ensure_image(d, rebuild=True)
+                        except Exception as exc:
+                            results.update(
+                                {(d, m): r for m, r in _runner_failed(d, managers, exc).items()}
+                            )
+                            continue
+                        built.append(d)
+                else:
+                    # The first VMs boot as soon as their own image is there while
+                    # the rest are built behind them (each VM's boot takes its
+                    # image's build lock, so it waits for a build under way or
+                    # makes its own): a fresh machine's four builds (~6 min) no
+                    # longer all come before the first test.
+                    built = list(distros)
+                    threading.Thread(target=_prefetch, args=(built,), daemon=True).start()
                 if built:
                     results.update(_boot_parallel(built, managers, args.jobs, run_one))
                 # In the order asked for, not the order they finished.

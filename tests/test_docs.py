@@ -207,6 +207,7 @@ def test_exec_fast_path_takes_every_documented_exec_option() -> None:
         "-p": "TasksMax=64",
         "--property": "TasksMax=64",
         "--reap-after": "keep",
+        "--fallback": "run",
     }
     for opt in _documented_options()["exec"]:
         args = [opt, values[opt]] if opt in values else [opt]

@@ -143,10 +143,25 @@ def test_default_output_is_what_the_design_asks_for(tmp_path: Path) -> None:
         "MemoryHigh=infinity",
         "MemoryMax=infinity",
         "MemorySwapMax=infinity",
-        "ManagedOOMMemoryPressure=kill",
-        "ManagedOOMMemoryPressureLimit=80%",
     ):
         assert f"\n{line}\n" in slice_unit
+    # systemd-oomd's settings are drop-ins, numbered after the distributions' 10- ones.
+    dropin = "50-agentscope-oomd.conf"
+    agents_oomd = (out / f"app-agentscope-agents.slice.d/{dropin}").read_text()
+    for line in (
+        "ManagedOOMMemoryPressure=kill",
+        "ManagedOOMMemoryPressureLimit=80%",
+        "ManagedOOMSwap=auto",
+        "ManagedOOMPreference=avoid",
+    ):
+        assert f"\n{line}\n" in agents_oomd
+    assert "ManagedOOM" not in slice_unit.replace("ManagedOOM*", "")
+    scopes = (out / f"agentscope-.scope.d/{dropin}").read_text()
+    assert "\n[Scope]\nManagedOOMPreference=avoid\n" in scopes
+    parent = (out / f"app-agentscope.slice.d/{dropin}").read_text()
+    assert "\nManagedOOMMemoryPressure=auto\nManagedOOMSwap=auto\n" in parent
+    monitor_oomd = (out / f"agentscope-monitor@.service.d/{dropin}").read_text()
+    assert "\n[Service]\nManagedOOMPreference=avoid\n" in monitor_oomd
     monitor = (out / "agentscope-monitor@.service").read_text()
     for line in (
         "Type=notify",
@@ -157,7 +172,6 @@ def test_default_output_is_what_the_design_asks_for(tmp_path: Path) -> None:
         "OOMScoreAdjust=200",
         "Restart=on-failure",
         "RestartSec=2",
-        "ManagedOOMPreference=avoid",
         "Slice=app-agentscope.slice",
         "KillMode=control-group",
         "WantedBy=multi-user.target",
@@ -205,6 +219,10 @@ def test_writes_nothing_outside_its_output_directory(tmp_path: Path) -> None:
         "normal/app-ai-agents.slice",
         "normal/agentscope-monitor@.service",
         "normal/multi-user.target.wants/agentscope-monitor@alpha.service",
+        "normal/app-ai-agents.slice.d/50-agentscope-oomd.conf",
+        "normal/app-ai.slice.d/50-agentscope-oomd.conf",
+        "normal/agentscope-.scope.d/50-agentscope-oomd.conf",
+        "normal/agentscope-monitor@.service.d/50-agentscope-oomd.conf",
     }
     assert {p: after[p] for p in before} == before
     assert not any((tmp_path / "early").iterdir())

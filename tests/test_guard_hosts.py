@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import GuardConfig, GuardKill, RegistryError
+from agentscope import AsyncFleet, GuardConfig, GuardKill, RegistryError
 from agentscope._guard import _kill, run_guard
 from agentscope._guardcause import CauseTracker, outside_cgroups
 from agentscope._guardlock import SliceLock, lock_name
@@ -53,6 +53,7 @@ from tests.test_guard import (  # noqa: F401 (fixtures)
     SLICE,
     WAIT,
     Tree,
+    fleet,
     kernel,
     reading,
     sleeper,
@@ -687,3 +688,30 @@ def test_a_kill_by_another_fleets_guard_is_told_by_the_agents_own_fleet(
     assert [(k.pid, k.agent, k.comm, k.trigger) for k in by_f] == [
         (sleeper.pid, "a", "node", "memory")
     ]
+
+
+async def test_a_fleet_records_guard_kills_of_its_own_agents_only(fleet: AsyncFleet) -> None:
+    def kill(agent: str | None) -> GuardKill:
+        return GuardKill(
+            ts=time.time(),
+            agent=agent,
+            unit="agentscope-o-x-000001.scope",
+            pid=4242,
+            comm="node",
+            cmdline="node x",
+            rss=900 << 20,
+            swap=0,
+            trigger="memory",
+            mem_available_percent=5.0,
+            swap_free_percent=1.0,
+            psi_full_avg10=0.0,
+            psi_some_avg10=0.0,
+            reaction_seconds=0.01,
+            released=True,
+        )
+
+    # Another fleet's agent, killed by this fleet's guard: that fleet records it.
+    await fleet._record_monitor_event(kill(None))
+    assert await fleet.events(kind="guard_kill") == []
+    await fleet._record_monitor_event(kill("a"))
+    assert [e.agent for e in await fleet.events(kind="guard_kill")] == ["a"]

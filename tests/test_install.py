@@ -19,6 +19,16 @@ EXEC = "/opt/agentscope/bin/agentscope"
 HOME = PurePosixPath("/home/alice")
 GEN = "/usr/local/lib/systemd/{}-generators/agentscope-generator"
 USER_UNITS = "/home/alice/.config/systemd/user"
+#: systemd-oomd's drop-ins of a user install (numbered after the distributions' 10-).
+OOMD_DROPINS = [
+    f"{USER_UNITS}/{unit}.d/50-agentscope-oomd.conf"
+    for unit in (
+        "app-agentscope-agents.slice",
+        "app-agentscope.slice",
+        "agentscope-.scope",
+        "agentscope-monitor@.service",
+    )
+]
 
 
 def tree(top: Path) -> dict[str, tuple[str, bytes | str]]:
@@ -102,6 +112,7 @@ def test_user_plan_lists_exactly_these_files(
         f"{USER_UNITS}/agentscope-monitor@.service",
         f"{USER_UNITS}/default.target.wants/agentscope-monitor@default.service",
         f"{USER_UNITS}/default.target.wants/agentscope-monitor@ci.service",
+        *OOMD_DROPINS,
     }
     if dropin:
         expected.add("/home/alice/.config/systemd/user.conf.d/60-agentscope-oom-policy.conf")
@@ -185,6 +196,61 @@ def test_user_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
     assert manifest is not None
     apply_plan(plan_uninstall(manifest))
     assert tree(tmp_path) == {}
+
+
+def test_user_install_writes_the_oomd_drop_ins_and_uninstall_removes_them(
+    tmp_path: Path,
+) -> None:
+    lines = apply_plan(user_plan(tmp_path, 257))
+    for path in OOMD_DROPINS:
+        assert f"write {path} (0644)" in lines
+    units = tmp_path / USER_UNITS.lstrip("/")
+    agents = (units / "app-agentscope-agents.slice.d/50-agentscope-oomd.conf").read_text()
+    assert "\n[Slice]\n" in agents
+    for line in (
+        "ManagedOOMMemoryPressure=kill",
+        "ManagedOOMMemoryPressureLimit=80%",
+        "ManagedOOMSwap=auto",
+        "ManagedOOMPreference=avoid",
+    ):
+        assert f"\n{line}\n" in agents
+    scopes = (units / "agentscope-.scope.d/50-agentscope-oomd.conf").read_text()
+    assert "\n[Scope]\nManagedOOMPreference=avoid\n" in scopes
+    monitor = (units / "agentscope-monitor@.service.d/50-agentscope-oomd.conf").read_text()
+    assert "\n[Service]\nManagedOOMPreference=avoid\n" in monitor
+    parent = (units / "app-agentscope.slice.d/50-agentscope-oomd.conf").read_text()
+    assert "\nManagedOOMMemoryPressure=auto\nManagedOOMSwap=auto\n" in parent
+    # A distribution's 10- drop-in beside ours sorts first: ours wins.
+    fedora = units / "app-agentscope-agents.slice.d/10-oomd-per-slice-defaults.conf"
+    fedora.write_text("[Slice]\nManagedOOMMemoryPressure=kill\n")
+    assert sorted(p.name for p in fedora.parent.iterdir())[-1] == "50-agentscope-oomd.conf"
+    manifest = _install.load_manifest("user", root=tmp_path, home=HOME)
+    assert manifest is not None
+    lines = apply_plan(plan_uninstall(manifest))
+    for path in OOMD_DROPINS:
+        assert f"remove {path}" in lines
+        assert not (tmp_path / path.lstrip("/")).exists()
+    # The distribution's file stays, and so does the directory that holds it.
+    assert fedora.is_file()
+    assert not (units / "agentscope-.scope.d").exists()
+
+
+def test_system_install_s_generator_writes_the_oomd_drop_ins(tmp_path: Path) -> None:
+    apply_plan(system_plan(tmp_path, 257))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-I", str(tmp_path / GEN.format("system").lstrip("/")), str(out)],
+        env={"AGENTSCOPE_CONFIG": str(tmp_path / "etc/agentscope/agentscope.toml")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for unit in ("app-agentscope-agents.slice", "app-agentscope.slice", "agentscope-.scope"):
+        assert (out / f"{unit}.d/50-agentscope-oomd.conf").is_file()
+    text = (out / "agentscope-monitor@.service.d/50-agentscope-oomd.conf").read_text()
+    assert "ManagedOOMPreference=avoid" in text
 
 
 def test_pre_existing_files_survive_install_and_uninstall(tmp_path: Path) -> None:

@@ -191,7 +191,7 @@ def test_exec_fast_path_records_the_agent(fleet: str, tmp_path: Path) -> None:
         assert (event["agent"], event["detail"]["via"]) == ("me", "exec")
         # While it runs, its name is taken, through the fast path or not.
         again = cli("--json", "--fleet", fleet, "exec", "me", "--", "true")
-        assert again.returncode == 1, again.stderr
+        assert again.returncode == 125, again.stderr  # exec's own failure
         assert json.loads(again.stderr)["kind"] == "agent_exists"
         ok_json("--fleet", fleet, "stop", "me", "--timeout", "5")
         assert proc.wait(30) is not None
@@ -246,7 +246,8 @@ def test_exec_clears_stale_slice_limits(fleet: str) -> None:
         (["run", "bad name", "--", "true"], 2, "invalid_name"),
         (["run", "a", "--memory-max", "lots", "--", "true"], 2, "bad_input"),
         (["run", "a", "--", "no-such-binary-xyz"], 2, "launch_error"),
-        (["exec", "a", "--", "no-such-binary-xyz"], 2, "bad_input"),
+        (["exec", "a", "--", "no-such-binary-xyz"], 127, "command_not_found"),
+        (["exec", "a", "--memory-max", "lots", "--", "true"], 125, "bad_input"),
     ],
 )
 def test_bad_input_exit_codes(fleet: str, args: list[str], code: int, kind: str) -> None:
@@ -268,6 +269,18 @@ def test_systemd_unreachable_is_exit_4(fleet: str) -> None:
     done = cli("--json", "--fleet", fleet, "ls", env=env)
     assert done.returncode == 4
     assert json.loads(done.stderr)["kind"] == "systemd_unavailable"
+    # exec: its own 125, or with --fallback run the command, unconfined, as itself.
+    done = cli("--json", "--fleet", fleet, "exec", "me", "--", "true", env=env)
+    assert (done.returncode, json.loads(done.stderr)["kind"]) == (125, "systemd_unavailable")
+    script = "cat /proc/self/cgroup; exit 3"
+    for how in (["--fallback", "run"], []):
+        done = cli(
+            "--fleet", fleet, "exec", "me", *how, "--", "sh", "-c", script,
+            env={**env, "AGENTSCOPE_EXEC_FALLBACK": "run"} if not how else env,
+        )  # fmt: skip
+        assert done.returncode == 3, done.stderr
+        assert "unconfined" in done.stderr
+        assert f"agentscope-{fleet}-me-" not in done.stdout
     assert "/nonexistent/bus" in done.stderr
     # What needs the registry alone still works: events, gc (and logs of a log file).
     for args in (["events", "--since", "-1h"], ["gc", "--retention", "1h30min"]):

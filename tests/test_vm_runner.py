@@ -1,0 +1,146 @@
+"""The VM runner (integration/vm.py) tells a stuck VM from a slow one (issue #29).
+
+On this project's own machine kind /dev/kvm opens, but the guest dies of an
+emulation failure and qemu *pauses* it instead of exiting: a runner that
+falls back to TCG only when qemu exits waits out its whole timeout. These
+tests run the runner's boot loop over a stand-in qemu (a shell script on
+PATH) that behaves as that host's does under KVM and boots under TCG.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+import images
+import vm
+
+# A stand-in for qemu-system-x86_64: $MODE_KVM says what it does under KVM
+# (pause: print KVM's internal error and hang, as qemu does when it pauses the
+# guest; silent: hang without a word; boot: run); under TCG it always boots,
+# after $TCG_DELAY seconds, and prints the payload's status on the second serial.
+FAKE_QEMU = r"""#!/bin/sh
+accel=""; serials=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -accel) accel=$2; shift ;;
+    -serial) serials="$serials ${2#file:}"; shift ;;
+    esac
+    shift
+done
+set -- $serials
+console=$1; out=$2
+echo "$accel" >> "$FAKE_LOG"
+case "$accel" in
+kvm*)
+    case "$MODE_KVM" in
+    pause)
+        echo "KVM internal error. Suberror: 1" >&2
+        echo "emulation failure" >&2
+        exec sleep 600 ;;
+    silent) exec sleep 600 ;;
+    esac ;;
+esac
+sleep "${TCG_DELAY:-0}"
+echo "[    0.000000] Linux version 6.12" >> "$console"
+printf '==== fake (systemd 257) system manager ====\n' >> "$out"
+printf '===== 1 passed in 0.10s =====\n' >> "$out"
+printf '@@AGENTSCOPE-STATUS system=0@@\n' >> "$out"
+"""
+
+
+@pytest.fixture
+def fake_qemu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    qemu = bindir / "qemu-system-x86_64"
+    qemu.write_text(FAKE_QEMU)
+    qemu.chmod(0o755)
+    log = tmp_path / "accels"
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setattr(images, "CACHE_DIR", cache)
+    distro = images.DISTROS["trixie"]
+    image = images.Image(distro, tmp_path / "root.img", tmp_path / "vmlinuz", tmp_path / "initrd")
+    monkeypatch.setattr(images, "ensure_image", lambda name, rebuild=False: image)
+
+    def payload(work: Path, *args: object, **kwargs: object) -> Path:
+        (work / "payload.img").write_bytes(b"")
+        return work / "payload.img"
+
+    monkeypatch.setattr(vm, "_payload", payload)
+    monkeypatch.setattr(vm, "_kvm_usable", lambda: True)
+    return log
+
+
+def boot(**kwargs: object) -> dict[str, vm.Result]:
+    return vm.boot("trixie", ["system"], [], timeout=120, memory="768M", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_guest_that_kvm_paused_falls_back_to_tcg_at_once(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MODE_KVM", "pause")
+    t0 = time.monotonic()
+    results = boot()
+    took = time.monotonic() - t0
+    assert results["system"][0] == 0, results
+    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=multi"]
+    assert took < 15, f"the runner waited {took:.0f}s on a paused guest"
+    err = capsys.readouterr().err
+    assert "KVM did not work here (qemu paused the guest: KVM internal error" in err
+    assert "ran under TCG" in err
+
+
+def test_a_guest_silent_under_kvm_falls_back_after_the_bound(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MODE_KVM", "silent")
+    monkeypatch.setitem(vm._SILENCE, "kvm", 2.0)
+    t0 = time.monotonic()
+    results = boot()
+    assert results["system"][0] == 0, results
+    assert time.monotonic() - t0 < 15
+    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=multi"]
+    assert "no console output in" in capsys.readouterr().err
+
+
+def test_a_slow_guest_is_not_taken_for_a_stuck_one(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TCG takes longer than KVM's bound would allow: only its own bound counts.
+    monkeypatch.setenv("MODE_KVM", "pause")
+    monkeypatch.setenv("TCG_DELAY", "4")
+    monkeypatch.setitem(vm._SILENCE, "kvm", 1.0)
+    results = boot()
+    assert results["system"][0] == 0, results
+    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=multi"]
+
+
+def test_a_working_kvm_is_kept(fake_qemu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODE_KVM", "boot")
+    results = boot()
+    assert results["system"][0] == 0, results
+    assert fake_qemu.read_text().split() == ["kvm"]
+
+
+def test_a_guest_silent_under_tcg_is_booted_once_more_then_given_up(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TCG_DELAY", "30")
+    monkeypatch.setitem(vm._SILENCE, "tcg", 1.5)
+    t0 = time.monotonic()
+    results = boot(accel="tcg")
+    assert time.monotonic() - t0 < 15
+    assert results["system"][0] != 0
+    assert fake_qemu.read_text().split() == ["tcg,thread=multi"] * 2
+    err = capsys.readouterr().err
+    assert "booting again" in err
+    assert "giving up on this VM" in err
