@@ -412,6 +412,7 @@ def _guard_alone(
     first (stderr, STATUS=). ``slice_path`` and the roots default to the
     manager's agents slice on this host; ``until`` ends it (tests).
     """
+    import queue
     from pathlib import Path
 
     from agentscope import _names, _scope
