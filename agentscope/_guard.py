@@ -366,15 +366,18 @@ class _Loop:
         """Standing by: the acting guard's kills of agents it could not name but this guard can.
 
         The acting guard's fleet records the kills it names; one of another
-        fleet's agent it records with no agent, and that fleet's guard,
-        standing by, tells it here, named.
+        fleet's agent it does not, and that fleet's guard, standing by,
+        tells it here, named (``on_relay``, when given, gets every such kill
+        unnamed and decides itself: a guard process's parent does).
         """
         for item in self.lock.new_kills():
             if item.get("agent") is not None:
                 continue  # the acting guard named it: its own fleet records it
             unit = item.get("unit")
-            agent = self.unit_agent(unit) if isinstance(unit, str) else None
-            if agent is None:
+            if not isinstance(unit, str):
+                continue
+            agent = None if self.on_relay is not None else self.unit_agent(unit)
+            if agent is None and self.on_relay is None:
                 continue  # not one of ours: its own fleet's guard tells it
             names = {f.name for f in fields(GuardKill)}
             known = {k: v for k, v in item.items() if k in names}
@@ -415,9 +418,9 @@ def run_guard(
     trigger is a write). ``lock_dir`` holds the one-guard-per-slice lock
     (:mod:`agentscope._guardlock`; ``"default"``: /run or
     $XDG_RUNTIME_DIR, None: no lock); while another guard holds it, that
-    guard's kills of agents ``unit_agent`` names go to ``on_relay``
-    (default ``on_kill``), named. A reading or scan that fails is logged
-    and the loop goes on.
+    guard's kills of agents it could not name go to ``on_kill`` when
+    ``unit_agent`` names them (or, unfiltered, to ``on_relay``). A reading
+    or scan that fails is logged and the loop goes on.
     """
     directory = _guardlock.default_lock_dir() if lock_dir == "default" else lock_dir
     lock = SliceLock(slice_path, directory)

@@ -137,7 +137,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_kill=lambda kill: out.write({"kill": kill.to_dict()}),
         on_held=lambda held: out.write({"held": held.to_dict()}),
         # Another guard's kills: the parent knows whose agents they are.
-        unit_agent=lambda unit: unit,
         on_relay=lambda kill: out.write({"relayed": kill.to_dict()}),
         protected=lambda: (pids, units),
         on_reading=on_reading,

@@ -715,3 +715,37 @@ async def test_a_fleet_records_guard_kills_of_its_own_agents_only(fleet: AsyncFl
     assert await fleet.events(kind="guard_kill") == []
     await fleet._record_monitor_event(kill("a"))
     assert [e.agent for e in await fleet.events(kind="guard_kill")] == ["a"]
+
+
+def test_a_guard_process_standing_by_tells_its_fleets_kill_by_another_guard(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("node", 900, 200)})
+    by_x: list[GuardKill] = []
+    by_f: list[GuardKill] = []
+
+    def restore(kill: GuardKill) -> None:
+        by_x.append(kill)
+        tree.host(40, 40)
+
+    _, stop_x = start_guard(tree, FAST, on_kill=restore, unit_agent=lambda unit: None)
+    time.sleep(0.2)  # x holds the lock
+    child = GuardChild(
+        FAST,
+        tree.slice,
+        on_kill=by_f.append,
+        unit_agent=unit_agent,
+        proc_root=tree.proc,
+        cgroup_root=tree.cg,
+    )
+    child.start()
+    try:
+        time.sleep(0.5)  # the child stands by, and has looked at the kills so far
+        tree.host(5, 1)
+        assert sleeper.wait(WAIT) == -signal.SIGKILL
+        wait_until(lambda: len(by_f) == 1)
+    finally:
+        child.stop()
+        stop_x()
+    assert [(k.pid, k.agent) for k in by_x] == [(sleeper.pid, None)]
+    assert [(k.pid, k.agent, k.trigger) for k in by_f] == [(sleeper.pid, "a", "memory")]
