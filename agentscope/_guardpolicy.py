@@ -119,7 +119,10 @@ class GuardConfig:
     """
 
     mem_available_percent: float = 10.0
-    swap_free_percent: float = 10.0
+    # Above systemd-oomd's swap rule (SwapUsedLimit=90%: it kills a whole
+    # agent scope at 10 % free, the moment earlyoom's rule holds), with room for
+    # the guard's reaction: docs/guard.md, "systemd-oomd".
+    swap_free_percent: float = 20.0
     psi_full_percent: float | None = 60.0
     psi_full_seconds: float = 10.0
     min_interval: float = 0.1

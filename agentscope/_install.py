@@ -357,7 +357,7 @@ def _config_text(fleets: tuple[str, ...], exec_path: str) -> bytes:
         "# thrashes (docs/guard.md). These are its defaults.",
         "enabled = true",
         "mem_available_percent = 10  # act when MemAvailable <= 10% of MemTotal",
-        "swap_free_percent = 10      # ... and SwapFree <= 10% of SwapTotal",
+        "swap_free_percent = 20      # ... and SwapFree <= 20% of SwapTotal",
         'psi_full_percent = 60       # or when PSI memory full avg10 >= 60% ("off": never)',
         "psi_full_seconds = 10       # ... for this long",
     ]

@@ -189,7 +189,7 @@ def monitor(
             metavar="PCT",
             envvar="AGENTSCOPE_GUARD_SWAP_FREE",
         ),
-    ] = 10.0,
+    ] = 20.0,
     guard_psi_full: Annotated[
         str,
         typer.Option(

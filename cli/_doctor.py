@@ -260,8 +260,7 @@ def _oomd_check(facts: Facts) -> dict[str, Any]:
             "warn",
             f"systemd-oomd is {state}; under "
             + "; ".join(facts.oomd_unprotected)
-            + ": the guard must act first (at MemAvailable and SwapFree <= 10%, the swap "
-            "rule's own moment)",
+            + ": the guard must act first (it acts at SwapFree <= 20%, the swap rule at 10%)",
             fix,
         )
     return _check(

@@ -163,7 +163,7 @@ def test_system_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
     monitor = (out / "agentscope-monitor@.service").read_text()
     # The installed config spells out the guard's defaults, so the unit does too.
     guard = (
-        "--guard --guard-mem-available 10 --guard-swap-free 10 --guard-psi-full 60 "
+        "--guard --guard-mem-available 10 --guard-swap-free 20 --guard-psi-full 60 "
         "--guard-psi-seconds 10"
     )
     assert f"\nExecStart={EXEC} --manager system --fleet %i monitor {guard}\n" in monitor
