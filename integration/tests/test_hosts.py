@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -28,7 +30,7 @@ from typing import Any
 import pytest
 from conftest import DISTRO, MANAGER
 from roothelper import as_root
-from test_guard import TOOL_CALL, guard_kills, kernel_oom_kills, memory_back, wait_until
+from test_guard import CLI, TOOL_CALL, guard_kills, kernel_oom_kills, memory_back, wait_until
 
 import agentscope
 from agentscope import DEVNULL, AsyncFleet
@@ -240,3 +242,73 @@ async def test_two_guards_on_one_squeeze_kill_one_process(
     assert agent.alive()
     assert len(recorded) == 1, [e.to_dict() for e in recorded]
     assert recorded[0].agent == "runaway"
+
+
+@contextlib.contextmanager
+def unreadable_registry() -> Iterator[dict[str, str]]:
+    """The default registry of the manager under test replaced by garbage, then put back."""
+    if MANAGER == "user":
+        state = Path(tempfile.mkdtemp(prefix="state-"))
+        (state / "agentscope").mkdir()
+        (state / "agentscope" / "agentscope.db").write_bytes(b"this is not a database\n" * 64)
+        try:
+            yield {"XDG_STATE_HOME": str(state)}
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
+        return
+    home, saved = Path("/var/lib/agentscope"), Path("/var/lib/agentscope.saved")
+    home.rename(saved)
+    try:
+        home.mkdir(mode=0o755)
+        (home / "agentscope.db").write_bytes(b"this is not a database\n" * 64)
+        yield {}
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        saved.rename(home)
+
+
+async def test_the_guard_acts_when_the_registry_cannot_be_opened(tmp_path: Path) -> None:
+    # A harness started its agent itself (systemd-run, named as docs/json.md
+    # says), and the monitor's registry is garbage: the guard must act anyway.
+    tmp_path.chmod(0o777)
+    rc = tmp_path / "rc"
+    user = ["--user"] if MANAGER == "user" else []
+    unit = f"agentscope-r{uuid.uuid4().hex[:6]}-runaway-{uuid.uuid4().hex[:6]}.scope"
+    kills_before = kernel_oom_kills()
+    runaway: subprocess.Popen[bytes] | None = None
+    with unreadable_registry() as env:
+        monitor = subprocess.Popen(
+            [CLI, "--json", "monitor", "--guard", "--interval", "1"],
+            env={**os.environ, **env},
+            stdin=DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            await asyncio.sleep(8)  # its start under TCG
+            assert monitor.poll() is None, monitor.communicate()[1]
+            runaway = subprocess.Popen(
+                [
+                    *("systemd-run", *user, "--scope", "--quiet", f"--unit={unit}"),
+                    *("--slice=app-agentscope-agents.slice", "sh", "-c", TOOL_CALL),
+                    *("sh", INCOMPRESSIBLE, str(rc)),
+                ],
+                stdin=DEVNULL,
+                stdout=DEVNULL,
+                stderr=DEVNULL,
+            )
+            ended = await wait_until(rc.exists, 150)
+        finally:
+            monitor.send_signal(signal.SIGTERM)
+            _, err = monitor.communicate(timeout=60)
+            subprocess.run(["systemctl", *user, "stop", unit], check=False)
+            if runaway is not None:
+                runaway.wait(30)
+    print(err[-3000:])
+    assert "Traceback" not in err
+    assert "its kills are not being recorded" in err
+    assert ended
+    assert rc.read_text().strip() == f"rc={128 + signal.SIGKILL}"
+    assert kernel_oom_kills() == kills_before, "the kernel's OOM killer acted, not the guard"
+    assert "guard killed pid" in err
