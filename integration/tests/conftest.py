@@ -7,6 +7,7 @@ the system manager and as the lingering test user for the user manager.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -73,16 +74,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 GROW = "import time\nl = []\nwhile True:\n    l.append(b'x' * (4 << 20))\n    time.sleep(0.25)"
 
 
-@pytest.fixture
-async def fleet() -> AsyncIterator[AsyncFleet]:
-    """A fleet of its own per test; every agent it still has is stopped after the test."""
-    async with AsyncFleet(f"t{uuid.uuid4().hex[:8]}") as f:
+def memory_back() -> bool:
+    """Whether the VM has half its memory available again (after a squeeze)."""
+    info = {
+        k: int(v.split()[0])
+        for k, _, v in (x.partition(":") for x in Path("/proc/meminfo").read_text().splitlines())
+    }
+    return info["MemAvailable"] > info["MemTotal"] // 2
+
+
+@contextlib.asynccontextmanager
+async def own_fleet(prefix: str, *, squeezed: bool = False) -> AsyncIterator[AsyncFleet]:
+    """A fleet of its own; every agent it still has is stopped after.
+
+    ``squeezed``: the test ran the host short of memory, and the next one
+    starts from a host that has its memory back (up to 60 s).
+    """
+    async with AsyncFleet(f"{prefix}{uuid.uuid4().hex[: 8 - len(prefix) + 1]}") as f:
         try:
             yield f
         finally:
             for agent in await f.agents():
                 with contextlib.suppress(agentscope.AgentscopeError):
                     await f.stop(agent.name, timeout=5)
+            for _ in range(300 if squeezed else 0):  # 60 s
+                if memory_back():
+                    break
+                await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[AsyncFleet]:
+    """A fleet of its own per test; every agent it still has is stopped after the test."""
+    async with own_fleet("t") as f:
+        yield f
 
 
 @functools.cache

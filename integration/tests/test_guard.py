@@ -9,7 +9,6 @@ call with no cap: 16 MiB every 20 ms, each chunk touched. The VM has 768 MB.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -17,13 +16,12 @@ import signal
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import systemctl, validate
+from conftest import own_fleet, systemctl, validate
 
 import agentscope
 from agentscope import DEVNULL, AsyncFleet
@@ -70,14 +68,6 @@ async def wait_until(check: Any, timeout: float) -> bool:
     return False
 
 
-def memory_back() -> bool:
-    info = {
-        k: int(v.split()[0])
-        for k, _, v in (x.partition(":") for x in Path("/proc/meminfo").read_text().splitlines())
-    }
-    return info["MemAvailable"] > info["MemTotal"] // 2
-
-
 @pytest.fixture
 def work() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="guard-"))
@@ -89,15 +79,8 @@ def work() -> Iterator[Path]:
 
 @pytest.fixture
 async def fleet() -> AsyncIterator[AsyncFleet]:
-    async with AsyncFleet(f"g{uuid.uuid4().hex[:6]}") as f:
-        try:
-            yield f
-        finally:
-            for agent in await f.agents():
-                with contextlib.suppress(agentscope.AgentscopeError):
-                    await f.stop(agent.name, timeout=5)
-            # The next test starts from a host that has its memory back.
-            await wait_until(memory_back, 60)
+    async with own_fleet("g", squeezed=True) as f:
+        yield f
 
 
 async def guard_kills(monitor: agentscope.Monitor, want: int, timeout: float) -> list[Any]:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DISTRO, MANAGER
+from conftest import DISTRO, MANAGER, own_fleet
 from roothelper import as_root
-from test_guard import CLI, TOOL_CALL, guard_kills, kernel_oom_kills, memory_back, wait_until
+from test_guard import CLI, TOOL_CALL, guard_kills, kernel_oom_kills, wait_until
 
 import agentscope
 from agentscope import DEVNULL, AsyncFleet
@@ -67,14 +67,8 @@ def host(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 async def fleet(host: str) -> AsyncIterator[AsyncFleet]:
-    async with AsyncFleet(f"h{uuid.uuid4().hex[:6]}") as f:
-        try:
-            yield f
-        finally:
-            for agent in await f.agents():
-                with contextlib.suppress(agentscope.AgentscopeError):
-                    await f.stop(agent.name, timeout=5)
-            await wait_until(memory_back, 60)
+    async with own_fleet("h", squeezed=True) as f:
+        yield f
 
 
 async def test_a_runaway_on_a_users_host_is_ended_by_the_guard_and_only_its_tool_call_dies(
@@ -149,14 +143,8 @@ def outside_scope(name: str, *argv: str, props: tuple[str, ...] = ()) -> subproc
 
 @pytest.fixture
 async def quiet_fleet() -> AsyncIterator[AsyncFleet]:
-    async with AsyncFleet(f"q{uuid.uuid4().hex[:6]}") as f:
-        try:
-            yield f
-        finally:
-            for agent in await f.agents():
-                with contextlib.suppress(agentscope.AgentscopeError):
-                    await f.stop(agent.name, timeout=5)
-            await wait_until(memory_back, 60)
+    async with own_fleet("q", squeezed=True) as f:
+        yield f
 
 
 async def agents_of(fleet: AsyncFleet, n: int) -> list[agentscope.Agent]:
