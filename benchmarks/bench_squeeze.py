@@ -28,7 +28,16 @@ The rounds (``--rounds``):
     whether the thread suffices or the guard needs its own process;
 ``earlyoom-big``, ``guard-big``
     the same with the manager holding ``--ballast-mb`` (default 320 MiB)
-    so that it is the host's largest process.
+    so that it is the host's largest process;
+``oomd``
+    systemd-oomd alone, where ``--profile`` has it (ubuntu, fedora).
+
+``--profile ubuntu|fedora`` first makes the VM that host (integration/
+roothelper.sh ``profile``: a swap file or zram as large as memory, and
+systemd-oomd with that distribution's drop-ins), and the runaway's pages
+then do not compress. systemd-oomd is stopped for the ``kernel`` and
+``earlyoom`` rounds and runs in the others, as on that host: the guard's
+rounds count what oomd killed (its journal) as well.
 
 Per round: the runaway's lifetime (its first allocation until its shell saw
 it die), the manager's worst loop lag, the siblings' longest heartbeat gap,
@@ -95,6 +104,11 @@ RUNAWAY = (
     "while :; do sleep 3600; done\n"
 )
 HEARTBEAT = 'while :; do date +%s.%N >> "$1"; sleep 0.2; done'
+#: The same tool call on a host with swap: each page distinct random bytes, which
+#: zram cannot compress (the zram wedge of issue #25).
+GROW_INCOMPRESSIBLE = GROW.replace(
+    "chunks = []\n", "block = os.urandom(1 << 20)\nchunks = []\n"
+).replace("b'x' * (16 << 20)", "bytearray(block * 16)")
 
 
 @dataclass
@@ -110,6 +124,7 @@ class Outcome:
     sibling_worst_gap: float = 0.0
     kernel_oom_kills: int = 0
     earlyoom_kills: list[str] = field(default_factory=list)
+    oomd_kills: list[str] = field(default_factory=list)
     oom_events: list[dict[str, Any]] = field(default_factory=list)
     guard_kills: list[dict[str, Any]] = field(default_factory=list)
     guard_reaction: float | None = None
@@ -201,7 +216,9 @@ def recovered() -> bool:
     return m["MemAvailable"] > m["MemTotal"] // 2
 
 
-async def squeeze(name: str, manager: str, give_up: float, ballast_mb: int) -> Outcome:
+async def squeeze(
+    name: str, manager: str, give_up: float, ballast_mb: int, profile: str = "debian"
+) -> Outcome:
     """One round; returns its figures. The fleet's agents are stopped afterwards."""
     way = name.removesuffix("-big")
     big = name.endswith("-big")
@@ -216,9 +233,12 @@ async def squeeze(name: str, manager: str, give_up: float, ballast_mb: int) -> O
     names: list[str] = []
     events: list[Any] = []
     earlyoom_since = int(time.time())
+    oomd = profile != "debian"
     try:
         if way == "earlyoom":
             as_root("earlyoom", "start")
+        if oomd and way in ("kernel", "earlyoom"):
+            as_root("oomd", "stop")  # that round is the kernel's or earlyoom's alone
         beats = [work / f"beat-{i}" for i in range(SIBLINGS)]
         for i, beat in enumerate(beats):
             await fleet.launch(
@@ -231,7 +251,10 @@ async def squeeze(name: str, manager: str, give_up: float, ballast_mb: int) -> O
             names.append(f"sib-{i}")
         runaway = await fleet.launch(
             "runaway",
-            ["sh", "-c", RUNAWAY, "sh", str(trigger), GROW, str(start_file), str(end_file)],
+            [
+                *("sh", "-c", RUNAWAY, "sh", str(trigger)),
+                *(GROW_INCOMPRESSIBLE if oomd else GROW, str(start_file), str(end_file)),
+            ],
             stdin=DEVNULL,
             stdout=DEVNULL,
             stderr=DEVNULL,
@@ -298,6 +321,14 @@ async def squeeze(name: str, manager: str, give_up: float, ballast_mb: int) -> O
         elif out.oom_events:
             out.named_agent = out.oom_events[0].get("agent")
     finally:
+        if oomd:
+            with contextlib.suppress(RootHelperError):
+                log = as_root("oomd", "log", str(earlyoom_since))
+                out.oomd_kills = [
+                    line.split(": ", 1)[-1][:200] for line in log.splitlines() if "Killed " in line
+                ]
+            with contextlib.suppress(RootHelperError):
+                as_root("oomd", "start")
         if way == "earlyoom":
             with contextlib.suppress(RootHelperError):
                 log = as_root("earlyoom", "log", str(earlyoom_since))
@@ -433,6 +464,8 @@ def table(rows: list[Outcome]) -> str:
         killed = f"tool call exit {o.exit_status}" if o.exit_status is not None else "?"
         if o.earlyoom_kills:
             killed += f"; earlyoom: {len(o.earlyoom_kills)} signals"
+        if o.oomd_kills:
+            killed += f"; oomd: {len(o.oomd_kills)} kills"
         if o.siblings_alive != SIBLINGS or not o.runaway_shell_alive:
             killed += f"; siblings alive {o.siblings_alive}/{SIBLINGS}"
             killed += f", shell alive {o.runaway_shell_alive}"
@@ -459,6 +492,7 @@ def ratios(rows: list[Outcome]) -> list[str]:
     out = []
     for a, b in (
         ("guard", "earlyoom"),
+        ("guard", "oomd"),
         ("guardproc", "earlyoom"),
         ("guardproc", "guard"),
         ("guardproc-big", "earlyoom-big"),
@@ -485,16 +519,27 @@ async def main_async(args: argparse.Namespace) -> None:
         flush=True,
     )
     rows = []
-    for name in [r for r in args.rounds.split(",") if r]:
-        if name.startswith("guard") and not has_guard:
-            print(f"round {name}: skipped (no guard in this build)", flush=True)
-            continue
-        t0 = time.monotonic()
-        o = await squeeze(name, manager, args.give_up, args.ballast_mb)
-        rows.append(o)
-        print(f"round {name} ({time.monotonic() - t0:.0f}s): {json.dumps(asdict(o))}", flush=True)
+    if args.profile != "debian":
+        print(as_root("profile", args.profile, timeout=120), flush=True)
+    try:
+        for name in [r for r in args.rounds.split(",") if r]:
+            if name.startswith("guard") and not has_guard:
+                print(f"round {name}: skipped (no guard in this build)", flush=True)
+                continue
+            if name == "oomd" and args.profile == "debian":
+                print("round oomd: skipped (the debian profile has no systemd-oomd)", flush=True)
+                continue
+            t0 = time.monotonic()
+            o = await squeeze(name, manager, args.give_up, args.ballast_mb, args.profile)
+            rows.append(o)
+            took = time.monotonic() - t0
+            print(f"round {name} ({took:.0f}s): {json.dumps(asdict(o))}", flush=True)
+    finally:
+        if args.profile != "debian":
+            print(as_root("profile", "debian", timeout=180), flush=True)
     print(
-        f"\nsqueeze, {manager} manager (lifetime: first allocation until its shell saw it die;"
+        f"\nsqueeze, {manager} manager, {args.profile} host (lifetime: first allocation until"
+        " its shell saw it die;"
         " lag: manager's worst 50 ms tick lateness; gap: siblings' longest heartbeat gap)"
     )
     print(table(rows))
@@ -519,6 +564,12 @@ def main() -> None:
     )
     p.add_argument("--give-up", type=float, default=300.0, help="seconds for the kernel alone")
     p.add_argument("--ballast-mb", type=int, default=320)
+    p.add_argument(
+        "--profile",
+        choices=["debian", "ubuntu", "fedora"],
+        default="debian",
+        help="the host: Debian's default, or Ubuntu's or Fedora's swap and systemd-oomd",
+    )
     p.add_argument("--manager", default="auto")
     p.add_argument("--idle-agents", type=int, default=50)
     p.add_argument("--idle-seconds", type=float, default=15.0)

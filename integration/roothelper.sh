@@ -21,6 +21,8 @@
 #                         systemd-oomd-defaults (-.slice ManagedOOMSwap=kill, every
 #                         slice of system.slice and of each user manager at 80 %, 20 s);
 #                         debian: none of it (Debian's default: no swap, no oomd).
+#   oomd start|stop       the profile's systemd-oomd, for a benchmark round without it
+#   oomd log SINCE        its journal since SINCE (seconds since the epoch)
 #                         The distributions' drop-ins go where they put them, /usr/lib.
 set -u
 . /payload/env 2>/dev/null || true
@@ -59,6 +61,16 @@ journal_reader)
             DBUS_SESSION_BUS_ADDRESS="unix:path=/run/user/$uid/bus" \
             PYTHONDONTWRITEBYTECODE=1 python "$script" ;;
     *) echo "journal_reader: add, remove or run SCRIPT"; exit 2 ;;
+    esac
+    ;;
+oomd)
+    case "${2:-}" in
+    start) systemctl start systemd-oomd.service && systemctl is-active systemd-oomd.service ;;
+    stop) systemctl stop systemd-oomd.service systemd-oomd.socket ;;
+    log)
+        case "${3:-}" in ''|*[!0-9]*) echo "bad time: ${3:-}"; exit 2 ;; esac
+        journalctl -u systemd-oomd.service -o short-unix --no-pager --since "@$3" ;;
+    *) echo "oomd: start, stop or log"; exit 2 ;;
     esac
     ;;
 profile)
