@@ -221,10 +221,10 @@ async def test_two_guards_on_one_squeeze_kill_one_process(
         await asyncio.sleep(5)
         ours.cancel()
         theirs.cancel()
-    recorded = [
-        *await quiet_fleet.events(kind="guard_kill"),
-        *await other.events(kind="guard_kill"),
-    ]
+        recorded = [
+            *await quiet_fleet.events(kind="guard_kill"),
+            *await other.events(kind="guard_kill"),
+        ]
     print(f"{MANAGER}: guard kills recorded {[e.to_dict() for e in recorded]}")
     assert rc.read_text().strip() == f"rc={128 + signal.SIGKILL}"
     assert agent.alive()
