@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import _numbers
 from ._cgroup import CGROUP_ROOT, LimitHolder, MemoryEvents, Pressure, find_limit_holders
 from ._dicts import as_dict
 from ._proc import PROC_ROOT, MemInfo, read_stat, read_wchan
@@ -118,7 +119,12 @@ def _line_rss(rest: str) -> int | None:
     total, found = 0, False
     for item in rest.split(","):
         key, sep, value = item.strip().partition(":")
-        if sep and key + ":" in _RSS_FIELDS and value.endswith("kB") and value[:-2].isdigit():
+        if (
+            sep
+            and key + ":" in _RSS_FIELDS
+            and value.endswith("kB")
+            and _numbers.is_digits(value[:-2])
+        ):
             total += int(value[:-2]) * 1024
             found = True
     return total if found else None
@@ -140,7 +146,7 @@ def parse_oom_kill_line(line: str) -> KernelOomKill | None:
     if not sep or "out of memory" not in prefix.lower():
         return None
     pid_text, sep, rest = rest.partition(" (")
-    if not sep or not pid_text.isdigit():
+    if not sep or not _numbers.is_digits(pid_text):
         return None
     comm, sep, sizes = rest.rpartition(") total-vm:")
     if not sep:
@@ -188,7 +194,7 @@ def parse_oom_task_line(line: str) -> OomTask | None:
         return None
     fields = dict(item.partition("=")[::2] for item in rest.strip().split(","))
     memcg, pid = fields.get("task_memcg"), fields.get("pid", "")
-    if memcg is None or not pid.isdigit() or len(pid) > 10:
+    if memcg is None or not _numbers.is_digits(pid) or len(pid) > 10:
         return None
     if not memcg.startswith("/") or len(memcg) > _MAX_MEMCG or "\0" in memcg:
         return None

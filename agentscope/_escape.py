@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import _numbers
 from ._cgroup import _GONE, CGROUP_ROOT, _read_kernel_file
 from ._dicts import as_dict
 from ._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss
@@ -144,7 +145,7 @@ def read_children(pid: int, proc_root: Path = PROC_ROOT) -> list[int]:
     """
     task_dir = f"{os.fspath(proc_root)}/{pid}/task"
     try:
-        tids = [e for e in os.listdir(task_dir) if e.isdigit()]
+        tids = [e for e in os.listdir(task_dir) if _numbers.is_digits(e)]
     except OSError as exc:
         if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
             return []
@@ -153,7 +154,7 @@ def read_children(pid: int, proc_root: Path = PROC_ROOT) -> list[int]:
     for tid in tids:
         data = _read_kernel_file(f"{task_dir}/{tid}/children")
         if data:
-            children.extend(int(p) for p in data.split() if p.isdigit())
+            children.extend(int(p) for p in data.split() if _numbers.is_digits(p))
     return children
 
 

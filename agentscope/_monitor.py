@@ -41,6 +41,7 @@ from typing import Literal
 
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
+from . import _numbers
 from ._attribution import PressureSample, PressureWindow, parse_oom_kill_line
 from ._cgroup import CGROUP_ROOT
 from ._errors import AgentscopeError
@@ -141,8 +142,15 @@ class Monitor:
         reclaim_escaped: Attach | None = None,
         on_tick: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        if interval <= 0:
-            raise ValueError(f"interval must be positive, not {interval!r}")
+        # The one number grammar (_numbers): finite and bounded, no NaN (a
+        # NaN interval made the sampler busy-loop).
+        interval = _numbers.real("interval", interval, low=0.01, high=86400)
+        top = _numbers.whole("top", top, low=0, high=10_000)
+        pressure_some_avg10 = _numbers.real(
+            "pressure_some_avg10", pressure_some_avg10, low=0, high=100
+        )
+        available_fraction = _numbers.real("available_fraction", available_fraction, low=0, high=1)
+        pressure_window = _numbers.real("pressure_window", pressure_window, low=0, high=86400)
         if manager not in ("auto", "system", "user"):
             raise ValueError(f"manager must be 'auto', 'system' or 'user', not {manager!r}")
         self.slice_path = Path(slice_path)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from . import _spool, _spool_intake
+from . import _numbers, _spool, _spool_intake
 from ._errors import AgentExists, RegistryCorrupt, RegistryError
 from ._reconcile_plan import (
     REASON_PID_REUSED,
@@ -633,6 +633,16 @@ class Registry(LifecycleStore, OomStore):
         runs in SQL: the cost is the rows returned, not the history's size.
         """
         sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE 1"
+        # SQLite's integers are 64-bit: a larger bound overflowed in sqlite3.
+        big = 2**63 - 1
+        after_id, limit, last = (
+            None if v is None else _numbers.whole(k, v, low=0, high=big)
+            for k, v in (("after_id", after_id), ("limit", limit), ("last", last))
+        )
+        since, until = (
+            None if v is None else _numbers.real(k, v, low=-1e12, high=1e12)
+            for k, v in (("since", since), ("until", until))
+        )
         args: list[Any] = []
         for clause, value in (
             (" AND fleet = ?", fleet),

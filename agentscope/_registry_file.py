@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final, Literal, TypeVar
 
-from . import _spool
+from . import _numbers, _spool
 from ._errors import RegistryCorrupt, RegistryError
 
 __all__ = ["DEFAULT_RETENTION", "default_registry_path"]
@@ -174,9 +174,12 @@ def _retention_from_env(env: Mapping[str, str]) -> float:
     value falls back to the default rather than break every command."""
     raw = env.get(_RETENTION_ENV, "").strip()
     try:
-        days = float(raw) if raw else DEFAULT_RETENTION / 86400
+        # The one number grammar: ASCII digits, finite (no "nan", no Arabic-Indic digits).
+        days = _numbers.real(_RETENTION_ENV, raw, low=0, high=100_000) if raw else -2.0
     except ValueError:
         days = -1.0
+    if days == -2.0:
+        return DEFAULT_RETENTION
     if not 0 <= days <= 100_000:
         logging.getLogger("agentscope").warning(
             "%s=%r is not a number of days; keeping %g days",
