@@ -225,8 +225,8 @@ def size(
     whole_text, _, frac = num.partition(".")
     scale: int = 10 ** len(frac)
     scaled = (int(whole_text or "0") * scale + int(frac or "0")) * _SIZE_UNITS[unit]
-    count, rest = divmod(scaled, scale)
-    if rest:
+    count, remainder = divmod(scaled, scale)
+    if remainder:
         raise InvalidConfig(field, value, what, problem="is not a whole number of bytes")
     if not low <= count <= MAX_SIZE:
         raise InvalidConfig(field, value, what)
