@@ -49,7 +49,13 @@ from ._escape import Attach, Escapee, EscapeLedger, reclaim
 from ._events import AgentExited, Escaped, Event, Pressure
 from ._guard import Guard, GuardHandle, Protected
 from ._guardpolicy import GuardConfig, GuardKill
-from ._journal import MAX_LINE, parse_journal_entry, start_follower, stop_follower
+from ._journal import (
+    MAX_LINE,
+    kmsg_record,
+    parse_journal_entry,
+    start_follower,
+    stop_follower,
+)
 from ._killcount import JOURNAL_GRACE, KillCounter
 from ._proc import PROC_ROOT
 from ._recovery import Baseline
@@ -494,12 +500,14 @@ class Monitor:
         lines = data.split(b"\n")
         self._kmsg_rest = lines.pop()
         found = False
+        if len(self._kmsg_rest) > MAX_LINE:
+            self._kmsg_rest = b""  # not a record: /dev/kmsg ends each one with a newline
         for raw in lines:
             if raw.startswith(b" "):
-                continue
-            _, sep, message = raw.partition(b";")
-            text = (message if sep else raw).decode("utf-8", "replace")
-            found = self._kernel_line(text, "kmsg") or found
+                continue  # a " KEY=value" continuation line
+            record = kmsg_record(raw)
+            if record is not None:  # the kernel's own (facility 0) only
+                found = self._kernel_line(record[1], "kmsg") or found
         if found:
             self._wake_soon()
 

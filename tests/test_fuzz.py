@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentscope import _attribution, _cgroup, _proc, _records, _sampling
+from agentscope import _attribution, _cgroup, _journal, _proc, _records, _sampling
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -64,6 +64,45 @@ def test_kmsg_lines_give_a_kill_or_none(line: str) -> None:
     assert kill is None or isinstance(kill, _attribution.KernelOomKill)
     task = _sampling._parse_oom_task_line(line)
     assert task is None or isinstance(task[0], int)
+
+
+_MEMCG = "/a.slice/x.scope"
+
+
+@FAST
+@given(comm=st.text(max_size=15) | st.lists(_KMSG, max_size=4).map("".join).map(lambda t: t[:15]))
+def test_no_comm_rewrites_the_summary_lines_fields(comm: str) -> None:
+    # #31: a process names itself; its comm may not move the victim's cgroup or pid.
+    line = (
+        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        f"oom_memcg={_MEMCG},task_memcg={_MEMCG},task={comm},pid=77,uid=0"
+    )
+    task = _attribution.parse_oom_task_line(line)
+    assert task is None or (task.pid, task.memcg) == (77, _MEMCG)
+
+
+_RECORD_HEADS = st.sampled_from(
+    [
+        b"3,1,0,-;",
+        b"12,2,0,-;",
+        b"14,3,0,c;",
+        b"0,4,0,-;",
+        b"\xc2\xb2,5,0,-;",
+        b"",
+        b" ",
+        b"6,x,0,-;",
+    ]
+)
+
+
+@FAST
+@given(head=_RECORD_HEADS, body=KMSG_LINES)
+def test_kmsg_records_are_the_kernels_or_none(head: bytes, body: str) -> None:
+    record = _journal.kmsg_record(head + body.encode("utf-8", "replace") + b"\n")
+    if record is not None:
+        prio = int(head.split(b",")[0])
+        assert prio >> 3 == 0  # the kernel's facility only
+        assert isinstance(record[0], int)
 
 
 JSONISH = st.recursive(

@@ -161,14 +161,29 @@ def test_malformed_and_unpaired_lines_are_ignored() -> None:
     assert unit_of_memcg(f"{SLICE}-other/{A}", SLICE) is None
 
 
+KERNEL = {"_TRANSPORT": "kernel"}
+
+
 def test_journal_json_lines_parse_into_kills() -> None:
     cursor = "s=3f2a;i=1b4;b=" + BOOT + ";m=9c0d;t=62a1;x=77e"
     raw = [
-        json.dumps({"__CURSOR": cursor, "_BOOT_ID": BOOT, "MESSAGE": summary(B, 77, "sh")}),
+        json.dumps(
+            {"__CURSOR": cursor, "_BOOT_ID": BOOT, **KERNEL, "MESSAGE": summary(B, 77, "sh")}
+        ),
         # MESSAGE as a byte array: journald's form for text that is not UTF-8
         json.dumps(
-            {"__CURSOR": cursor + "1", "_BOOT_ID": BOOT, "MESSAGE": list(killed(77, "sh").encode())}
+            {
+                "__CURSOR": cursor + "1",
+                "_BOOT_ID": BOOT,
+                **KERNEL,
+                "MESSAGE": list(killed(77, "sh").encode()),
+            }
         ),
+        # A user's own line, however kernel-like: not the kernel's (#31).
+        json.dumps(
+            {"__CURSOR": cursor, "_BOOT_ID": BOOT, "_TRANSPORT": "syslog", "MESSAGE": killed(5)}
+        ),
+        json.dumps({"__CURSOR": cursor, "_BOOT_ID": BOOT, "MESSAGE": killed(6)}),
         "not json",
         json.dumps({"__CURSOR": "; rm -rf /", "MESSAGE": killed(1)}),
         json.dumps(["a", "list"]),
