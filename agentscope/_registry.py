@@ -158,6 +158,7 @@ class Registry(LifecycleStore, OomStore):
         self._lock = threading.Lock()
         self._spool = _spool.spool_dir(self.path)
         self._spool_lock = threading.Lock()
+        self._spool_warned = False
         self._conn: sqlite3.Connection | None = None
         try:
             _prepare_files(self.path)
@@ -260,6 +261,17 @@ class Registry(LifecycleStore, OomStore):
 
     def _take_spool(self) -> None:
         """Record the launches ``agentscope exec`` left in the spool (see :mod:`._spool_intake`)."""
+        why = _spool.check_dir(self._spool)
+        if why is not None:
+            if not self._spool_warned:
+                self._spool_warned = True
+                logging.getLogger("agentscope").warning(
+                    "the spool %s %s: its entries are not believed; remove it (or choose "
+                    "a registry path in a directory of your own)",
+                    self._spool,
+                    why,
+                )
+            return
         paths = _spool.pending(self._spool)
         # Taking an entry runs transactions, which land here again: skip then.
         if not paths or not self._spool_lock.acquire(blocking=False):
