@@ -160,6 +160,8 @@ class AsyncFleet(
         self._tmux_lock = asyncio.Lock()
         # Lingering agents' reaps due while this fleet is open (_reaper.py).
         self._reap_timers: dict[str, asyncio.TimerHandle] = {}
+        # unit -> time.monotonic() when this fleet first saw it lingering (_reaper).
+        self._linger_seen: dict[str, float] = {}
         self._last_sweep = 0.0
 
     async def __aenter__(self) -> AsyncFleet:

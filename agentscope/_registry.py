@@ -255,7 +255,7 @@ class Registry(LifecycleStore, OomStore):
 
         try:
             if self._transaction(due, write=False):
-                self.gc(self.retention_seconds, max_events=MAX_EVENTS)
+                self._gc(self.retention_seconds, None, max_events=MAX_EVENTS, anchored=True)
         except RegistryError as exc:
             logging.getLogger("agentscope").debug("registry not pruned: %s", exc)
 
@@ -532,21 +532,58 @@ class Registry(LifecycleStore, OomStore):
         pruned. ``fleet`` limits all this to one fleet (None: every fleet);
         ``max_events`` also drops the oldest events past that many. Returns
         the number of agent rows deleted.
+
+        The wall clock may have been behind when events were written (#31):
+        an event goes only if every event recorded before it (by id: ids
+        only grow) is older than the cutoff too, and a closed row only if
+        no event of its agent is kept that way. An explicit ``gc`` counts
+        from ``now`` (the clock of the caller, who asked for it); the
+        registry's own prune (at open, and every ten minutes of writes)
+        counts from the earlier of the clock and the newest time recorded
+        before it, so one open under a clock far ahead (an RTC before NTP)
+        deletes nothing the registry did not already hold as old.
         """
-        cutoff = (time.time() if now is None else now) - retention_seconds
+        return self._gc(retention_seconds, now, fleet=fleet, max_events=max_events)
+
+    def _gc(
+        self,
+        retention_seconds: float,
+        now: float | None,
+        *,
+        fleet: str | None = None,
+        max_events: int | None = None,
+        anchored: bool = False,
+    ) -> int:
+        clock = time.time() if now is None else now
         scope, args = ("", ()) if fleet is None else (" AND fleet = ?", (fleet,))
 
         def body(conn: sqlite3.Connection) -> int:
+            newest = None
+            if anchored:
+                newest = conn.execute(
+                    "SELECT max(t) FROM (SELECT max(ts) AS t FROM events"
+                    " UNION ALL SELECT max(coalesce(exited, created)) FROM agents)"
+                ).fetchone()[0]
+            cutoff = min(clock, clock if newest is None else newest) - retention_seconds
+            # The first event (by id) at or after the cutoff: it and every later
+            # one are kept, whatever their own ts says.
+            keep_from = conn.execute(
+                "SELECT coalesce((SELECT min(id) FROM events WHERE ts >= ?),"
+                " (SELECT coalesce(max(id), 0) + 1 FROM events))",
+                (cutoff,),
+            ).fetchone()[0]
             cur = conn.execute(
                 "DELETE FROM agents WHERE state IN ('exited', 'failed', 'lost')"
-                f" AND coalesce(exited, created) < ?{scope}",
-                (cutoff, *args),
+                f" AND coalesce(exited, created) < ?{scope} AND NOT EXISTS ("
+                " SELECT 1 FROM events e WHERE e.fleet = agents.fleet"
+                " AND e.agent = agents.name AND e.id >= ?)",
+                (cutoff, *args, keep_from),
             )
             conn.execute(
-                f"DELETE FROM events WHERE ts < ?{scope} AND NOT EXISTS ("
+                f"DELETE FROM events WHERE ts < ? AND id < ?{scope} AND NOT EXISTS ("
                 " SELECT 1 FROM agents a WHERE a.fleet = events.fleet"
                 " AND a.name = events.agent AND a.created <= events.ts)",
-                (cutoff, *args),
+                (cutoff, keep_from, *args),
             )
             if max_events is not None:
                 # ids only grow (AUTOINCREMENT): the span is a cheap upper

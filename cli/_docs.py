@@ -135,6 +135,12 @@ fleet sooner (`--retention`, default 7 days). `AGENTSCOPE_RETENTION_DAYS`
 sets the days kept (`0` keeps everything). `events --limit N` shows the
 newest N; `events --follow` and `top` ask only for events newer than the
 last one seen, so a poll costs the same on a long history.
+
+A wrong wall clock does not delete history: the prune at open counts from
+the earlier of the clock and the newest time the registry recorded, and an
+event (or a closed agent) goes only if every event recorded before it is
+old too, so events written while the clock was behind stay (python-api.md,
+"Retention and a wrong clock").
 """
 
 
