@@ -2350,3 +2350,19 @@ def test_logs_memory_stays_bounded_without_newlines(
     with pytest.raises(KeyboardInterrupt):
         _logfile.follow(log, 0, seen.append, sleep=sleep)
     assert seen == ["y" * 100, "y" * 100]
+
+
+@pytest.mark.parametrize(
+    "comm",
+    ["a\x9b31mb", "a\x85b", "a\x9db", "a\u2028b", "a\u202eb", "a\x1b[2Jb", "a\x7fb", "a\u2066b"],
+)
+def test_event_lines_show_c0_c1_and_bidi_controls_as_question_marks(comm: str) -> None:
+    # #31: C1 (U+009B is a CSI to many terminals) reached events and monitor.
+    from cli._render import event_line
+
+    line = event_line({"kind": "oom_kill", "ts": NOW, "agent": f"x{comm}", "comm": comm, "pid": 1})
+    assert not any(0x7F <= ord(c) < 0xA0 or ord(c) < 32 for c in line)
+    assert "\u2028" not in line
+    assert "\u202e" not in line
+    assert "\u2066" not in line
+    assert f"comm={comm[0]}?" in line
