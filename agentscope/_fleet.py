@@ -603,8 +603,12 @@ class AsyncFleet(
         """Send ``signal`` to every process of the agent's scope.
 
         Raises:
-            AgentNotFound, BusError, SystemdUnavailable.
+            InvalidConfig (not a signal number, 1-64), AgentNotFound, BusError,
+            SystemdUnavailable.
         """
+        signal = _numbers.whole(
+            "signal", int(signal) if isinstance(signal, _signal.Signals) else signal, low=1, high=64
+        )
         self._check_open()
         unit = await self._resolve(name)
         await self._scopes.kill_unit(unit, signal)

@@ -543,6 +543,11 @@ class Registry(LifecycleStore, OomStore):
         before it, so one open under a clock far ahead (an RTC before NTP)
         deletes nothing the registry did not already hold as old.
         """
+        retention_seconds = _numbers.real(
+            "retention_seconds", retention_seconds, low=0, high=100 * 365.25 * 86400
+        )
+        if now is not None:
+            now = _numbers.real("now", now, low=-1e12, high=1e12)
         return self._gc(retention_seconds, now, fleet=fleet, max_events=max_events)
 
     def _gc(

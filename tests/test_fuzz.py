@@ -151,3 +151,59 @@ def test_readers_tolerate_a_tree_of_junk(tmp_path: Path) -> None:
         (scope / name).write_bytes(b"\xff\x00 junk ( ) -1\n")
     with contextlib.suppress(ValueError):
         _cgroup.read_cgroup_memory(scope)
+
+
+# -- the number grammar and the spool (#31) -----------------------------------------------
+
+# Digits and look-alikes: ASCII, superscripts, Arabic-Indic, full-width, and the
+# characters of exponents, signs, units and words.
+_NUMBERISH = st.text(
+    alphabet="0123456789+-.eE_ %kKmMgGtTpPiIbBsnaf\u00b2\u00b3\u0660\u0663\u06f5\uff13\u0969 \t",
+    max_size=24,
+)
+
+
+@pytest.mark.parametrize("parse", ["whole", "real", "size", "duration"])
+@FAST
+@given(text=_NUMBERISH | st.text(max_size=16))
+def test_the_number_grammar_gives_an_ascii_value_in_range_or_invalid_config(
+    parse: str, text: str
+) -> None:
+    from agentscope import InvalidConfig, _numbers
+
+    try:
+        if parse == "whole":
+            value: float | None = _numbers.whole("f", text, low=-1000, high=1000)
+            assert value is not None
+            assert -1000 <= value <= 1000
+        elif parse == "real":
+            value = _numbers.real("f", text, low=-1e6, high=1e6)
+            assert value is not None
+            assert -1e6 <= value <= 1e6
+        elif parse == "size":
+            value = _numbers.size("f", text, low=0, physical=2**34)
+            assert value is None or 0 <= value <= _numbers.MAX_SIZE
+        else:
+            value = _numbers.duration("f", text, high=10**6)
+            assert 0 <= value <= 10**6
+    except InvalidConfig:
+        return
+    digits = [c for c in text if c.isdigit()]
+    assert all(c.isascii() for c in digits)  # never a number read from other digits
+
+
+@FAST
+@given(
+    fields=st.lists(st.binary(max_size=12) | _NUMBERISH.map(str.encode), min_size=9, max_size=14)
+)
+def test_spool_entries_decode_whole_and_checked_or_not_at_all(fields: list[bytes]) -> None:
+    from agentscope import _spool
+
+    data = b"\0".join([b"agentscope-spool-2", *fields])
+    entry = _spool.Entry.decode(data)
+    if entry is None:
+        return
+    assert 1 <= entry.pid <= 4 * 1024 * 1024
+    assert entry.start_time >= 0
+    assert entry.unit.startswith(f"agentscope-{entry.fleet}-{entry.name}-")
+    assert entry.argv

@@ -277,3 +277,16 @@ def test_a_signal_number_is_ascii() -> None:
 def test_cli_sizes_use_the_same_grammar() -> None:
     with pytest.raises(ValueError, match="8 EiB"):
         parse_size("18446744073709551615")
+
+
+def test_registry_gc_and_events_take_the_grammar(tmp_path: Path) -> None:
+    from agentscope.lowlevel import Registry
+
+    with Registry(tmp_path / "r.db") as reg:
+        for kwargs in ({"retention_seconds": math.nan}, {"retention_seconds": -1}):
+            with pytest.raises(InvalidConfig, match="retention_seconds"):
+                reg.gc(**kwargs)  # type: ignore[arg-type]
+        with pytest.raises(InvalidConfig, match="limit"):
+            reg.events(limit=10**25)
+        with pytest.raises(InvalidConfig, match="since"):
+            reg.events(since=math.inf)
