@@ -222,13 +222,13 @@ def _retention_from_env(env: Mapping[str, str]) -> float:
     """``AGENTSCOPE_RETENTION_DAYS`` in seconds (0: keep everything); a bad
     value falls back to the default rather than break every command."""
     raw = env.get(_RETENTION_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RETENTION
     try:
         # The one number grammar: ASCII digits, finite (no "nan", no Arabic-Indic digits).
-        days = _numbers.real(_RETENTION_ENV, raw, low=0, high=100_000) if raw else -2.0
+        days = _numbers.real(_RETENTION_ENV, raw, low=0, high=100_000)
     except ValueError:
         days = -1.0
-    if days == -2.0:
-        return DEFAULT_RETENTION
     if not 0 <= days <= 100_000:
         logging.getLogger("agentscope").warning(
             "%s=%r is not a number of days; keeping %g days",
