@@ -50,6 +50,7 @@ __all__ = [
     "journal_access",
     "journalctl_path",
     "kmsg_readable",
+    "kmsg_record",
     "parse_acl_read_groups",
     "parse_journal_entry",
     "read_boot_id",
@@ -72,7 +73,7 @@ TIMEOUT: Final = 20.0
 # A journal cursor: "s=<hex>;i=<hex>;b=<hex>;m=<hex>;t=<hex>;x=<hex>" (sd_journal_get_cursor).
 _CURSOR = re.compile(r"[a-z]=[0-9a-f]{1,64}(?:;[a-z]=[0-9a-f]{1,64}){0,15}")
 _BOOT_ID = re.compile(r"[0-9a-f]{32}")
-_FIELDS: Final = "MESSAGE,_BOOT_ID"
+_FIELDS: Final = "MESSAGE,_BOOT_ID,_TRANSPORT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,26 @@ class KmsgRead:
     last_seq: int | None
 
 
+def kmsg_record(record: bytes) -> tuple[int, str] | None:
+    """``(seq, message)`` of a /dev/kmsg record the kernel wrote; None for any other.
+
+    A record is ``prio,seq,usec,flags;message`` (Documentation/ABI/testing/
+    dev-kmsg), ``prio`` being ``facility << 3 | level``. Any user who may
+    write /dev/kmsg can add a record, but the kernel gives it facility 1
+    (``user``) at least, whatever ``<N>`` prefix it wrote (devkmsg_write):
+    only facility 0 is the kernel's own, so only those records are read
+    (#31: an injected ``Killed process`` line made recovery raise).
+    """
+    head, sep, message = record.partition(b";")
+    parts = head.split(b",")
+    if not sep or len(parts) < 4 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    if len(parts[0]) > 10 or len(parts[1]) > 20 or int(parts[0]) >> 3 != 0:
+        return None
+    text = message.split(b"\n", 1)[0].decode("utf-8", "replace")
+    return int(parts[1]), text
+
+
 def read_kmsg(
     after: int | None, path: Path = Path("/dev/kmsg"), *, max_records: int = 200_000
 ) -> KmsgRead | None:
@@ -147,15 +168,13 @@ def read_kmsg(
                 break
             if not record:
                 break
-            head, sep, message = record.partition(b";")
-            parts = head.split(b",")
-            if not sep or len(parts) < 2 or not parts[1].isdigit():
-                continue
-            seq = int(parts[1])
-            last = seq
-            if after is not None and seq > after:
-                text = message.split(b"\n", 1)[0].decode("utf-8", "replace")
-                lines.append(KernelLine(text, None, str(seq)))
+            head, _sep, _message = record.partition(b";")
+            seq_text = head.split(b",")[1:2]
+            if seq_text and seq_text[0].isdigit() and len(seq_text[0]) <= 20:
+                last = int(seq_text[0])  # every record moves the position on
+            got = kmsg_record(record)
+            if got is not None and after is not None and got[0] > after:
+                lines.append(KernelLine(got[1], None, str(got[0])))
     finally:
         os.close(fd)
     return KmsgRead(tuple(lines), last)
@@ -234,6 +253,8 @@ def parse_journal_entry(raw: bytes) -> KernelLine | None:
         return None
     if not isinstance(entry, dict):
         return None
+    if entry.get("_TRANSPORT") != "kernel":
+        return None  # the kernel's lines only, whatever the argv's match did (#31)
     cursor, boot, message = entry.get("__CURSOR"), entry.get("_BOOT_ID"), entry.get("MESSAGE")
     if not isinstance(cursor, str) or not valid_cursor(cursor):
         return None
