@@ -73,7 +73,7 @@ TIMEOUT: Final = 20.0
 # A journal cursor: "s=<hex>;i=<hex>;b=<hex>;m=<hex>;t=<hex>;x=<hex>" (sd_journal_get_cursor).
 _CURSOR = re.compile(r"[a-z]=[0-9a-f]{1,64}(?:;[a-z]=[0-9a-f]{1,64}){0,15}")
 _BOOT_ID = re.compile(r"[0-9a-f]{32}")
-_FIELDS: Final = "MESSAGE,_BOOT_ID,_TRANSPORT"
+_FIELDS: Final = "MESSAGE,_BOOT_ID,_TRANSPORT,_SYSTEMD_UNIT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +81,24 @@ class KernelLine:
     """One kernel message: its text, the boot it came from (None: this one), its position.
 
     ``position`` is the journal cursor, or the /dev/kmsg sequence number as text.
+    ``transport`` and ``unit`` are the journal entry's ``_TRANSPORT`` and
+    ``_SYSTEMD_UNIT``, which journald sets itself (a sender cannot: fields
+    that begin with ``_`` are journald's): a /dev/kmsg record the kernel
+    wrote is ``"kernel"``. The monitor's follower also reads systemd-oomd's
+    entries, so whoever takes a line as the kernel's checks
+    :attr:`from_kernel` (#31).
     """
 
     text: str
     boot: str | None
     position: str
+    transport: str | None = "kernel"
+    unit: str | None = None
+
+    @property
+    def from_kernel(self) -> bool:
+        """Whether the kernel itself wrote this line (``_TRANSPORT=kernel``)."""
+        return self.transport == "kernel"
 
 
 def valid_cursor(cursor: str) -> bool:
@@ -240,10 +253,13 @@ def _env() -> dict[str, str]:
 
 
 def parse_journal_entry(raw: bytes) -> KernelLine | None:
-    """One line of ``journalctl -o json``; None for anything that is not a kernel entry.
+    """One line of ``journalctl -o json``; None for anything that is not a journal entry.
 
     MESSAGE may be an array of bytes (not UTF-8); the cursor and boot id are
-    validated, the whole line bounded by :data:`MAX_LINE`.
+    validated, the whole line bounded by :data:`MAX_LINE`. The entry's
+    ``_TRANSPORT`` and ``_SYSTEMD_UNIT`` are kept, not judged: a reader of
+    the kernel's lines takes only those :attr:`KernelLine.from_kernel`, the
+    monitor's reader of systemd-oomd's only those of its unit.
     """
     if len(raw) > MAX_LINE:
         return None
@@ -253,8 +269,6 @@ def parse_journal_entry(raw: bytes) -> KernelLine | None:
         return None
     if not isinstance(entry, dict):
         return None
-    if entry.get("_TRANSPORT") != "kernel":
-        return None  # the kernel's lines only, whatever the argv's match did (#31)
     cursor, boot, message = entry.get("__CURSOR"), entry.get("_BOOT_ID"), entry.get("MESSAGE")
     if not isinstance(cursor, str) or not valid_cursor(cursor):
         return None
@@ -264,7 +278,14 @@ def parse_journal_entry(raw: bytes) -> KernelLine | None:
         message = bytes(message).decode("utf-8", "replace")
     if not isinstance(message, str):
         return None
-    return KernelLine(message, boot, cursor)
+    transport, unit = entry.get("_TRANSPORT"), entry.get("_SYSTEMD_UNIT")
+    return KernelLine(
+        message,
+        boot,
+        cursor,
+        transport if isinstance(transport, str) else None,
+        unit if isinstance(unit, str) else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,8 +376,8 @@ def _read(
     try:
         for raw in _bounded_lines(proc.stdout.fileno(), deadline):
             entry = parse_journal_entry(raw)
-            if entry is None:
-                continue
+            if entry is None or not entry.from_kernel:
+                continue  # the kernel's lines only, whatever the argv's match did (#31)
             cursor = entry.position
             if keep:
                 lines.append(entry)

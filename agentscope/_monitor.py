@@ -58,7 +58,7 @@ from ._journal import (
     stop_follower,
 )
 from ._killcount import JOURNAL_GRACE, KillCounter
-from ._oomd import OOMD_SOCKET, oomd_kill_event, parse_oomd_line
+from ._oomd import OOMD_SOCKET, OOMD_UNIT, oomd_kill_event, parse_oomd_line
 from ._proc import PROC_ROOT
 from ._recovery import Baseline
 from ._report import MemoryReport, build_report
@@ -586,7 +586,13 @@ class Monitor:
                 self._journal_rest = b""
             for raw in lines:
                 entry = parse_journal_entry(raw)
-                if entry is not None and not self._oomd_line(entry.text):
+                if entry is None:
+                    continue
+                # Each by journald's own fields, never by its text (#31): oomd's
+                # lines from oomd's unit, the kernel's from the kernel.
+                if entry.unit == OOMD_UNIT:
+                    self._oomd_line(entry.text)
+                elif entry.from_kernel:
                     found = self._kernel_line(entry.text, "journal") or found
         if found:
             self._wake_soon()

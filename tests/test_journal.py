@@ -188,12 +188,33 @@ def test_read_kmsg_skips_injected_records_but_moves_its_position(tmp_path: Path)
     assert [line.text for line in got.lines] == ["Out of memory: Killed process 9 (y)"]
 
 
-def test_a_journal_entry_not_from_the_kernel_transport_is_ignored() -> None:
+def test_a_journal_entry_not_from_the_kernel_transport_is_not_the_kernel_s() -> None:
     from agentscope._journal import parse_journal_entry
 
     line = {"__CURSOR": cursor(1), "_BOOT_ID": BOOT, "MESSAGE": "Killed process 1 (x)"}
-    assert parse_journal_entry(json.dumps(line).encode()) is None
-    for transport in ("syslog", "stdout", "journal", "audit"):
-        entry = json.dumps({**line, "_TRANSPORT": transport}).encode()
-        assert parse_journal_entry(entry) is None
-    assert parse_journal_entry(json.dumps({**line, "_TRANSPORT": "kernel"}).encode()) is not None
+    got = parse_journal_entry(json.dumps(line).encode())
+    assert got is not None
+    assert (got.transport, got.unit, got.from_kernel) == (None, None, False)
+    for transport in ("syslog", "stdout", "journal", "audit", ["kernel"]):
+        got = parse_journal_entry(json.dumps({**line, "_TRANSPORT": transport}).encode())
+        assert got is not None
+        assert not got.from_kernel
+    oomd = {**line, "_TRANSPORT": "journal", "_SYSTEMD_UNIT": "systemd-oomd.service"}
+    got = parse_journal_entry(json.dumps(oomd).encode())
+    assert got is not None
+    assert (got.unit, got.from_kernel) == ("systemd-oomd.service", False)
+    got = parse_journal_entry(json.dumps({**line, "_TRANSPORT": "kernel"}).encode())
+    assert got is not None
+    assert got.from_kernel
+
+
+def test_read_journal_keeps_only_the_kernel_s_lines(tmp_path: Path) -> None:
+    """Whatever the argv's match did, a line the kernel did not write is not read (#31)."""
+    forged = json.dumps(
+        {"__CURSOR": cursor(2), "_BOOT_ID": BOOT, "_TRANSPORT": "syslog", "MESSAGE": "forged"}
+    )
+    script = fake_journalctl(tmp_path, [entry(1, "a"), forged, entry(3, "c")])
+    got = read_journal(cursor(0), journalctl=str(script))
+    assert got is not None
+    assert [line.text for line in got.lines] == ["a", "c"]
+    assert got.cursor == cursor(3)

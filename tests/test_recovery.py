@@ -179,10 +179,14 @@ def test_journal_json_lines_parse_into_kills() -> None:
                 "MESSAGE": list(killed(77, "sh").encode()),
             }
         ),
-        # A user's own line, however kernel-like: not the kernel's (#31).
+        # A user's own lines, however kernel-like: not the kernel's (#31).
+        json.dumps(
+            {"__CURSOR": cursor, "_BOOT_ID": BOOT, "_TRANSPORT": "syslog", "MESSAGE": summary(A, 5)}
+        ),
         json.dumps(
             {"__CURSOR": cursor, "_BOOT_ID": BOOT, "_TRANSPORT": "syslog", "MESSAGE": killed(5)}
         ),
+        json.dumps({"__CURSOR": cursor, "_BOOT_ID": BOOT, "MESSAGE": summary(A, 6)}),
         json.dumps({"__CURSOR": cursor, "_BOOT_ID": BOOT, "MESSAGE": killed(6)}),
         "not json",
         json.dumps({"__CURSOR": "; rm -rf /", "MESSAGE": killed(1)}),
@@ -190,7 +194,8 @@ def test_journal_json_lines_parse_into_kills() -> None:
         json.dumps({"__CURSOR": cursor, "MESSAGE": 12}),
     ]
     entries = [e for e in (parse_journal_entry(r.encode()) for r in raw) if e is not None]
-    assert len(entries) == 2
+    # Every journal entry is parsed, its transport kept; only the kernel's make kills.
+    assert [e.from_kernel for e in entries] == [True, True, False, False, False, False]
     assert entries[0].boot == BOOT
     assert entries[0].position == cursor
     (k,) = kernel_kills(entries)
