@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from agentscope import AsyncFleet, InvalidConfig, Monitor, _numbers, _scopeprops
 from agentscope._registry_file import DEFAULT_RETENTION, _retention_from_env
+from cli._errors import EXIT_EXEC_FAILED
 from cli._notify import _watchdog_seconds
 from cli._parse import parse_signal, parse_size
 from tests.test_cli import FakeFleet, fleet, run  # noqa: F401 - the fixture
@@ -170,8 +171,6 @@ def test_memory_max_takes_the_size_grammar_of_the_cli() -> None:
         ("run", "a", "--", ""),
         ("run", "a", "--", "/nonexistent/agentscope-test"),
         ("run", "a", "--cwd", "/nonexistent/agentscope-test", "--", "true"),
-        ("exec", "a", "--tasks-max", "\u00b2", "--", "true"),
-        ("exec", "a", "--tasks-max", "\u0663", "--", "true"),
         ("events", "--limit", "10000000000000000000000000"),
         ("events", "--limit", "\u0663"),
         ("events", "--limit", "-1"),
@@ -200,6 +199,21 @@ def test_memory_max_takes_the_size_grammar_of_the_cli() -> None:
 def test_bad_numbers_exit_2_before_the_fleet_opens(fleet: FakeFleet, args: tuple[str, ...]) -> None:  # noqa: F811
     result = run(*args)
     assert result.code == 2, (result.stdout, result.stderr)
+    assert "a bug in agentscope" not in result.stderr
+    assert "Traceback" not in result.stderr
+    assert fleet.opened == []  # type: ignore[attr-defined]
+    assert fleet.calls == []
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663"], ids=repr)
+def test_exec_s_bad_numbers_are_its_own_125_before_the_fleet_opens(
+    fleet: FakeFleet,  # noqa: F811
+    value: str,
+) -> None:
+    # exec's own input errors are 125, apart from the command's codes (docs/json.md).
+    result = run("exec", "a", "--tasks-max", value, "--", "true")
+    assert result.code == EXIT_EXEC_FAILED, (result.stdout, result.stderr)
+    assert "--tasks-max" in result.stderr
     assert "a bug in agentscope" not in result.stderr
     assert "Traceback" not in result.stderr
     assert fleet.opened == []  # type: ignore[attr-defined]
