@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import _numbers
 from ._cgroup import CGROUP_ROOT, LimitHolder, MemoryEvents, Pressure, find_limit_holders
 from ._dicts import as_dict
 from ._proc import PROC_ROOT, MemInfo, read_stat, read_wchan
@@ -118,7 +119,12 @@ def _line_rss(rest: str) -> int | None:
     total, found = 0, False
     for item in rest.split(","):
         key, sep, value = item.strip().partition(":")
-        if sep and key + ":" in _RSS_FIELDS and value.endswith("kB") and value[:-2].isdigit():
+        if (
+            sep
+            and key + ":" in _RSS_FIELDS
+            and value.endswith("kB")
+            and _numbers.is_digits(value[:-2])
+        ):
             total += int(value[:-2]) * 1024
             found = True
     return total if found else None
@@ -140,7 +146,7 @@ def parse_oom_kill_line(line: str) -> KernelOomKill | None:
     if not sep or "out of memory" not in prefix.lower():
         return None
     pid_text, sep, rest = rest.partition(" (")
-    if not sep or not pid_text.isdigit():
+    if not sep or not _numbers.is_digits(pid_text):
         return None
     comm, sep, sizes = rest.rpartition(") total-vm:")
     if not sep:
@@ -172,29 +178,89 @@ class OomTask:
 _MAX_MEMCG = 4096
 
 
+#: The kernel's TASK_COMM_LEN is 16: a comm is at most 15 bytes (fewer characters).
+_MAX_COMM = 15
+
+
 def parse_oom_task_line(line: str) -> OomTask | None:
     """Parse the kernel's ``oom-kill:constraint=...`` summary line; None for other lines.
 
     mm/oom_kill.c (dump_oom_summary, Linux 4.19+) prints it right before
     ``Killed process``: ``oom-kill:constraint=CONSTRAINT_MEMCG,...,
     oom_memcg=/a.slice/x.scope,task_memcg=/a.slice/x.scope,task=python3,pid=1234,uid=0``.
-    A ``task_memcg`` that is not an absolute path without ``..`` is refused.
+
+    A process names itself (its comm) and a user names the cgroups it may
+    create, so neither may rewrite the fields after it: ``pid`` and ``uid``
+    are read from the right, ``task=`` is at most 15 characters before
+    them, and ``task_memcg`` must lie at or below ``oom_memcg`` (the cgroup
+    that hit its limit). A line read two ways that give two cgroups is
+    refused (None), never guessed; so is a ``task_memcg`` that is not an
+    absolute path without ``..`` (#31).
 
     >>> parse_oom_task_line("oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/a.scope,pid=7")
     OomTask(pid=7, comm='', memcg='/a.scope')
     """
     _, sep, rest = line.partition("oom-kill:")
-    if not sep:
+    if not sep or len(rest) > 4 * _MAX_MEMCG:
         return None
-    fields = dict(item.partition("=")[::2] for item in rest.strip().split(","))
-    memcg, pid = fields.get("task_memcg"), fields.get("pid", "")
-    if memcg is None or not pid.isdigit() or len(pid) > 10:
+    rest = rest.rstrip()
+    head, sep, uid = rest.rpartition(",uid=")
+    if sep and _numbers.is_digits(uid):
+        rest = head
+    head, sep, pid = rest.rpartition(",pid=")
+    if not sep or not _numbers.is_digits(pid) or len(pid) > 10:
         return None
-    if not memcg.startswith("/") or len(memcg) > _MAX_MEMCG or "\0" in memcg:
+    # Every place ",task=" may start the comm (a comm may hold ",task=" too).
+    splits = [
+        (head[:i], head[i + len(",task=") :])
+        for i in _occurrences(head, ",task=")
+        if len(head) - i - len(",task=") <= _MAX_COMM
+    ] or [(head, "")]
+    found: dict[str, str] = {}
+    for before, comm in splits:
+        for memcg in _task_memcgs(before):
+            found.setdefault(memcg, comm)
+    if len(found) != 1:
         return None
-    if ".." in memcg.split("/"):
-        return None
-    return OomTask(pid=int(pid), comm=fields.get("task", ""), memcg=memcg)
+    ((memcg, comm),) = found.items()
+    return OomTask(pid=int(pid), comm=comm, memcg=memcg)
+
+
+def _occurrences(text: str, needle: str) -> list[int]:
+    out: list[int] = []
+    i = text.find(needle)
+    while i >= 0:
+        out.append(i)
+        i = text.find(needle, i + 1)
+    return out
+
+
+def _task_memcgs(text: str) -> list[str]:
+    """The readings of ``...,oom_memcg=P1,task_memcg=P2`` in which P2 lies at or below P1."""
+    key = ",task_memcg="
+    found: list[str] = []
+    starts = _occurrences(text, key)
+    for j in starts:
+        memcg = text[j + len(key) :]
+        if not _valid_memcg(memcg):
+            continue
+        left = text[:j]
+        owners = [left[k + len(",oom_memcg=") :] for k in _occurrences(left, ",oom_memcg=")]
+        if owners:
+            if any(memcg == o or memcg.startswith(o.rstrip("/") + "/") for o in owners):
+                found.append(memcg)
+        elif len(starts) == 1:  # a global OOM (or an older kernel): one reading only
+            found.append(memcg)
+    return found
+
+
+def _valid_memcg(memcg: str) -> bool:
+    return (
+        memcg.startswith("/")
+        and len(memcg) <= _MAX_MEMCG
+        and "\0" not in memcg
+        and ".." not in memcg.split("/")
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from . import _names
+from . import _names, _numbers
 from ._bus import SystemdBus
 from ._errors import AgentscopeError
 from ._events import Event as MonitorEvent
@@ -118,7 +118,13 @@ class BlockingAgent:
         return self._agent.to_dict()
 
     def wait(self, timeout: float | None = None) -> int | None:
-        """Wait for the agent's main process; see :meth:`Agent.wait`."""
+        """Wait for the agent's main process; see :meth:`Agent.wait`.
+
+        Raises:
+            InvalidConfig: ``timeout`` is not None nor 0 to 10^9 seconds (no NaN).
+        """
+        if timeout is not None:
+            timeout = _numbers.real("timeout", timeout, low=0, high=1e9)
         return self._portal.call(_within(timeout, self._agent.wait()))
 
     def alive(self) -> bool:

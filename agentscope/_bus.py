@@ -23,7 +23,7 @@ from dbus_fast.aio.message_bus import _MessageWriter
 from dbus_fast.aio.message_reader import build_message_reader
 from dbus_fast.errors import AuthError, InvalidAddressError
 
-from . import _names, _wire
+from . import _names, _numbers, _wire
 from ._errors import BusError, SystemdTimeout, SystemdUnavailable
 from ._scope import CGROUP_ROOT
 
@@ -190,7 +190,7 @@ class SystemdBus:
     def version_major(self) -> int:
         digits = ""
         for c in self.version:
-            if not c.isdigit():
+            if not _numbers.is_digits(c):
                 break
             digits += c
         return int(digits or 0)

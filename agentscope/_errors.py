@@ -67,11 +67,13 @@ class InvalidName(AgentscopeError, ValueError):
 class InvalidConfig(AgentscopeError, ValueError):
     """A setting is out of its range; ``field``, ``value`` and ``allowed`` say which and why."""
 
-    def __init__(self, field: str, value: object, allowed: str) -> None:
+    def __init__(
+        self, field: str, value: object, allowed: str, *, problem: str = "is out of range"
+    ) -> None:
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field} = {value!r} is out of range: it must be {allowed}")
+        super().__init__(f"{field} = {value!r} {problem}: it must be {allowed}")
 
 
 class LaunchError(AgentscopeError):

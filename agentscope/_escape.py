@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import _numbers
 from ._cgroup import _GONE, CGROUP_ROOT, _read_kernel_file
 from ._dicts import as_dict
 from ._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss
@@ -144,7 +145,7 @@ def read_children(pid: int, proc_root: Path = PROC_ROOT) -> list[int]:
     """
     task_dir = f"{os.fspath(proc_root)}/{pid}/task"
     try:
-        tids = [e for e in os.listdir(task_dir) if e.isdigit()]
+        tids = [e for e in os.listdir(task_dir) if _numbers.is_digits(e)]
     except OSError as exc:
         if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
             return []
@@ -153,18 +154,31 @@ def read_children(pid: int, proc_root: Path = PROC_ROOT) -> list[int]:
     for tid in tids:
         data = _read_kernel_file(f"{task_dir}/{tid}/children")
         if data:
-            children.extend(int(p) for p in data.split() if p.isdigit())
+            children.extend(int(p) for p in data.split() if _numbers.is_digits(p))
     return children
 
 
 def _escapee(
-    scope: str, pid: int, cgroup: str, proc_root: Path, start_time: int | None = None
+    scope: str,
+    pid: int,
+    cgroup: str,
+    proc_root: Path,
+    start_time: int | None = None,
+    parent: int | None = None,
 ) -> Escapee | None:
-    """``pid`` as an escapee of ``scope``; None when it is gone (or is not ``start_time``)."""
+    """``pid`` as an escapee of ``scope``; None when it is gone, or not who it should be.
+
+    ``start_time``: it must be that process (a followed escapee). ``parent``:
+    it must be that process's child now (#31): a pid read from a
+    ``children`` file may have ended and been reused by an unrelated
+    process (root's included) by the time it is read again.
+    """
     stat = read_stat(pid, proc_root)
     if stat is None or stat.state in ("Z", "X"):
         return None  # gone, or as good as gone: a zombie holds no memory
     if start_time is not None and stat.start_time != start_time:
+        return None
+    if parent is not None and stat.ppid != parent:
         return None
     cg = clean(cgroup, MAX_CGROUP)
     return Escapee(
@@ -238,7 +252,7 @@ def find_escapes(
                     continue
                 if inside(cgroup, slice_cg):
                     continue  # another agent's scope: counted there
-                escapee = _escapee(scope, child, cgroup, proc_root)
+                escapee = _escapee(scope, child, cgroup, proc_root, parent=pid)
                 if escapee is not None:
                     found[(scope, child)] = escapee
                     stack.append(child)
@@ -328,10 +342,51 @@ async def reclaim(
 ) -> dict[int, str | None]:
     """Move ``escapees`` back into their scopes; per pid, None if it worked, else why not.
 
-    See :func:`move_into`, the rule both this and a fleet's adopt use.
+    See :func:`move_into`, the rule both this and a fleet's adopt use. Each
+    escapee's identity is checked again at the moment it is moved (#31):
+    the same process (pid and start time) and still a descendant of its
+    agent (its parent chain leads into the agent's scope); else it is left
+    where it is, with the reason. A reused pid is never written into an
+    agent's ``cgroup.procs``.
     """
+    slice_cg = slice_cgroup_path(slice_path, cgroup_root)
+    known = {e.pid: e for e in escapees}
+
+    def verify(scope: str, pid: int) -> str | None:
+        e = known.get(pid)
+        if e is None or slice_cg is None:
+            return "not an escapee found by the audit"
+        return _still_escapee(e, f"{slice_cg}/{scope}", proc_root)
+
     moves = [(e.scope, e.pid) for e in escapees]
-    return await _move(moves, attach, slice_path, cgroup_root, proc_root, write)
+    return await _move(moves, attach, slice_path, cgroup_root, proc_root, write, verify)
+
+
+#: Parent links followed from an escapee to its agent's scope, at most.
+_MAX_CHAIN = 256
+
+
+def _still_escapee(e: Escapee, scope_cg: str, proc_root: Path) -> str | None:
+    """Why ``e`` may not be moved into ``scope_cg`` now; None when it may.
+
+    It must be the process found (pid and start time), and a descendant of
+    the scope: one of its ancestors lives in the scope now.
+    """
+    stat = read_stat(e.pid, proc_root)
+    if stat is None or stat.state in ("Z", "X") or stat.start_time != e.start_time:
+        return "the process exited (its pid is not the escapee's any more)"
+    ppid = stat.ppid
+    for _ in range(_MAX_CHAIN):
+        if ppid <= 1:
+            break
+        cgroup = read_cgroup(ppid, proc_root)
+        if cgroup is not None and inside(cgroup, scope_cg):
+            return None
+        parent = read_stat(ppid, proc_root)
+        if parent is None:
+            break
+        ppid = parent.ppid
+    return f"no longer a descendant of {e.scope} (its parent chain leads elsewhere): left alone"
 
 
 async def move_into(
@@ -364,12 +419,18 @@ async def _move(
     cgroup_root: Path,
     proc_root: Path,
     write: Callable[[Path, str, int], None],
+    verify: Callable[[str, int], str | None] | None = None,
 ) -> dict[int, str | None]:
     import asyncio
 
     from ._errors import AgentscopeError, BusError
 
     slice_cg = slice_cgroup_path(slice_path, cgroup_root)
+    unverified: dict[int, str] = {}
+    if verify is not None:  # checked before systemd is asked, and again before each write
+        checked = await asyncio.to_thread(lambda: [(s, p, verify(s, p)) for s, p in moves])
+        unverified = {p: why for _s, p, why in checked if why is not None}
+        moves = [(s, p) for s, p, why in checked if why is None]
     by_scope: dict[str, list[int]] = {}
     for scope, pid in moves:
         by_scope.setdefault(scope, []).append(pid)
@@ -391,6 +452,10 @@ async def _move(
         for scope, pid in moves:
             error = refused.get(scope)
             if scope in direct:
+                why = verify(scope, pid) if verify is not None else None
+                if why is not None:
+                    result[pid] = why
+                    continue
                 try:
                     write(slice_path, scope, pid)
                 except (OSError, ValueError) as exc:
@@ -410,4 +475,4 @@ async def _move(
                 result[pid] = f"the move was accepted, but it is in {clean(cgroup, 200)}"
         return result
 
-    return await asyncio.to_thread(move_and_check)
+    return {**unverified, **await asyncio.to_thread(move_and_check)}

@@ -20,14 +20,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
-from . import _claim, _fdlimit, _names, _scope, _scopeprops, _tmux
+from . import _claim, _fdlimit, _names, _numbers, _scope, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
 from ._errors import (
     AgentExists,
     AgentNotFound,
     AgentscopeError,
-    InvalidConfig,
     LaunchError,
     RegistryError,
 )
@@ -82,6 +81,9 @@ class AsyncFleet(
 
     Raises:
         InvalidName: a bad fleet name.
+        InvalidConfig: a number out of its range (``agent_oom_score_adj`` and
+            ``manager_oom_score_adj`` -1000..1000, ``admission_wait``
+            0..86400 s), before anything is created.
         SystemdUnavailable: (on enter) no manager reachable.
     """
 
@@ -102,9 +104,23 @@ class AsyncFleet(
     ) -> None:
         if policy not in ("adopt", "stop"):
             raise AgentscopeError(f"policy must be 'adopt' or 'stop', not {policy!r}")
-        if not 0 <= admission_wait <= 86400:
-            raise InvalidConfig("admission_wait", admission_wait, "from 0 to 86400 (seconds)")
-        self.admission_wait = admission_wait
+        # Every number checked here, before any bus or registry exists: a bad
+        # oom_score_adj used to fail only in the launch gate, after the scope.
+        self.admission_wait = _numbers.real(
+            "admission_wait", admission_wait, low=0, high=86400, allowed="from 0 to 86400 (seconds)"
+        )
+        adj = "an oom_score_adj from -1000 to 1000 (proc(5))"
+        agent_oom_score_adj = _numbers.whole(
+            "agent_oom_score_adj", agent_oom_score_adj, low=-1000, high=1000, allowed=adj
+        )
+        if manager_oom_score_adj is not None:
+            manager_oom_score_adj = _numbers.whole(
+                "manager_oom_score_adj",
+                manager_oom_score_adj,
+                low=-1000,
+                high=1000,
+                allowed=f"{adj}, or None",
+            )
         self.name = _names.validate_name("fleet", name)
         self.slice = _names.validate_slice(slice)
         # _bus is the tests' seam (tests/fakesystemd.py): a SystemdBus that
@@ -144,6 +160,8 @@ class AsyncFleet(
         self._tmux_lock = asyncio.Lock()
         # Lingering agents' reaps due while this fleet is open (_reaper.py).
         self._reap_timers: dict[str, asyncio.TimerHandle] = {}
+        # unit -> time.monotonic() when this fleet first saw it lingering (_reaper).
+        self._linger_seen: dict[str, float] = {}
         self._last_sweep = 0.0
 
     async def __aenter__(self) -> AsyncFleet:
@@ -559,6 +577,7 @@ class AsyncFleet(
             AgentNotFound, BusError, SystemdUnavailable, AgentscopeError (the
             stop job failed or was cancelled: the agent may still run).
         """
+        timeout = _numbers.real("timeout", timeout, low=0, high=86400)
         self._check_open()
         unit = await self._resolve(name)
         result = await self._scopes.stop_unit(unit, timeout)
@@ -584,8 +603,12 @@ class AsyncFleet(
         """Send ``signal`` to every process of the agent's scope.
 
         Raises:
-            AgentNotFound, BusError, SystemdUnavailable.
+            InvalidConfig (not a signal number, 1-64), AgentNotFound, BusError,
+            SystemdUnavailable.
         """
+        signal = _numbers.whole(
+            "signal", int(signal) if isinstance(signal, _signal.Signals) else signal, low=1, high=64
+        )
         self._check_open()
         unit = await self._resolve(name)
         await self._scopes.kill_unit(unit, signal)

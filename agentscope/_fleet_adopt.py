@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import psutil
 
-from . import _claim, _fdlimit, _names, _scopeprops
+from . import _claim, _fdlimit, _names, _numbers, _scopeprops
 from ._agent import Agent
 from ._bus import SystemdBus
-from ._errors import LaunchError
-from ._escape import move_into
+from ._errors import AgentscopeError, InvalidConfig, LaunchError
+from ._escape import move_into, unit_of_cgroup
 from ._launchargs import check_memory_max
-from ._proc import ProcStat, read_stat
+from ._proc import ProcStat, read_cgroup, read_stat
 from ._reaper import DEFAULT_REAP_AFTER
 from ._registry import AgentRecord, Registry
 from ._scopefiles import write_oom_score_adj
@@ -82,12 +83,20 @@ class AdoptGlue:
         ``memory_max`` (bytes), the other resource controls and
         ``reap_after`` are as for :meth:`launch`; ``pid`` is the main process.
 
+        Some processes are never adopted, since their whole tree would move
+        into the agent's scope (its cap, its stop, its reaper): PID 1, a
+        kernel thread, this process or one of its ancestors (the manager
+        itself), and the main process of a systemd service.
+
         Raises:
-            InvalidName, InvalidConfig, AgentExists, LaunchError (no such
-            process), BusError, HostUnderPressure (as for :meth:`launch`).
+            InvalidName, InvalidConfig (also: a process that is never
+            adopted, before anything is created), AgentExists, LaunchError
+            (no such process), BusError, HostUnderPressure (as for
+            :meth:`launch`).
         """
         self._check_open()
         name = _names.validate_name("agent", name)
+        pid = await self._adoptable(pid)
         controls = _scopeprops.build(
             memory_max=check_memory_max(memory_max),
             tasks_max=tasks_max,
@@ -163,6 +172,64 @@ class AdoptGlue:
         if issues:
             await self._event(name, "properties_not_applied", unit=unit, issues=issues)
         return agent
+
+    async def _adoptable(self, pid: object) -> int:
+        """``pid`` if it may be adopted; InvalidConfig naming why not (#31)."""
+        allowed = (
+            "the pid of a process of yours that is not PID 1, a kernel thread, this "
+            "manager or one of its ancestors, nor a systemd service's main process"
+        )
+        number = _numbers.whole("pid", pid, low=1, high=_PID_MAX, allowed=allowed)
+        why = await asyncio.to_thread(_never_adopted, number)
+        if why is None:
+            why = await self._service_main(number)
+        if why is not None:
+            raise InvalidConfig("pid", number, allowed, problem=f"is refused: {why}")
+        return number
+
+    async def _service_main(self, pid: int) -> str | None:
+        """Why ``pid`` is a systemd service's main process (systemd's MainPID), or None."""
+        cgroup = await asyncio.to_thread(read_cgroup, pid)
+        unit = unit_of_cgroup(cgroup) if cgroup is not None else None
+        if unit is None or not unit.endswith(".service"):
+            return None
+        try:
+            (path,) = await self._bus.call("GetUnit", "s", [unit])
+            main = await self._bus.get_property(path, _SERVICE, "MainPID")
+        except AgentscopeError:
+            return None  # not known to this manager: it cannot be its main process
+        if main != pid:
+            return None
+        return (
+            f"it is the main process of {unit}; adopting it would take the service's "
+            "processes out of it: stop the service or change its unit instead"
+        )
+
+
+_PID_MAX = 4 * 1024 * 1024  # the kernel's PID_MAX_LIMIT
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h
+_SERVICE = "org.freedesktop.systemd1.Service"
+
+
+def _never_adopted(pid: int) -> str | None:
+    """Why ``pid`` is never an agent (read from /proc), or None."""
+    if pid == 1:
+        return "PID 1 is the system's init; every process descends from it"
+    me = os.getpid()
+    if pid == me:
+        return "it is this process, the fleet's manager"
+    stat = read_stat(pid)
+    if stat is not None and (pid == 2 or stat.ppid == 2 or stat.flags & _PF_KTHREAD):
+        return "it is a kernel thread"
+    ancestor, hops = read_stat(me), 0
+    while ancestor is not None and ancestor.ppid > 1 and hops < 4096:
+        if ancestor.ppid == pid:
+            return (
+                "it is an ancestor of this process: adopting it would move the fleet's "
+                "manager into the agent's scope"
+            )
+        ancestor, hops = read_stat(ancestor.ppid), hops + 1
+    return None
 
 
 def _process_tree(pid: int) -> tuple[psutil.Process, list[int]]:

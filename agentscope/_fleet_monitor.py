@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from . import _tmux
+from . import _numbers, _tmux
 from ._bus import SystemdBus
 from ._contract import event_parts
 from ._errors import AgentscopeError, RegistryError
@@ -190,6 +190,7 @@ class MonitorGlue:
 
     async def report(self, top: int = 10) -> MemoryReport:
         """A memory report now: host, PSI, every agent, the top processes with their agent."""
+        top = _numbers.whole("top", top, low=0, high=10_000)
         self._check_open()
         return await build_report(
             await self.slice_cgroup(), self.unit_agent, top=top, cgroup_root=self._bus.cgroup_root

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _numbers
 from ._cgroup import _read_kernel_file, parse_memory_events
 from ._errors import RegistryError
 from ._events import OomKill
@@ -112,7 +113,11 @@ def _read_log(
         if stored is not None and stored.log_source == "kmsg":
             pos = stored.log_position or ""
             # Another boot's sequence numbers mean nothing here: all of this boot is new.
-            after = int(pos) if stored.boot == boot and pos.isdigit() else -1
+            after = (
+                int(pos)
+                if stored.boot == boot and _numbers.is_digits(pos) and len(pos) <= 20
+                else -1
+            )
         got = read_kmsg(after, kmsg)
         if got is not None:
             lines = list(got.lines)

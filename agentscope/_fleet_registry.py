@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from . import _claim
+from . import _claim, _numbers
 from ._registry import AgentRecord, EventRecord, InvalidTransition, Registry
 
 if TYPE_CHECKING:
@@ -79,6 +79,9 @@ class RegistryGlue:
 
     async def gc(self, retention_seconds: float = 7 * 86400) -> int:
         """Prune this fleet's exited agents older than the retention, and their events."""
+        retention_seconds = _numbers.real(
+            "retention_seconds", retention_seconds, low=0, high=100 * 365.25 * 86400
+        )
         self._check_open()
         assert self._registry is not None
         return await self._db(self._registry.gc, retention_seconds, fleet=self.name)

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from . import _tmux
+from . import _numbers, _tmux
 from ._errors import BusError
 from ._registry import AgentRecord, Registry
 from ._spawn import spawn_gated
@@ -198,6 +198,7 @@ class TmuxGlue:
         Raises:
             AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
         """
+        lines = _numbers.whole("lines", lines, low=0, high=10_000_000)
         window = await self._window(name)
         return await asyncio.to_thread(self._tmux.capture, window.id, lines)
 

@@ -50,6 +50,7 @@ __all__ = [
     "journal_access",
     "journalctl_path",
     "kmsg_readable",
+    "kmsg_record",
     "parse_acl_read_groups",
     "parse_journal_entry",
     "read_boot_id",
@@ -72,7 +73,7 @@ TIMEOUT: Final = 20.0
 # A journal cursor: "s=<hex>;i=<hex>;b=<hex>;m=<hex>;t=<hex>;x=<hex>" (sd_journal_get_cursor).
 _CURSOR = re.compile(r"[a-z]=[0-9a-f]{1,64}(?:;[a-z]=[0-9a-f]{1,64}){0,15}")
 _BOOT_ID = re.compile(r"[0-9a-f]{32}")
-_FIELDS: Final = "MESSAGE,_BOOT_ID"
+_FIELDS: Final = "MESSAGE,_BOOT_ID,_TRANSPORT,_SYSTEMD_UNIT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +81,24 @@ class KernelLine:
     """One kernel message: its text, the boot it came from (None: this one), its position.
 
     ``position`` is the journal cursor, or the /dev/kmsg sequence number as text.
+    ``transport`` and ``unit`` are the journal entry's ``_TRANSPORT`` and
+    ``_SYSTEMD_UNIT``, which journald sets itself (a sender cannot: fields
+    that begin with ``_`` are journald's): a /dev/kmsg record the kernel
+    wrote is ``"kernel"``. The monitor's follower also reads systemd-oomd's
+    entries, so whoever takes a line as the kernel's checks
+    :attr:`from_kernel` (#31).
     """
 
     text: str
     boot: str | None
     position: str
+    transport: str | None = "kernel"
+    unit: str | None = None
+
+    @property
+    def from_kernel(self) -> bool:
+        """Whether the kernel itself wrote this line (``_TRANSPORT=kernel``)."""
+        return self.transport == "kernel"
 
 
 def valid_cursor(cursor: str) -> bool:
@@ -117,6 +131,26 @@ class KmsgRead:
     last_seq: int | None
 
 
+def kmsg_record(record: bytes) -> tuple[int, str] | None:
+    """``(seq, message)`` of a /dev/kmsg record the kernel wrote; None for any other.
+
+    A record is ``prio,seq,usec,flags;message`` (Documentation/ABI/testing/
+    dev-kmsg), ``prio`` being ``facility << 3 | level``. Any user who may
+    write /dev/kmsg can add a record, but the kernel gives it facility 1
+    (``user``) at least, whatever ``<N>`` prefix it wrote (devkmsg_write):
+    only facility 0 is the kernel's own, so only those records are read
+    (#31: an injected ``Killed process`` line made recovery raise).
+    """
+    head, sep, message = record.partition(b";")
+    parts = head.split(b",")
+    if not sep or len(parts) < 4 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    if len(parts[0]) > 10 or len(parts[1]) > 20 or int(parts[0]) >> 3 != 0:
+        return None
+    text = message.split(b"\n", 1)[0].decode("utf-8", "replace")
+    return int(parts[1]), text
+
+
 def read_kmsg(
     after: int | None, path: Path = Path("/dev/kmsg"), *, max_records: int = 200_000
 ) -> KmsgRead | None:
@@ -147,15 +181,13 @@ def read_kmsg(
                 break
             if not record:
                 break
-            head, sep, message = record.partition(b";")
-            parts = head.split(b",")
-            if not sep or len(parts) < 2 or not parts[1].isdigit():
-                continue
-            seq = int(parts[1])
-            last = seq
-            if after is not None and seq > after:
-                text = message.split(b"\n", 1)[0].decode("utf-8", "replace")
-                lines.append(KernelLine(text, None, str(seq)))
+            head, _sep, _message = record.partition(b";")
+            seq_text = head.split(b",")[1:2]
+            if seq_text and seq_text[0].isdigit() and len(seq_text[0]) <= 20:
+                last = int(seq_text[0])  # every record moves the position on
+            got = kmsg_record(record)
+            if got is not None and after is not None and got[0] > after:
+                lines.append(KernelLine(got[1], None, str(got[0])))
     finally:
         os.close(fd)
     return KmsgRead(tuple(lines), last)
@@ -221,10 +253,13 @@ def _env() -> dict[str, str]:
 
 
 def parse_journal_entry(raw: bytes) -> KernelLine | None:
-    """One line of ``journalctl -o json``; None for anything that is not a kernel entry.
+    """One line of ``journalctl -o json``; None for anything that is not a journal entry.
 
     MESSAGE may be an array of bytes (not UTF-8); the cursor and boot id are
-    validated, the whole line bounded by :data:`MAX_LINE`.
+    validated, the whole line bounded by :data:`MAX_LINE`. The entry's
+    ``_TRANSPORT`` and ``_SYSTEMD_UNIT`` are kept, not judged: a reader of
+    the kernel's lines takes only those :attr:`KernelLine.from_kernel`, the
+    monitor's reader of systemd-oomd's only those of its unit.
     """
     if len(raw) > MAX_LINE:
         return None
@@ -243,7 +278,14 @@ def parse_journal_entry(raw: bytes) -> KernelLine | None:
         message = bytes(message).decode("utf-8", "replace")
     if not isinstance(message, str):
         return None
-    return KernelLine(message, boot, cursor)
+    transport, unit = entry.get("_TRANSPORT"), entry.get("_SYSTEMD_UNIT")
+    return KernelLine(
+        message,
+        boot,
+        cursor,
+        transport if isinstance(transport, str) else None,
+        unit if isinstance(unit, str) else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,8 +376,8 @@ def _read(
     try:
         for raw in _bounded_lines(proc.stdout.fileno(), deadline):
             entry = parse_journal_entry(raw)
-            if entry is None:
-                continue
+            if entry is None or not entry.from_kernel:
+                continue  # the kernel's lines only, whatever the argv's match did (#31)
             cursor = entry.position
             if keep:
                 lines.append(entry)

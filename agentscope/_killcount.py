@@ -58,6 +58,7 @@ FULL_PASS_EVERY = 5
 _MAX_THROTTLED = 1024  # units whose throttling the monitor remembers at once
 _MAX_THROTTLED_PIDS = 64  # pids one throttled event names
 _MAX_HELD = 1024  # ended scopes whose kills wait for the kernel's word at once
+_MAX_LIMITS = 256  # units whose limits a monitor remembers (the slice and those above it)
 _MAX_NAMED = 4096  # victims named without the kernel's line, remembered for NOTE_TTL
 
 
@@ -146,7 +147,9 @@ class KillCounter:
         self._named: dict[int, float] = {}
         self._created: set[str] = set()
         self._deleted: set[str] = set()
-        self._limits_seen: set[tuple[str, int | None, int | None]] = set()
+        # unit -> the (high, max) last reported: one entry per unit, whatever
+        # its limits were set to over the monitor's life (#31), at most _MAX_LIMITS.
+        self._limits_seen: dict[str, tuple[int | None, int | None]] = {}
         self._throttle_next: dict[tuple[str, str | None], float] = {}
         self._throttle_acc: dict[tuple[str, str | None], tuple[int, set[int]]] = {}
 
@@ -361,9 +364,12 @@ class KillCounter:
                 candidates.append(_ThrottleCandidate(path, prev, events, tuple(all_pids), True))
         # Limits on the slice and above.
         for holder in sample.limits:
-            key = (holder.unit, holder.high, holder.max)
-            if key not in self._limits_seen:
-                self._limits_seen.add(key)
+            limits = (holder.high, holder.max)
+            if self._limits_seen.get(holder.unit) != limits:
+                self._limits_seen.pop(holder.unit, None)  # re-inserted last: the newest
+                if len(self._limits_seen) >= _MAX_LIMITS:
+                    self._limits_seen.pop(next(iter(self._limits_seen)))
+                self._limits_seen[holder.unit] = limits
                 self._emit(LimitFound(now, holder.unit, holder))
         return candidates
 

@@ -6,7 +6,8 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 
-from ._errors import LaunchError
+from . import _numbers
+from ._errors import InvalidConfig, LaunchError
 
 __all__ = ["check_argv", "check_memory_max"]
 
@@ -22,6 +23,17 @@ def check_argv(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | No
         bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
             raise LaunchError(f"env must map str to str; these entries do not: {bad!r}")
+        bad = [k for k, v in env.items() if not k or "=" in k or "\0" in k or "\0" in v]
+        if bad:
+            raise LaunchError(
+                f"env names must be non-empty, without '=' or NUL, and values without NUL: {bad!r}"
+            )
+    if any("\0" in a for a in argv):
+        raise LaunchError(f"argv may not hold a NUL character: {list(argv)!r}")
+    if not argv[0]:
+        raise LaunchError("argv[0] is empty: give the program to run")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd or "\0" in cwd):
+        raise LaunchError(f"cwd must be a non-empty path without NUL, not {cwd!r}")
     if cwd is not None and not os.path.isdir(cwd):
         raise LaunchError(f"cwd {cwd!r} is not a directory")
     if cwd is not None and not os.access(cwd, os.X_OK):
@@ -43,8 +55,13 @@ def check_argv(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | No
 
 
 def check_memory_max(memory_max: object) -> int | None:
-    if memory_max is not None and (
-        not isinstance(memory_max, int) or isinstance(memory_max, bool) or memory_max <= 0
-    ):
+    if memory_max is None:
+        return None
+    if not isinstance(memory_max, int) or isinstance(memory_max, bool):
         raise LaunchError(f"memory_max must be a positive number of bytes, not {memory_max!r}")
-    return memory_max
+    try:
+        return _numbers.whole("memory_max", memory_max, low=1, high=_numbers.MAX_SIZE)
+    except InvalidConfig as exc:
+        raise LaunchError(
+            f"memory_max must be from 1 byte to 8 EiB (2^63), not {memory_max!r}"
+        ) from exc

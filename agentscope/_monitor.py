@@ -42,6 +42,7 @@ from typing import Literal
 
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
+from . import _numbers
 from ._attribution import PressureSample, PressureWindow, parse_oom_kill_line
 from ._cgroup import CGROUP_ROOT
 from ._errors import AgentscopeError
@@ -49,9 +50,15 @@ from ._escape import Attach, Escapee, EscapeLedger, reclaim, slice_cgroup_path
 from ._events import AgentExited, Escaped, Event, Pressure
 from ._guard import Guard, GuardHandle, Protected
 from ._guardpolicy import GuardConfig, GuardHeld, GuardKill
-from ._journal import MAX_LINE, parse_journal_entry, start_follower, stop_follower
+from ._journal import (
+    MAX_LINE,
+    kmsg_record,
+    parse_journal_entry,
+    start_follower,
+    stop_follower,
+)
 from ._killcount import JOURNAL_GRACE, KillCounter
-from ._oomd import OOMD_SOCKET, oomd_kill_event, parse_oomd_line
+from ._oomd import OOMD_SOCKET, OOMD_UNIT, oomd_kill_event, parse_oomd_line
 from ._proc import PROC_ROOT
 from ._recovery import Baseline
 from ._report import MemoryReport, build_report
@@ -143,8 +150,15 @@ class Monitor:
         reclaim_escaped: Attach | None = None,
         on_tick: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        if interval <= 0:
-            raise ValueError(f"interval must be positive, not {interval!r}")
+        # The one number grammar (_numbers): finite and bounded, no NaN (a
+        # NaN interval made the sampler busy-loop).
+        interval = _numbers.real("interval", interval, low=0.01, high=86400)
+        top = _numbers.whole("top", top, low=0, high=10_000)
+        pressure_some_avg10 = _numbers.real(
+            "pressure_some_avg10", pressure_some_avg10, low=0, high=100
+        )
+        available_fraction = _numbers.real("available_fraction", available_fraction, low=0, high=1)
+        pressure_window = _numbers.real("pressure_window", pressure_window, low=0, high=86400)
         if manager not in ("auto", "system", "user"):
             raise ValueError(f"manager must be 'auto', 'system' or 'user', not {manager!r}")
         self.slice_path = Path(slice_path)
@@ -512,12 +526,14 @@ class Monitor:
         lines = data.split(b"\n")
         self._kmsg_rest = lines.pop()
         found = False
+        if len(self._kmsg_rest) > MAX_LINE:
+            self._kmsg_rest = b""  # not a record: /dev/kmsg ends each one with a newline
         for raw in lines:
             if raw.startswith(b" "):
-                continue
-            _, sep, message = raw.partition(b";")
-            text = (message if sep else raw).decode("utf-8", "replace")
-            found = self._kernel_line(text, "kmsg") or found
+                continue  # a " KEY=value" continuation line
+            record = kmsg_record(raw)
+            if record is not None:  # the kernel's own (facility 0) only
+                found = self._kernel_line(record[1], "kmsg") or found
         if found:
             self._wake_soon()
 
@@ -570,7 +586,13 @@ class Monitor:
                 self._journal_rest = b""
             for raw in lines:
                 entry = parse_journal_entry(raw)
-                if entry is not None and not self._oomd_line(entry.text):
+                if entry is None:
+                    continue
+                # Each by journald's own fields, never by its text (#31): oomd's
+                # lines from oomd's unit, the kernel's from the kernel.
+                if entry.unit == OOMD_UNIT:
+                    self._oomd_line(entry.text)
+                elif entry.from_kernel:
                     found = self._kernel_line(entry.text, "journal") or found
         if found:
             self._wake_soon()

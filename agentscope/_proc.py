@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from . import _numbers
 from ._cgroup import _GONE_OR_DENIED, _GONE_OR_UNSUPPORTED, Pressure, _read_kernel_file
 from ._cgroup import parse_pressure as _parse_pressure
 from ._dicts import as_dict
@@ -385,7 +386,7 @@ def iter_pids(proc_root: Path = PROC_ROOT) -> Iterator[int]:
     """The pids in ``proc_root`` at the time of listing (processes, not threads)."""
     with os.scandir(proc_root) as entries:
         for entry in entries:
-            if entry.name.isdigit():
+            if _numbers.is_digits(entry.name):
                 yield int(entry.name)
 
 

@@ -74,7 +74,14 @@ class Leftover:
         return {"pid": self.pid, "comm": self.comm, "rss": self.rss}
 
 
-def decide(rec: AgentRecord, *, main_alive: bool, leftovers: int, now: float) -> Decision:
+def decide(
+    rec: AgentRecord,
+    *,
+    main_alive: bool,
+    leftovers: int,
+    now: float,
+    lingered: float | None = None,
+) -> Decision:
     """What to do about an open row's scope, from what was read of it; no I/O.
 
     ``main_alive``: its main process (pid and start time) still runs;
@@ -82,7 +89,8 @@ def decide(rec: AgentRecord, *, main_alive: bool, leftovers: int, now: float) ->
     to do here (closed, or the scope is empty and ends by itself);
     ``running``: the agent runs; ``linger``: record that it lingers;
     ``wait``: it lingers, not yet due; ``keep``: it lingers and is kept;
-    ``reap``: stop its leftovers now.
+    ``reap``: stop its leftovers now. ``lingered``: the seconds it has
+    lingered by a monotonic clock; without it, ``now - rec.lingering``.
     """
     if rec.closed or rec.state in ("starting", "stopping"):
         return "none"  # a launch in flight is its launcher's; a stop (or reap) is under way
@@ -94,7 +102,8 @@ def decide(rec: AgentRecord, *, main_alive: bool, leftovers: int, now: float) ->
         return "linger"
     if rec.reap_after is None:
         return "keep"
-    return "reap" if now - rec.lingering >= rec.reap_after else "wait"
+    elapsed = now - rec.lingering if lingered is None else lingered
+    return "reap" if elapsed >= rec.reap_after else "wait"
 
 
 def main_alive(rec: AgentRecord, proc_root: Path = PROC_ROOT) -> bool:
@@ -164,6 +173,7 @@ class ReapGlue:
         _scopes: Scopes
         _closed: bool
         _reap_timers: dict[str, asyncio.TimerHandle]
+        _linger_seen: dict[str, float]
         _tasks: set[asyncio.Task[Any]]
 
         async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
@@ -192,14 +202,18 @@ class ReapGlue:
             if s.leftovers is None:
                 continue  # its scope is gone: the listing closes its row
             rec, n = s.rec, len(s.leftovers)
-            decision = decide(rec, main_alive=s.alive, leftovers=n, now=_now())
+            decision = decide(
+                rec, main_alive=s.alive, leftovers=n, now=_now(), lingered=self._lingered(rec)
+            )
             if decision == "linger":
                 # Launched here, its status is known even if its exit watch has not run yet.
                 known = self._agents.get(rec.name)
                 popen = known.popen if known is not None and known.unit == rec.unit else None
                 status = popen.poll() if popen is not None else None
                 rec = await self._linger(rec, status, s.leftovers)
-                decision = decide(rec, main_alive=False, leftovers=n, now=_now())
+                decision = decide(
+                    rec, main_alive=False, leftovers=n, now=_now(), lingered=self._lingered(rec)
+                )
             if decision == "wait":
                 self._schedule_reap(rec)
             elif decision == "reap":
@@ -226,7 +240,11 @@ class ReapGlue:
         if rec is None or rec.closed:
             return False
         rec = await self._linger(rec, status, left)
-        if decide(rec, main_alive=False, leftovers=len(left), now=_now()) == "reap":
+        lingered = self._lingered(rec)
+        if (
+            decide(rec, main_alive=False, leftovers=len(left), now=_now(), lingered=lingered)
+            == "reap"
+        ):
             await self._reap(rec, left)
         else:
             self._schedule_reap(rec)
@@ -253,6 +271,21 @@ class ReapGlue:
         )
         return rec
 
+    def _lingered(self, rec: AgentRecord) -> float | None:
+        """Seconds ``rec`` has lingered by the monotonic clock, as this fleet saw it (#31).
+
+        Counted from when this fleet first saw it lingering, never from the
+        wall clock: a clock set forward must not reap early, nor one set
+        back keep leftovers on. A grace another process began starts again
+        in full here: never shorter than asked. None: not lingering.
+        """
+        if rec.lingering is None or rec.closed:
+            self._linger_seen.pop(rec.unit, None)
+            return None
+        if len(self._linger_seen) > _MAX_SEEN and rec.unit not in self._linger_seen:
+            self._linger_seen.pop(next(iter(self._linger_seen)))
+        return _mono() - self._linger_seen.setdefault(rec.unit, _mono())
+
     def _schedule_reap(self, rec: AgentRecord) -> None:
         """Look again when ``rec``'s grace is over (while this fleet stays open)."""
         if rec.reap_after is None or rec.lingering is None or self._closed:
@@ -260,7 +293,7 @@ class ReapGlue:
         if rec.unit in self._reap_timers:
             return
         loop = asyncio.get_running_loop()
-        delay = max(0.0, rec.lingering + rec.reap_after - _now())
+        delay = max(0.0, rec.reap_after - (self._lingered(rec) or 0.0))
 
         def due() -> None:
             self._reap_timers.pop(rec.unit, None)
@@ -331,3 +364,11 @@ class ReapGlue:
 
 def _now() -> float:
     return time.time()
+
+
+def _mono() -> float:
+    return time.monotonic()
+
+
+#: Lingering units whose first sight a fleet remembers (the oldest is forgotten).
+_MAX_SEEN = 4096

@@ -9,6 +9,7 @@ tmux, ``agentscope exec``'s take-in) asks them.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -170,6 +171,12 @@ def _revival(row: AgentRecord, scope: LiveScope | None) -> Revival | None:
 
 
 LAUNCH_GRACE: Final = 120.0  # seconds a "starting" row may take before it is judged
+_CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
+
+
+def _boot_seconds() -> float:
+    """Seconds since boot, as /proc/PID/stat's start times count them (CLOCK_BOOTTIME)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def in_flight(rec: AgentRecord, *, proc_root: str = "/proc") -> bool:
@@ -182,7 +189,7 @@ def in_flight(rec: AgentRecord, *, proc_root: str = "/proc") -> bool:
     on, so it is judged as any other. The one rule, for the launches of
     every path (the library, tmux, ``agentscope exec``'s take-in).
     """
-    if rec.state != "starting" or time.time() - rec.created > LAUNCH_GRACE:
+    if rec.state != "starting":
         return False
     try:
         with open(f"{proc_root}/{rec.pid}/stat", "rb") as f:
@@ -191,6 +198,10 @@ def in_flight(rec: AgentRecord, *, proc_root: str = "/proc") -> bool:
         return False
     fields = data[data.rindex(b")") + 2 :].split()
     if int(fields[19]) != rec.start_time or fields[0] in (b"Z", b"X"):
+        return False
+    # Young by the boot clock, not the wall clock (#31): a clock set forward
+    # must not judge a launch under way, nor one set back keep an old one.
+    if _boot_seconds() - rec.start_time / _CLK_TCK > LAUNCH_GRACE:
         return False
     ppid = int(fields[1])
     if ppid <= 1:

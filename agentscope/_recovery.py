@@ -76,11 +76,14 @@ def kernel_kills(lines: Iterable[KernelLine], *, limit: int = MAX_KILLS) -> list
     ``Killed process`` line of the same pid that follows it.
 
     A ``Killed process`` line without its summary (kernels before 4.19) names no
-    cgroup and is left out; so is everything else, malformed lines included.
+    cgroup and is left out; so is everything else, malformed lines included,
+    and any line the kernel did not write (:attr:`KernelLine.from_kernel`, #31).
     """
     tasks: dict[int, tuple[str, str]] = {}
     found: list[KernelKill] = []
     for line in lines:
+        if not line.from_kernel:
+            continue
         task = parse_oom_task_line(line.text)
         if task is not None:
             tasks[task.pid] = (task.memcg, task.comm)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from . import _spool, _spool_intake
+from . import _numbers, _spool, _spool_intake
 from ._errors import AgentExists, RegistryCorrupt, RegistryError
 from ._reconcile_plan import (
     REASON_PID_REUSED,
@@ -158,6 +158,7 @@ class Registry(LifecycleStore, OomStore):
         self._lock = threading.Lock()
         self._spool = _spool.spool_dir(self.path)
         self._spool_lock = threading.Lock()
+        self._spool_warned = False
         self._conn: sqlite3.Connection | None = None
         try:
             _prepare_files(self.path)
@@ -254,12 +255,23 @@ class Registry(LifecycleStore, OomStore):
 
         try:
             if self._transaction(due, write=False):
-                self.gc(self.retention_seconds, max_events=MAX_EVENTS)
+                self._gc(self.retention_seconds, None, max_events=MAX_EVENTS, anchored=True)
         except RegistryError as exc:
             logging.getLogger("agentscope").debug("registry not pruned: %s", exc)
 
     def _take_spool(self) -> None:
         """Record the launches ``agentscope exec`` left in the spool (see :mod:`._spool_intake`)."""
+        why = _spool.check_dir(self._spool)
+        if why is not None:
+            if not self._spool_warned:
+                self._spool_warned = True
+                logging.getLogger("agentscope").warning(
+                    "the spool %s %s: its entries are not believed; remove it (or choose "
+                    "a registry path in a directory of your own)",
+                    self._spool,
+                    why,
+                )
+            return
         paths = _spool.pending(self._spool)
         # Taking an entry runs transactions, which land here again: skip then.
         if not paths or not self._spool_lock.acquire(blocking=False):
@@ -520,21 +532,63 @@ class Registry(LifecycleStore, OomStore):
         pruned. ``fleet`` limits all this to one fleet (None: every fleet);
         ``max_events`` also drops the oldest events past that many. Returns
         the number of agent rows deleted.
+
+        The wall clock may have been behind when events were written (#31):
+        an event goes only if every event recorded before it (by id: ids
+        only grow) is older than the cutoff too, and a closed row only if
+        no event of its agent is kept that way. An explicit ``gc`` counts
+        from ``now`` (the clock of the caller, who asked for it); the
+        registry's own prune (at open, and every ten minutes of writes)
+        counts from the earlier of the clock and the newest time recorded
+        before it, so one open under a clock far ahead (an RTC before NTP)
+        deletes nothing the registry did not already hold as old.
         """
-        cutoff = (time.time() if now is None else now) - retention_seconds
+        retention_seconds = _numbers.real(
+            "retention_seconds", retention_seconds, low=0, high=100 * 365.25 * 86400
+        )
+        if now is not None:
+            now = _numbers.real("now", now, low=-1e12, high=1e12)
+        return self._gc(retention_seconds, now, fleet=fleet, max_events=max_events)
+
+    def _gc(
+        self,
+        retention_seconds: float,
+        now: float | None,
+        *,
+        fleet: str | None = None,
+        max_events: int | None = None,
+        anchored: bool = False,
+    ) -> int:
+        clock = time.time() if now is None else now
         scope, args = ("", ()) if fleet is None else (" AND fleet = ?", (fleet,))
 
         def body(conn: sqlite3.Connection) -> int:
+            newest = None
+            if anchored:
+                newest = conn.execute(
+                    "SELECT max(t) FROM (SELECT max(ts) AS t FROM events"
+                    " UNION ALL SELECT max(coalesce(exited, created)) FROM agents)"
+                ).fetchone()[0]
+            cutoff = min(clock, clock if newest is None else newest) - retention_seconds
+            # The first event (by id) at or after the cutoff: it and every later
+            # one are kept, whatever their own ts says.
+            keep_from = conn.execute(
+                "SELECT coalesce((SELECT min(id) FROM events WHERE ts >= ?),"
+                " (SELECT coalesce(max(id), 0) + 1 FROM events))",
+                (cutoff,),
+            ).fetchone()[0]
             cur = conn.execute(
                 "DELETE FROM agents WHERE state IN ('exited', 'failed', 'lost')"
-                f" AND coalesce(exited, created) < ?{scope}",
-                (cutoff, *args),
+                f" AND coalesce(exited, created) < ?{scope} AND NOT EXISTS ("
+                " SELECT 1 FROM events e WHERE e.fleet = agents.fleet"
+                " AND e.agent = agents.name AND e.id >= ?)",
+                (cutoff, *args, keep_from),
             )
             conn.execute(
-                f"DELETE FROM events WHERE ts < ?{scope} AND NOT EXISTS ("
+                f"DELETE FROM events WHERE ts < ? AND id < ?{scope} AND NOT EXISTS ("
                 " SELECT 1 FROM agents a WHERE a.fleet = events.fleet"
                 " AND a.name = events.agent AND a.created <= events.ts)",
-                (cutoff, *args),
+                (cutoff, keep_from, *args),
             )
             if max_events is not None:
                 # ids only grow (AUTOINCREMENT): the span is a cheap upper
@@ -633,6 +687,16 @@ class Registry(LifecycleStore, OomStore):
         runs in SQL: the cost is the rows returned, not the history's size.
         """
         sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE 1"
+        # SQLite's integers are 64-bit: a larger bound overflowed in sqlite3.
+        big = 2**63 - 1
+        after_id, limit, last = (
+            None if v is None else _numbers.whole(k, v, low=0, high=big)
+            for k, v in (("after_id", after_id), ("limit", limit), ("last", last))
+        )
+        since, until = (
+            None if v is None else _numbers.real(k, v, low=-1e12, high=1e12)
+            for k, v in (("since", since), ("until", until))
+        )
         args: list[Any] = []
         for clause, value in (
             (" AND fleet = ?", fleet),

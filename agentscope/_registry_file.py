@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final, Literal, TypeVar
 
-from . import _spool
+from . import _numbers, _spool
 from ._errors import RegistryCorrupt, RegistryError
 
 __all__ = ["DEFAULT_RETENTION", "default_registry_path"]
@@ -57,6 +57,7 @@ def _prepare_files(path: Path) -> None:
     or when it is named ``agentscope`` as :func:`default_registry_path`
     makes it. A directory the caller chose (``/tmp``...) keeps its mode.
     """
+    _refuse_special_files(path)
     directory = path.parent
     missing: list[Path] = []
     probe = directory
@@ -74,6 +75,49 @@ def _prepare_files(path: Path) -> None:
         _fix_mode(p, _FILE_MODE, os.O_RDONLY)
 
 
+#: The files sqlite opens beside the database (WAL mode, and a rollback journal).
+_SIDE_FILES: Final = ("-wal", "-shm", "-journal")
+
+_KINDS: Final = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+def _refuse_special_files(path: Path) -> None:
+    """Refuse a registry whose file or side files are not regular files.
+
+    sqlite opens them without O_NONBLOCK: a FIFO another user planted at
+    ``<db>-wal`` (``registry=`` in a shared directory) hung the open for
+    ever (#31). Checked with lstat before sqlite opens anything; the
+    descriptors :func:`_fix_mode` opens check again (O_NONBLOCK, fstat).
+
+    Raises:
+        RegistryError: one of them is a FIFO, socket, device, directory or link.
+    """
+    for name in (str(path), *(f"{path}{side}" for side in _SIDE_FILES)):
+        try:
+            mode = os.lstat(name).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RegistryError(
+                path, f"cannot check the agentscope registry's file {name}: {exc.strerror}"
+            ) from exc
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise RegistryError(
+                path,
+                f"the agentscope registry's file {name} is {kind}, not a regular file, so "
+                "agentscope will not open it (sqlite could hang on it or write through it); "
+                f"remove it if it is yours, or choose another registry path",
+            )
+
+
 def _fix_mode(path: Path, mode: int, flags: int) -> None:
     """Open ``path`` without following a symlink and narrow its mode if it is ours.
 
@@ -81,7 +125,8 @@ def _fix_mode(path: Path, mode: int, flags: int) -> None:
     another user plants there must not make us chmod its target.
     """
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        # O_NONBLOCK: a FIFO swapped in since the lstat must not hang this open.
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except FileNotFoundError:
         return
     except OSError as exc:
@@ -92,6 +137,10 @@ def _fix_mode(path: Path, mode: int, flags: int) -> None:
         raise
     try:
         st = os.fstat(fd)
+        if not flags & os.O_DIRECTORY and not stat.S_ISREG(st.st_mode):
+            raise RegistryError(
+                path, f"the agentscope registry's file {path} is not a regular file; remove it"
+            )
         if stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():
             os.fchmod(fd, mode)
     finally:
@@ -173,8 +222,11 @@ def _retention_from_env(env: Mapping[str, str]) -> float:
     """``AGENTSCOPE_RETENTION_DAYS`` in seconds (0: keep everything); a bad
     value falls back to the default rather than break every command."""
     raw = env.get(_RETENTION_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RETENTION
     try:
-        days = float(raw) if raw else DEFAULT_RETENTION / 86400
+        # The one number grammar: ASCII digits, finite (no "nan", no Arabic-Indic digits).
+        days = _numbers.real(_RETENTION_ENV, raw, low=0, high=100_000)
     except ValueError:
         days = -1.0
     if not 0 <= days <= 100_000:

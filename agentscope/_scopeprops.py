@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from . import _numbers
 from ._errors import InvalidConfig
 
 TYPE_CHECKING = False
@@ -41,6 +42,7 @@ INFINITY = 2**64 - 1
 DEFAULT_REAP_AFTER = 10.0
 """Seconds an agent's leftovers may outlive its main process by default (:mod:`._reaper`)."""
 _MAX_REAP_AFTER = 7 * 86400.0
+_MAX_TASKS = 2**62  # the kernel's PID_MAX_LIMIT is 2^22; systemd takes up to 2^64 - 2
 _MAX_WEIGHT = 10000  # systemd.resource-control(5): CPUWeight=, IOWeight= take 1..10000
 _MAX_CPUS = 8192  # a bitmask this wide covers any kernel's NR_CPUS on Debian (8192)
 # With memory_max, the scope gets no swap unless MemorySwapMax is given.
@@ -68,24 +70,17 @@ _REFUSED = {
     "Delegate": "an agent may not manage its own cgroups",
 }
 
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
 
 def _bounded_int(field: str, value: object, low: int, high: int, allowed: str) -> int:
-    if isinstance(value, str):
-        text = value.strip()
-        if not text.isdigit():
-            raise InvalidConfig(field, value, allowed)
-        value = int(text)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise InvalidConfig(field, value, allowed)
-    return value
+    return _numbers.whole(field, value, low=low, high=high, allowed=allowed)
 
 
 def _tasks(field: str, value: object) -> int:
     if value == "infinity":
         return INFINITY
-    return _bounded_int(field, value, 1, 2**62, "a number of tasks from 1, or 'infinity'")
+    return _bounded_int(
+        field, value, 1, _MAX_TASKS, f"a number of tasks from 1 to {_MAX_TASKS}, or 'infinity'"
+    )
 
 
 def _weight(field: str, value: object) -> int:
@@ -93,27 +88,22 @@ def _weight(field: str, value: object) -> int:
 
 
 def _size(field: str, value: object, low: int) -> int:
-    allowed = f"a size in bytes (or K/M/G/T, 1024s) from {low}, or 'infinity'"
-    if value == "infinity":
-        return INFINITY
-    if isinstance(value, str):
-        text = value.strip().upper()
-        unit = text[-1:] if text[-1:] in _SIZE_UNITS and text[-1:] else ""
-        number = text[: len(text) - len(unit)]
-        if not number.isdigit():
-            raise InvalidConfig(field, value, allowed)
-        value = int(number) * _SIZE_UNITS[unit]
-    return _bounded_int(field, value, low, 2**63, allowed)
+    # The one size grammar (--memory-max's): 512M, 1.5G, 50%, infinity.
+    parsed = _numbers.size(field, value, low=low)
+    return INFINITY if parsed is None else parsed
 
 
 def _quota(field: str, value: object) -> int:
     # CPUQuota=200% is two CPUs' time per second: CPUQuotaPerSecUSec = 2,000,000.
-    allowed = "a percentage of one CPU above 0, e.g. '50%' or '200%'"
+    allowed = "a percentage of one CPU above 0% and at most 100000%, e.g. '50%' or '200%'"
     text = value.strip() if isinstance(value, str) else ""
-    number = text[:-1]
-    if not text.endswith("%") or not number.replace(".", "", 1).isdigit():
+    if not text.endswith("%"):
         raise InvalidConfig(field, value, allowed)
-    usec = round(float(number) * 10000)
+    whole, dot, frac = text[:-1].partition(".")
+    if not _numbers.is_digits(whole) or (dot and not _numbers.is_digits(frac)):
+        raise InvalidConfig(field, value, allowed)
+    percent = _numbers.real(field, text[:-1], low=0, high=100_000, above_low=True, allowed=allowed)
+    usec = round(percent * 10000)
     if not 0 < usec <= 1000 * 1_000_000:  # 1000 CPUs' worth at most
         raise InvalidConfig(field, value, allowed)
     return usec
@@ -121,17 +111,20 @@ def _quota(field: str, value: object) -> int:
 
 def _cpus(field: str, value: object) -> bytes:
     # systemd's AllowedCPUs= on the bus is a bitmask, CPU n in bit n % 8 of byte n // 8.
-    allowed = "a list of CPUs such as '0-3,6'"
+    allowed = f"a list of CPUs such as '0-3,6', each from 0 to {_MAX_CPUS - 1}"
     if not isinstance(value, str) or not value.strip():
         raise InvalidConfig(field, value, allowed)
     cpus: set[int] = set()
     for part in value.replace(" ", "").split(","):
         low, dash, high = part.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        first = _numbers.whole(field, low, low=0, high=_MAX_CPUS - 1, allowed=allowed)
+        last = (
+            _numbers.whole(field, high, low=0, high=_MAX_CPUS - 1, allowed=allowed)
+            if dash
+            else first
+        )
+        if not _numbers.is_digits(low) or (dash and not _numbers.is_digits(high)) or first > last:
             raise InvalidConfig(field, value, allowed)
-        first, last = int(low), int(high) if dash else int(low)
-        if first > last or last >= _MAX_CPUS:
-            raise InvalidConfig(field, value, f"{allowed}, each below {_MAX_CPUS}")
         cpus.update(range(first, last + 1))
     mask = bytearray(max(cpus) // 8 + 1)
     for cpu in cpus:
@@ -148,19 +141,10 @@ def parse_reap_after(value: object) -> float | None:
     Raises:
         InvalidConfig: not a number of seconds in range, nor ``"keep"``.
     """
-    allowed = f"seconds from 0 to {_MAX_REAP_AFTER:.0f}, or 'keep'"
     if value == "keep":
         return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise InvalidConfig("reap_after", value, allowed) from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidConfig("reap_after", value, allowed)
-    if not 0 <= value <= _MAX_REAP_AFTER:  # also refuses NaN
-        raise InvalidConfig("reap_after", value, allowed)
-    return float(value)
+    allowed = f"seconds from 0 to {_MAX_REAP_AFTER:.0f}, or 'keep'"
+    return _numbers.real("reap_after", value, low=0, high=_MAX_REAP_AFTER, allowed=allowed)
 
 
 def parse_property(name: str, value: object) -> tuple[str, str, Any]:

@@ -17,8 +17,11 @@ fast path imports this module.
 from __future__ import annotations
 
 import os
+import stat  # os imports it already: free on the exec fast path
 
-from ._scopeprops import DEFAULT_REAP_AFTER
+from . import _names, _numbers
+from ._errors import InvalidName
+from ._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
@@ -29,6 +32,7 @@ __all__ = [
     "MAX_PENDING",
     "OWN_DIR_NAME",
     "Entry",
+    "check_dir",
     "claim",
     "pending",
     "read",
@@ -45,6 +49,7 @@ MAX_PENDING = 64
 _MAGIC = "agentscope-spool-2"  # 2: reap_after before argv
 _MAGIC_1 = "agentscope-spool-1"
 OWN_DIR_NAME = "agentscope"
+_ELOOP = 40  # errno.ELOOP on Linux (errno is one import too many on this path)
 
 
 def state_dir(manager: str, env: Mapping[str, str] = os.environ) -> str:
@@ -74,6 +79,37 @@ def state_dir(manager: str, env: Mapping[str, str] = os.environ) -> str:
                 ) from None
         state_home = f"{home}/.local/state"
     return f"{state_home}/{OWN_DIR_NAME}"
+
+
+#: The kernel's PID_MAX_LIMIT (4M on 64-bit): no pid is above it.
+_PID_MAX = 4 * 1024 * 1024
+#: An entry is a few hundred bytes; argv is bounded by ARG_MAX (2 MiB by default).
+_MAX_ENTRY = 4 << 20
+_HEX = frozenset("0123456789abcdef")
+
+
+def check_dir(spool: str) -> str | None:
+    """Why the spool directory ``spool`` cannot be trusted; None when it can or is absent.
+
+    Entries are believed (they become registry rows and name processes),
+    so the directory must be this user's own: a real directory, not a
+    link, owned by the effective uid, writable by no one else. With
+    ``registry=`` in a shared directory (``/tmp/r.db``), ``spool/`` is where
+    any user could have made it first (#31).
+    """
+    try:
+        st = os.lstat(spool)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory (a link or another file)"
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def spool_dir(registry: str | os.PathLike[str]) -> str:
@@ -143,18 +179,25 @@ class Entry:
         reap_after: float | None = DEFAULT_REAP_AFTER  # version 1 had none
         argv = fields[9:]
         try:
-            pid, start, created = int(fields[4]), int(fields[5]), float(fields[6])
+            # The one number grammar: ASCII digits, bounded, finite (#31).
+            pid = _numbers.whole("pid", fields[4], low=1, high=_PID_MAX)
+            start = _numbers.whole("start_time", fields[5], low=0, high=2**63 - 1)
+            created = _numbers.real("created", fields[6], low=0, high=1e11)
             if fields[0] == _MAGIC:
                 if not argv:
                     return None
                 keep, argv = argv[0], argv[1:]
-                reap_after = None if keep == "keep" else float(keep)
-                if reap_after is not None and not 0 <= reap_after <= 7 * 86400:
-                    return None
-        except ValueError:
+                reap_after = parse_reap_after(keep)
+        except ValueError:  # InvalidConfig is one
             return None
         fleet, name, unit, slice_dir, cwd = fields[1], fields[2], fields[3], fields[7], fields[8]
+        if not _valid(fleet, name, unit, pid, start, created, slice_dir, cwd, argv):
+            return None
         return cls(fleet, name, unit, pid, start, created, slice_dir, cwd, argv, reap_after)
+
+    def file_names(self) -> tuple[str, str]:
+        """The names this entry may have in the spool: its agent's, or its unit's once freed."""
+        return f"{self.fleet}+{self.name}", self.unit
 
     def alive(self) -> bool:
         """Whether the launching process still runs (the same one: its start time matches)."""
@@ -167,6 +210,36 @@ class Entry:
         return "starting" if self.alive() else "lost"
 
 
+def _valid(
+    fleet: str,
+    name: str,
+    unit: str,
+    pid: int,
+    start: int,
+    created: float,
+    slice_dir: str,
+    cwd: str,
+    argv: Sequence[str],
+) -> bool:
+    """Whether an entry's fields are each what an exec writes (checked before belief)."""
+    try:
+        _names.validate_name("fleet", fleet)
+        _names.validate_name("agent", name)
+    except InvalidName:
+        return False
+    prefix, suffix = f"agentscope-{fleet}-{name}-", ".scope"
+    token = unit[len(prefix) : -len(suffix)]
+    if not (unit.startswith(prefix) and unit.endswith(suffix) and len(token) == 6):
+        return False
+    if not set(token) <= _HEX:
+        return False
+    if not os.path.isabs(slice_dir) or ".." in slice_dir.split("/"):
+        return False
+    if cwd and not os.path.isabs(cwd):
+        return False
+    return bool(argv) and pid > 0 and start >= 0 and created >= 0
+
+
 def claim(spool: str, entry: Entry) -> str | None:
     """Write ``entry`` under its agent's name; its path, or None if the name is held.
 
@@ -175,14 +248,23 @@ def claim(spool: str, entry: Entry) -> str | None:
     process holds the name: the caller takes the slow path, which knows more.
     """
     os.makedirs(spool, mode=0o700, exist_ok=True)
+    why = check_dir(spool)
+    if why is not None:  # the exec takes the slow path, which says so
+        raise PermissionError(f"the spool {spool} {why}")
     # Written whole first, then linked under the name: a reader never sees
     # half an entry, and link() fails if the name is taken.
     draft = os.path.join(spool, f".{entry.unit}")
-    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    data = entry.encode()
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, entry.encode())
-    finally:
-        os.close(fd)
+        try:
+            while data:  # a short write (a nearly full disk) goes on; ENOSPC raises
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+    except BaseException:
+        os.unlink(draft)  # a full disk leaves no draft behind (#31)
+        raise
     path = os.path.join(spool, f"{entry.fleet}+{entry.name}")
     try:
         for _ in range(3):
@@ -217,6 +299,10 @@ def read(path: str) -> Entry | None:
     return None if held is None else held[0]
 
 
+def _open_entry(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
 def read_held(path: str) -> tuple[Entry | None, int] | None:
     """The entry at ``path`` (None: not an entry) and the inode it was read from.
 
@@ -227,10 +313,32 @@ def read_held(path: str) -> tuple[Entry | None, int] | None:
         OSError: as :func:`read`.
     """
     try:
-        with open(path, "rb") as f:
-            return Entry.decode(f.read()), os.fstat(f.fileno()).st_ino
+        # O_NONBLOCK and O_NOFOLLOW: a FIFO or a link in the spool is no entry
+        # and must not hang the reader; an entry is a regular file.
+        fd = _open_entry(path)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == _ELOOP:
+            return None, os.lstat(path).st_ino
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_ENTRY:
+            return None, st.st_ino
+        chunks: list[bytes] = []
+        size = 0
+        while size <= _MAX_ENTRY:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > _MAX_ENTRY:
+            return None, st.st_ino
+        return Entry.decode(b"".join(chunks)), st.st_ino
+    finally:
+        os.close(fd)
 
 
 # A claim holds its draft for microseconds; one this old was left by an exec
@@ -243,6 +351,8 @@ def pending(spool: str, now: float | None = None) -> list[str]:
 
     Drafts that a killed exec left behind are removed on the way.
     """
+    if check_dir(spool) is not None:
+        return []  # not this user's own: nothing in it is believed (Registry warns)
     try:
         names = os.listdir(spool)
     except OSError:  # no spool yet: nothing was ever exec'd

@@ -37,6 +37,8 @@ def take_entry(reg: Registry, path: str) -> None:
     if taken is None:
         return  # taken in meanwhile by another process
     entry, ino = taken
+    if entry is not None and os.path.basename(path) not in entry.file_names():
+        entry = None  # an entry under another's name: not what an exec writes
     state = entry.state() if entry is not None else "bad"
     if entry is None or state == "starting":  # "starting": its exec still waits
         if entry is None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import _numbers
 from ._errors import AgentscopeError, LaunchError
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ def parse_windows(lines: Sequence[str]) -> list[Window]:
     for line in lines:
         wid, sep, rest = line.partition("\t")
         name, sep2, pid = rest.rpartition("\t")
-        if sep and sep2 and pid.isdigit():
+        if sep and sep2 and _numbers.is_digits(pid) and len(pid) <= 10:
             out.append(Window(wid, name, int(pid)))
     return out
 
@@ -414,7 +415,7 @@ class TmuxServer:
         if not self.socket.exists():
             return None
         out = self._cmd("display-message", "-p", "#{pid}", check=False)
-        if out and out[0].isdigit():
+        if out and _numbers.is_digits(out[0]) and len(out[0]) <= 10:
             self._pid = int(out[0])
         return self._pid
 

@@ -15,7 +15,7 @@ import typer
 
 from ._context import emit_json, fleet_of, history_of, options, said, show
 from ._errors import BadInput, Failed
-from ._parse import parse_duration, parse_size
+from ._parse import parse_duration, parse_size, real_option, whole_option
 
 __all__ = ["demo", "doctor", "gc", "install", "uninstall"]
 
@@ -158,7 +158,11 @@ def uninstall(
 def demo(
     ctx: typer.Context,
     agents: Annotated[
-        int, typer.Option(help="How many agents to launch (one of them runs away).", min=2)
+        int,
+        typer.Option(
+            help="How many agents to launch, 2-64 (one of them runs away).",
+            parser=whole_option("--agents", 2, 64),
+        ),
     ] = 8,
     memory_max: Annotated[
         str, typer.Option(help="The runaway's own cap (SIZE), so this machine is never squeezed.")
@@ -171,7 +175,13 @@ def demo(
             "catch. Only in a throwaway VM.",
         ),
     ] = False,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the kill.", min=1)] = 150.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds to wait for the kill (1-86400).",
+            parser=real_option("--timeout", 1, 86400),
+        ),
+    ] = 150.0,
 ) -> None:
     """Show what agentscope does: a fleet, a runaway agent, its kill named.
 

@@ -18,7 +18,7 @@ from ._context import emit_json, fleet_of, options, said, show, valid_agent, wri
 from ._errors import BadInput, Failed
 from ._exec import exec_command, launch_controls
 from ._options import Options
-from ._parse import parse_env, parse_signal, parse_size
+from ._parse import parse_env, parse_signal, parse_size, real_option, whole_option
 
 if TYPE_CHECKING:
     from ._fleet import FleetLike
@@ -82,6 +82,7 @@ def run(
     controls = launch_controls(tasks_max, cpu_weight, io_weight, prop or [], reap_after)
     extra = parse_env(env or [])
     agent_env = {**os.environ, **extra} if extra else None
+    _check_command(cmd, agent_env, cwd)
     if tmux:
         if log is not None:
             raise BadInput("--log and --tmux do not mix: a tmux agent's output is its window")
@@ -117,6 +118,18 @@ def run(
             )
     result = {"name": agent.name, "unit": agent.unit, "pid": agent.pid, "log": str(log_path)}
     _print_launched(opts, result, agent.property_issues)
+
+
+def _check_command(cmd: list[str], env: dict[str, str] | None, cwd: Path | None) -> None:
+    """The command, cwd and env of ``run``, checked before the bus is reached (as exec does).
+
+    Raises:
+        LaunchError: an empty argv or program, no such program, a cwd that is
+            not a directory (exit 2, nothing created).
+    """
+    from agentscope._launchargs import check_argv
+
+    check_argv(cmd, env, str(cwd) if cwd is not None else None)
 
 
 def _print_launched(opts: Options, result: dict[str, Any], issues: list[dict[str, Any]]) -> None:
@@ -219,7 +232,13 @@ def stop(
         str | None, typer.Argument(help="The agent to stop.", callback=valid_agent)
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Stop every agent of the fleet.")] = False,
-    timeout: Annotated[float, typer.Option(help="Seconds from SIGTERM to SIGKILL.", min=0)] = 10.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds from SIGTERM to SIGKILL (0-86400).",
+            parser=real_option("--timeout", 0, 86400),
+        ),
+    ] = 10.0,
 ) -> None:
     """Stop an agent (SIGTERM, then SIGKILL after the timeout), or all of them."""
     opts = options(ctx)
@@ -329,7 +348,15 @@ def attach(
 def logs(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The agent.", callback=valid_agent)],
-    lines: Annotated[int, typer.Option("--lines", "-n", help="How many lines.", min=0)] = 100,
+    lines: Annotated[
+        int,
+        typer.Option(
+            "--lines",
+            "-n",
+            help="How many lines (0-10000000).",
+            parser=whole_option("--lines", 0, 10_000_000),
+        ),
+    ] = 100,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing what the agent writes.")
     ] = False,

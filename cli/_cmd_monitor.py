@@ -18,7 +18,7 @@ import typer
 from . import _fleet
 from ._context import emit_json, fleet_of, history_of, options, show
 from ._errors import BadInput, Failed, Interrupted
-from ._parse import parse_since
+from ._parse import parse_since, real_option, whole_option
 
 if TYPE_CHECKING:
     import queue
@@ -32,10 +32,17 @@ if TYPE_CHECKING:
 
 __all__ = ["events", "monitor", "report", "top"]
 
+# The bounds of the numbers these commands take (docs/cli.md lists them).
+MAX_EVENTS = 10**9
+MAX_INTERVAL = 86400.0
+_TOP = whole_option("--top", 0, 10_000)
+
 
 def report(
     ctx: typer.Context,
-    top: Annotated[int, typer.Option(help="How many top processes to show.", min=0)] = 10,
+    top: Annotated[
+        int, typer.Option(help="How many top processes to show (0-10000).", parser=_TOP)
+    ] = 10,
 ) -> None:
     """The memory report: per agent, and the top processes with their agents."""
     with fleet_of(ctx) as fleet:
@@ -63,7 +70,12 @@ def events(
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
     agent: Annotated[str | None, typer.Option(help="Only events of this agent.")] = None,
     limit: Annotated[
-        int | None, typer.Option(help="Only the newest N events that match.", min=0)
+        int | None,
+        typer.Option(
+            help="Only the newest N events that match (0-1000000000).",
+            metavar="N",
+            parser=whole_option("--limit", 0, MAX_EVENTS),
+        ),
     ] = None,
 ) -> None:
     """Print the fleet's recorded events (OOM kills, throttling, starts, exits).
@@ -119,7 +131,13 @@ def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | N
 
 def top(
     ctx: typer.Context,
-    interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 1.0,
+    interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between refreshes (0.1-86400).",
+            parser=real_option("--interval", 0.1, MAX_INTERVAL),
+        ),
+    ] = 1.0,
 ) -> None:
     """A live view of the fleet: agents with memory bars, PSI, recent events; q quits."""
     from agentscope._contract import stamped
@@ -148,8 +166,16 @@ class _Stopped(Exception):
 
 def monitor(
     ctx: typer.Context,
-    interval: Annotated[float, typer.Option(help="Seconds between samples.", min=0.1)] = 2.0,
-    top: Annotated[int, typer.Option(help="Top processes kept per sample.", min=0)] = 10,
+    interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between samples (0.1-86400).",
+            parser=real_option("--interval", 0.1, MAX_INTERVAL),
+        ),
+    ] = 2.0,
+    top: Annotated[
+        int, typer.Option(help="Top processes kept per sample (0-10000).", parser=_TOP)
+    ] = 10,
     listen: Annotated[
         str | None,
         typer.Option(
@@ -180,6 +206,7 @@ def monitor(
             help="Guard: act when MemAvailable is at most PCT % of MemTotal ...",
             metavar="PCT",
             envvar="AGENTSCOPE_GUARD_MEM_AVAILABLE",
+            parser=real_option("--guard-mem-available", 0, 100),
         ),
     ] = 10.0,
     guard_swap_free: Annotated[
@@ -188,6 +215,7 @@ def monitor(
             help="... and SwapFree at most PCT % of SwapTotal (no swap counts as 0 %).",
             metavar="PCT",
             envvar="AGENTSCOPE_GUARD_SWAP_FREE",
+            parser=real_option("--guard-swap-free", 0, 100),
         ),
     ] = 20.0,
     guard_psi_full: Annotated[
@@ -204,6 +232,7 @@ def monitor(
             help="Guard: how long PSI full must stay over --guard-psi-full, in seconds.",
             metavar="S",
             envvar="AGENTSCOPE_GUARD_PSI_SECONDS",
+            parser=real_option("--guard-psi-seconds", 0, 3600),
         ),
     ] = 10.0,
     guard_process: Annotated[
@@ -325,17 +354,18 @@ def _guard_config(
         BadInput: --guard-psi-full is neither a number nor 'off'.
         InvalidConfig: a value out of its range (exit 2, naming the option's field).
     """
-    from agentscope import GuardConfig
+    from agentscope import GuardConfig, _numbers
 
     psi: float | None
     if psi_full.strip().lower() == "off":
         psi = None
     else:
         try:
-            psi = float(psi_full)
+            psi = _numbers.real("--guard-psi-full", psi_full, low=0, high=100, above_low=True)
         except ValueError:
             raise BadInput(
-                f"--guard-psi-full {psi_full!r} is not a percentage; give e.g. 60, or 'off'"
+                f"--guard-psi-full {psi_full!r} is not a percentage above 0 and at most 100; "
+                "give e.g. 60, or 'off'"
             ) from None
     # A process that runs only the monitor may keep the kernel's OOM killer
     # off itself; root can, others cannot lower it (FIELD-NOTES).

@@ -85,6 +85,38 @@ ISO 8601 (`2024-05-01T12:00:00`, local time without a zone), `now`,
 or a bare time span, meaning that long ago (`1h30min`). SIG is a name
 (`TERM`, `SIGKILL`) or a number. A value that does not parse is exit 2.
 
+Every number, in an option, a `-p` property or an environment variable, is
+read by one grammar (agentscope/_numbers.py): ASCII digits only (`²`, `٣`,
+`1_000` are refused, not read as numbers), a range per field (a value
+outside it is refused, never clamped), and a finite value where one is
+meant (no `nan`, `inf` or `1e309`). A refusal is exit 2 before any file is
+created or any bus is reached; `run` checks its command, `--cwd` and
+`--env` before it connects, as `exec` does.
+
+| field | range |
+|---|---|
+| `--memory-max`, `-p MemoryMax=` | SIZE from 1 byte to 8 EiB, or `infinity` |
+| `-p MemorySwapMax=` | SIZE from 0 to 8 EiB, or `infinity` |
+| `--tasks-max`, `-p TasksMax=` | 1 to 2^62, or `infinity` |
+| `--cpu-weight`, `--io-weight`, `-p CPUWeight=`, `-p IOWeight=` | 1 to 10000 |
+| `-p CPUQuota=` | above 0% and at most 100000%, two decimals at most |
+| `-p AllowedCPUs=` | CPUs 0 to 8191, as `0-3,6` |
+| `--reap-after` | 0 to 604800 seconds, or `keep` |
+| `stop --timeout` | 0 to 86400 seconds |
+| `top --interval`, `monitor --interval` | 0.1 to 86400 seconds |
+| `report --top`, `monitor --top` | 0 to 10000 |
+| `events --limit` | 0 to 1000000000 |
+| `logs --lines` | 0 to 10000000 |
+| `demo --agents` | 2 to 64 |
+| `demo --timeout` | 1 to 86400 seconds |
+| `--listen HOST:PORT` | port 0 to 65535 |
+| `--guard-mem-available`, `--guard-swap-free` | 0 to 100 (percent) |
+| `--guard-psi-full` | above 0 and at most 100 (percent), or `off` |
+| `--guard-psi-seconds` | 0 to 3600 seconds |
+| `gc --retention` | a time span up to 100 years |
+| `AGENTSCOPE_RETENTION_DAYS` | 0 to 100000 days (another value: the default, with a warning) |
+| `WATCHDOG_USEC` | 0 to 2^64 - 1 (another value: no watchdog) |
+
 Global options may also follow the command (`agentscope ls --json` is
 `agentscope --json ls`), anywhere before a `--`; what follows `--` is the
 agent's own command line and is left alone.
@@ -130,6 +162,12 @@ fleet sooner (`--retention`, default 7 days). `AGENTSCOPE_RETENTION_DAYS`
 sets the days kept (`0` keeps everything). `events --limit N` shows the
 newest N; `events --follow` and `top` ask only for events newer than the
 last one seen, so a poll costs the same on a long history.
+
+A wrong wall clock does not delete history: the prune at open counts from
+the earlier of the clock and the newest time the registry recorded, and an
+event (or a closed agent) goes only if every event recorded before it is
+old too, so events written while the clock was behind stay (python-api.md,
+"Retention and a wrong clock").
 """
 
 

@@ -211,7 +211,7 @@ def launch_controls(
         BadInput: a number that is not one, ``-p`` without ``NAME=VALUE``, or
             a property given twice; InvalidConfig: a value out of its range.
     """
-    from agentscope import _scopeprops
+    from agentscope import _numbers, _scopeprops
 
     kw: dict[str, Any] = {}
     for key, option, value in (
@@ -220,9 +220,10 @@ def launch_controls(
         ("io_weight", "--io-weight", io_weight),
     ):
         if value is not None:
-            if not value.strip().isdigit():
-                raise BadInput(f"{option} takes a whole number, not {value!r}")
-            kw[key] = int(value)
+            # The one number grammar: ASCII digits only; the range is build()'s.
+            if not _numbers.is_digits(value.strip()):
+                raise BadInput(f"{option} takes a whole number (ASCII digits), not {value!r}")
+            kw[key] = _numbers.whole(option, value, low=0, high=_numbers.MAX_SIZE)
     props: dict[str, str] = {}
     for item in properties:
         prop, eq, value = item.partition("=")

@@ -37,6 +37,7 @@ from agentscope import (
     OomKill,
     Pressure,
     Throttled,
+    _numbers,
 )
 from agentscope._contract import schema_id
 
@@ -83,8 +84,10 @@ def parse_listen(value: str, *, any_address: bool = False) -> tuple[str, int]:
         raise BadInput(f"--listen {value!r}: expected HOST:PORT, like 127.0.0.1:9464")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise BadInput(f"--listen {value!r}: the port must be a number from 0 to 65535")
+    if not _numbers.is_digits(port_text) or len(port_text) > 5 or int(port_text) > 65535:
+        raise BadInput(
+            f"--listen {value!r}: the port must be a number from 0 to 65535 (ASCII digits)"
+        )
     if host == "localhost":
         host = "127.0.0.1"
     try:

@@ -26,8 +26,11 @@ def _watchdog_seconds(env: Mapping[str, str]) -> float | None:
     pid = env.get("WATCHDOG_PID")
     if pid and pid != str(os.getpid()):
         return None
+    from agentscope import _numbers
+
     try:
-        usec = int(env.get("WATCHDOG_USEC", ""))
+        # sd_watchdog_enabled(3) takes a uint64; the one grammar, ASCII digits.
+        usec = _numbers.whole("WATCHDOG_USEC", env.get("WATCHDOG_USEC", ""), low=0, high=2**64 - 1)
     except ValueError:
         return None
     return usec / 1e6 if usec > 0 else None

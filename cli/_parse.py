@@ -7,10 +7,13 @@ Plain functions, no I/O, and only light standard-library imports: the
 from __future__ import annotations
 
 import math
-import os
 import re
 import signal
+from collections.abc import Callable
 from datetime import datetime
+
+from agentscope import _numbers
+from agentscope._errors import InvalidConfig
 
 from ._errors import BadInput
 
@@ -21,111 +24,52 @@ __all__ = [
     "parse_since",
     "parse_size",
     "physical_memory",
+    "real_option",
+    "whole_option",
 ]
 
-_SIZE = re.compile(r"(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[kmgtpe]?)(?:i?b)?", re.IGNORECASE)
-_PERCENT = re.compile(r"(?P<whole>\d{1,3})(?:\.(?P<frac>\d{1,2}))?\s*%")
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50, "e": 2**60}
-_INFINITY = "infinity"
-_MAX_DURATION = 100 * 365.25 * 86400
-# systemd.time(7)'s time spans, spelled (and cased) as systemd takes them:
-# "M" is a month there, "m" a minute.
-_SPAN_UNITS = {
-    **dict.fromkeys(("usec", "us", "\u00b5s", "\u03bcs"), 1e-6),
-    **dict.fromkeys(("msec", "ms"), 1e-3),
-    **dict.fromkeys(("seconds", "second", "sec", "s", ""), 1.0),
-    **dict.fromkeys(("minutes", "minute", "min", "m"), 60.0),
-    **dict.fromkeys(("hours", "hour", "hr", "h"), 3600.0),
-    **dict.fromkeys(("days", "day", "d"), 86400.0),
-    **dict.fromkeys(("weeks", "week", "w"), 7 * 86400.0),
-    **dict.fromkeys(("months", "month", "M"), 30.44 * 86400),
-    **dict.fromkeys(("years", "year", "y"), 365.25 * 86400),
-}
-_SPAN_PART = re.compile(r"\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[^\W\d_]*)")
-_SPAN_HINT = "a time span like 90s, 10min, 1h30min, 500ms or 7d (systemd.time(7))"
+_NUMBER_HINT = "ASCII digits"
 
 
 def physical_memory() -> int:
     """This machine's RAM in bytes, as systemd counts it for ``MemoryMax=50%``."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return _numbers.physical_memory()
 
 
-def parse_size(text: str, *, physical: int | None = None) -> int | None:
+def parse_size(
+    text: str, *, physical: int | None = None, option: str = "--memory-max"
+) -> int | None:
     """Bytes from a size as systemd takes it for ``MemoryMax=``; None for ``infinity``.
 
     ``4096``, ``512K``, ``4G``, ``1.5GiB``, ``2TB`` (K/M/G/T/P/E in powers
     of 1024, an optional ``B`` or ``iB``), ``50%`` (of ``physical`` bytes,
     by default this machine's RAM, rounded down to whole pages as systemd
-    does), or ``infinity`` (no limit).
+    does), or ``infinity`` (no limit); from 1 byte to 8 EiB
+    (:func:`agentscope._numbers.size`, the one size grammar).
 
     Raises:
-        BadInput: zero, negative, more than 100 %, or not a size.
+        BadInput: zero, negative, more than 100 % or 8 EiB, or not a size.
     """
-    stripped = text.strip()
-    if stripped.lower() == _INFINITY:
-        return None
-    if stripped.startswith("-"):
-        raise BadInput(f"size {text!r} is negative; give a positive size like 512M or 4G")
-    pct = _PERCENT.fullmatch(stripped)
-    if pct is not None:
-        return _percent_of_memory(text, pct, physical)
-    m = _SIZE.fullmatch(stripped)
-    if m is None:
-        raise BadInput(
-            f"size {text!r} is not a size; use bytes or a K/M/G/T suffix "
-            "(powers of 1024), a percentage of RAM or infinity, like 4096, 512M, "
-            "1.5G, 2GiB, 50% or infinity"
-        )
-    if len(m["num"]) > 40:  # past 2^64 in any unit (and int() caps digits at 4300)
-        raise BadInput(f"size {text!r} is 2^64 bytes or more; systemd takes at most 16 EiB")
-    # Exact integers, never a float: 9007199254740993 must stay itself.
-    whole, _, frac = str(m["num"]).partition(".")
-    scale: int = 10 ** len(frac)
-    scaled = (int(whole or "0") * scale + int(frac or "0")) * _UNITS[m["unit"].lower()]
-    value, rest = divmod(scaled, scale)
-    if rest:
-        raise BadInput(f"size {text!r} is not a whole number of bytes")
-    if value < 1:
-        raise BadInput(f"size {text!r} is zero; give a positive size like 512M or 4G")
-    if value >= 2**64:
-        raise BadInput(f"size {text!r} is 2^64 bytes or more; systemd takes at most 16 EiB")
-    return value
+    try:
+        return _numbers.size(option, text, physical=physical)
+    except InvalidConfig as exc:
+        raise BadInput(str(exc)) from None
 
 
-def _percent_of_memory(text: str, m: re.Match[str], physical: int | None) -> int:
-    permyriad = int(m["whole"]) * 100 + int((m["frac"] or "").ljust(2, "0"))
-    if not 0 < permyriad <= 10000:
-        raise BadInput(f"size {text!r} is not a share of RAM; give more than 0% and at most 100%")
-    # systemd's physical_memory_scale(): whole pages, rounded down.
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = physical_memory() if physical is None else physical
-    return max(page, total // page * permyriad // 10000 * page)
-
-
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, *, option: str = "duration") -> float:
     """Seconds from a systemd time span: ``90``, ``30s``, ``10min``, ``1h30min``, ``500ms``, ``7d``.
 
     Units as systemd.time(7) spells them (``m`` and ``min`` are minutes,
-    ``M`` months); parts add up, with or without spaces between them.
+    ``M`` months); parts add up, with or without spaces between them
+    (:func:`agentscope._numbers.duration`).
 
     Raises:
         BadInput: not a time span, or more than 100 years.
     """
-    stripped = text.strip()
-    total, pos = 0.0, 0
-    for m in _SPAN_PART.finditer(stripped):
-        if m.start() != pos:
-            break
-        factor = _SPAN_UNITS.get(m["unit"])
-        if factor is None:
-            raise BadInput(f"duration {text!r} has no unit {m['unit']!r}; use {_SPAN_HINT}")
-        total += float(m["num"]) * factor
-        pos = m.end()
-    if not stripped or pos != len(stripped):
-        raise BadInput(f"duration {text!r} is not a time span; use {_SPAN_HINT}")
-    if not total <= _MAX_DURATION:
-        raise BadInput(f"duration {text!r} is more than 100 years")
-    return total
+    try:
+        return _numbers.duration(option, text)
+    except InvalidConfig as exc:
+        raise BadInput(str(exc)) from None
 
 
 def parse_since(text: str, now: float) -> float:
@@ -140,11 +84,9 @@ def parse_since(text: str, now: float) -> float:
         BadInput: none of these.
     """
     stripped = text.strip()
-    try:
-        seconds = float(stripped.removeprefix("@"))
-    except ValueError:
-        pass
-    else:
+    unix = stripped.removeprefix("@")
+    if _UNIX.fullmatch(unix):
+        seconds = float(unix)
         if not math.isfinite(seconds):
             raise BadInput(f"time {text!r} is not a time; give unix seconds like 1714567890")
         return seconds
@@ -159,7 +101,7 @@ def parse_since(text: str, now: float) -> float:
         sign, span = (1.0 if stripped[0] == "+" else -1.0), stripped[1:]
     elif word.endswith(" ago"):
         span = stripped[: -len(" ago")]
-    if span[:1].isdigit() or span[:1] == ".":
+    if _numbers.is_digits(span[:1]) or span[:1] == ".":
         try:
             return now + sign * parse_duration(span)
         except BadInput:
@@ -176,6 +118,7 @@ def parse_since(text: str, now: float) -> float:
 
 
 _DAYS = {"today": 0, "yesterday": -1, "tomorrow": 1}
+_UNIX = re.compile(r"[+-]?(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})", re.ASCII)
 
 
 def parse_signal(text: str) -> signal.Signals:
@@ -186,11 +129,11 @@ def parse_signal(text: str) -> signal.Signals:
     """
     stripped = text.strip()
     try:
-        if stripped.isdigit():
-            return signal.Signals(int(stripped))
+        if _numbers.is_digits(stripped):
+            return signal.Signals(_numbers.whole("signal", stripped, low=1, high=64))
         name = stripped.upper()
         return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
-    except (KeyError, ValueError):
+    except (KeyError, ValueError):  # InvalidConfig is a ValueError
         raise BadInput(
             f"no signal {text!r}; use a name like TERM, SIGKILL or HUP, or a number like 9"
         ) from None
@@ -209,3 +152,28 @@ def parse_env(items: list[str]) -> dict[str, str]:
             raise BadInput(f"--env {item!r} is not NAME=VALUE")
         out[key] = value
     return out
+
+
+def whole_option(option: str, low: int, high: int) -> Callable[[object], int]:
+    """A typer ``parser=`` for a whole-number option in ``low..high`` (ASCII digits).
+
+    Typer's own ``int`` takes ``٣`` and has no upper bound; this is
+    :func:`agentscope._numbers.whole`, the one grammar, with the option's
+    name in the message.
+    """
+
+    def parse(value: object) -> int:
+        return _numbers.whole(option, value, low=low, high=high)
+
+    return parse
+
+
+def real_option(
+    option: str, low: float, high: float, *, above_low: bool = False
+) -> Callable[[object], float]:
+    """A typer ``parser=`` for a finite real option in ``low..high`` (no NaN, no inf)."""
+
+    def parse(value: object) -> float:
+        return _numbers.real(option, value, low=low, high=high, above_low=above_low)
+
+    return parse

@@ -235,8 +235,16 @@ def _guard_kill_text(d: Mapping[str, Any]) -> str:
     )
 
 
-#: Control characters in names others chose are shown as '?' in a text line.
-_UNPRINTABLE = {c: "?" for c in range(32)} | {127: "?"}
+#: Control characters in names others chose are shown as '?' in a text line:
+#: C0 and DEL, C1 (U+0080-U+009F: U+009B is a CSI to many terminals, #31),
+#: the line and paragraph separators, and the bidirectional overrides that
+#: make a line read otherwise than it is.
+_UNPRINTABLE = (
+    dict.fromkeys(range(32), "?")
+    | dict.fromkeys(range(0x7F, 0xA0), "?")
+    | dict.fromkeys((0x2028, 0x2029), "?")
+    | dict.fromkeys((*range(0x202A, 0x202F), *range(0x2066, 0x206A)), "?")
+)
 
 
 def event_line(event: Mapping[str, Any]) -> str:

@@ -8,8 +8,13 @@ lower bound, an enum, a list of ``str``. :func:`quicken` gives each such
 parameter a converter that takes the plain spellings itself (``5``,
 ``0.5``, ``user``) and hands anything else to typer's own converter, built
 then: an unusual spelling or a bad value gets exactly typer's answer and
-message, at typer's cost. ``tests/test_cli_fast.py`` checks that both give
-the same value wherever the quick one answers.
+message, at typer's cost. A parameter with a ``parser=`` (the number
+grammar's options, cli/_parse.py) is converted by its parser, as typer's
+converter does it (typer wraps the parser in a pydantic validator and adds
+nothing); a value the parser refuses goes to typer's converter, which calls
+the parser again and reports its refusal as typer does. ``tests/
+test_cli_fast.py`` checks that both give the same value wherever the
+quick one answers.
 
 With a typer that converts through click's types (0.28 and older) there is
 nothing to do, and nothing is done.
@@ -33,8 +38,11 @@ _MAX_DIGITS = 15  # a float holds 15 significant digits exactly
 
 def quick_value(annotation: Any, info: Any, value: Any) -> Any:
     """``value`` converted for ``annotation`` as typer would, or :data:`UNKNOWN`."""
-    if getattr(info, "parser", None) is not None or getattr(info, "click_type", None) is not None:
+    if getattr(info, "click_type", None) is not None:
         return UNKNOWN
+    parser = getattr(info, "parser", None)
+    if parser is not None:
+        return _parsed(parser, annotation, value)
     if annotation is str:
         return value if isinstance(value, str) else UNKNOWN
     if annotation is bool:
@@ -56,6 +64,22 @@ def quick_value(annotation: Any, info: Any, value: Any) -> Any:
     ):
         return list(value)
     return UNKNOWN
+
+
+def _parsed(parser: Any, annotation: Any, value: Any) -> Any:
+    """``value`` through the parameter's own ``parser``, item by item for a list (as
+    typer applies it); :data:`UNKNOWN` where the parser refuses it."""
+    if getattr(annotation, "__origin__", None) is list:
+        if not isinstance(value, list | tuple):
+            return UNKNOWN
+        items = [_parsed(parser, None, item) for item in value]
+        return UNKNOWN if any(item is UNKNOWN for item in items) else items
+    if getattr(annotation, "__origin__", None) is tuple:
+        return UNKNOWN
+    try:
+        return parser(value)
+    except Exception:  # typer's converter calls it again and reports its refusal
+        return UNKNOWN
 
 
 def _number(annotation: type, info: Any, value: Any) -> Any:

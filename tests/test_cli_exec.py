@@ -150,7 +150,7 @@ def test_the_fallback_does_not_cover_bad_input(tmp_path: Path) -> None:
         tmp_path, "exec", "me", "--fallback", "run", "--memory-max", "junk", "--", "true"
     )
     assert done.returncode == 125
-    assert "size 'junk' is not a size" in done.stderr
+    assert "--memory-max = 'junk' is not a number this field takes" in done.stderr
     done = agentscope_cli(tmp_path, "exec", "-bad-name", "--fallback", "run", "--", "true")
     assert done.returncode == 125
 

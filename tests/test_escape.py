@@ -429,3 +429,73 @@ async def test_report_counts_escapees_under_their_agent(
     assert (biggest.process.pid, biggest.process.agent, biggest.escaped) == (101, "a", True)
     assert report.top[1].escaped is False
     assert report.to_dict()["escaped"][0]["pid"] == 101
+
+
+# -- identity checked at every act (#31 item 3) -------------------------------------------
+
+
+def test_a_child_listed_but_not_its_parents_now_is_no_escapee(
+    roots: tuple[Path, Path, Path],
+) -> None:
+    cgroup_root, slice_path, proc = roots
+    make_proc(proc, 100, comm="sh", cgroup=SCOPE_CG, start_time=500)
+    # 101 ended after the children file was read; its pid is now root's sshd's.
+    make_proc(proc, 101, comm="sshd", cgroup="/system.slice/ssh.service", ppid=1, start_time=9)
+    set_children(proc, 100, [101])
+    assert find_escapes(slice_path, {SCOPE: [100]}, cgroup_root=cgroup_root, proc_root=proc) == ()
+
+
+@pytest.mark.parametrize("change", ["reused", "reparented"])
+async def test_reclaim_moves_only_the_same_descendant(
+    roots: tuple[Path, Path, Path], change: str
+) -> None:
+    cgroup_root, slice_path, proc = roots
+    make_cgroup(slice_path, SCOPE, procs=[100])
+    agent_with_child(proc, RUN_SCOPE)
+    (e,) = find_escapes(slice_path, {SCOPE: [100]}, cgroup_root=cgroup_root, proc_root=proc)
+    if change == "reused":  # it ended; its pid went to another process
+        make_proc(proc, 101, comm="sshd", cgroup="/system.slice/ssh.service", ppid=1, start_time=7)
+    else:  # its agent ended: reparented to init, no longer the agent's
+        make_proc(proc, 101, comm="sleep", cgroup=RUN_SCOPE, ppid=1, start_time=600)
+    asked: list[tuple[str, list[int]]] = []
+    written: list[tuple[str, int]] = []
+
+    async def attach(unit: str, pids: Sequence[int]) -> None:
+        asked.append((unit, list(pids)))
+        raise NOT_DELEGATED
+
+    def write(base: Path, scope: str, pid: int) -> None:
+        written.append((scope, pid))
+
+    outcome = await reclaim(
+        [e], attach, slice_path, cgroup_root=cgroup_root, proc_root=proc, write=write
+    )
+    assert (asked, written) == ([], [])  # neither systemd nor cgroup.procs was asked
+    assert outcome[101] is not None
+    assert ("exited" if change == "reused" else "no longer a descendant") in outcome[101]
+
+
+async def test_reclaim_checks_again_right_before_the_write(
+    roots: tuple[Path, Path, Path],
+) -> None:
+    cgroup_root, slice_path, proc = roots
+    make_cgroup(slice_path, SCOPE, procs=[100])
+    agent_with_child(proc, RUN_SCOPE)
+    (e,) = find_escapes(slice_path, {SCOPE: [100]}, cgroup_root=cgroup_root, proc_root=proc)
+    written: list[int] = []
+
+    async def attach(unit: str, pids: Sequence[int]) -> None:
+        # The pid is reused while systemd answers.
+        make_proc(proc, 101, comm="sshd", cgroup="/system.slice/ssh.service", ppid=1, start_time=7)
+        raise NOT_DELEGATED
+
+    outcome = await reclaim(
+        [e],
+        attach,
+        slice_path,
+        cgroup_root=cgroup_root,
+        proc_root=proc,
+        write=lambda base, scope, pid: written.append(pid),
+    )
+    assert written == []
+    assert "exited" in (outcome[101] or "")

@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from agentscope import AgentExists, AgentNotFound, AgentscopeError, BusError, LaunchError
+from agentscope import (
+    AgentExists,
+    AgentNotFound,
+    AgentscopeError,
+    BusError,
+    InvalidConfig,
+    LaunchError,
+)
 from agentscope._fleet import AsyncFleet
 from agentscope._registry import Registry
 from tests.fakesystemd import FakeSystemd, end_children
@@ -230,7 +237,79 @@ async def test_adopt_moves_a_late_child_although_systemd_refuses_the_attach(
 
 async def test_adopt_of_no_process_raises(fleet: AsyncFleet) -> None:
     with pytest.raises(LaunchError, match="no process"):
-        await fleet.adopt(2**22 + 1, "x")
+        await fleet.adopt(2**22 - 1, "x")
+
+
+# -- processes never adopted (#31 item 3) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pid", "why"),
+    [
+        (1, "PID 1"),
+        (os.getpid(), "this process"),
+        (os.getppid(), "an ancestor of this process"),
+        (0, "out of range"),
+        (-5, "out of range"),
+        (2**22 + 1, "out of range"),
+        (True, "not a number"),
+        ("٣", "not a number"),
+    ],
+)
+async def test_adopt_refuses_what_must_never_be_an_agent(
+    fleet: AsyncFleet, bus: FakeSystemd, pid: object, why: str
+) -> None:
+    with pytest.raises(InvalidConfig, match=why):
+        await fleet.adopt(pid, "x")  # type: ignore[arg-type]
+    assert bus.units == {} or all(not u.startswith("agentscope-") for u in bus.units)
+    assert await fleet.agents(all=True) == []
+
+
+async def test_adopt_refuses_a_kernel_thread(fleet: AsyncFleet) -> None:
+    try:
+        comm = Path("/proc/2/comm").read_text().strip()
+    except OSError:
+        pytest.skip("no pid 2 here (a PID namespace)")
+    if comm != "kthreadd":
+        pytest.skip("pid 2 is not kthreadd here")
+    with pytest.raises(InvalidConfig, match="kernel thread"):
+        await fleet.adopt(2, "x")
+    assert await fleet.agents(all=True) == []
+
+
+async def test_adopt_refuses_a_services_main_process(
+    fleet: AsyncFleet, bus: FakeSystemd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentscope import _fleet_adopt
+
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        monkeypatch.setattr(
+            _fleet_adopt,
+            "read_cgroup",
+            lambda pid, *a: "/system.slice/ssh.service" if pid == proc.pid else None,
+        )
+        asked: list[str] = []
+
+        async def call(member: str, signature: str = "", body: Any = (), **kw: Any) -> list[Any]:
+            asked.append(member)
+            assert (member, list(body)) == ("GetUnit", ["ssh.service"])
+            return ["/org/freedesktop/systemd1/unit/ssh_2eservice"]
+
+        async def get_property(path: str, interface: str, name: str) -> Any:
+            assert (interface, name) == ("org.freedesktop.systemd1.Service", "MainPID")
+            return proc.pid
+
+        monkeypatch.setattr(fleet._bus, "call", call)
+        monkeypatch.setattr(fleet._bus, "get_property", get_property)
+        with pytest.raises(InvalidConfig, match=r"main process of ssh\.service"):
+            await fleet.adopt(proc.pid, "x")
+        assert asked == ["GetUnit"]  # nothing started
+        monkeypatch.undo()
+        assert await fleet.agents(all=True) == []
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 async def test_reopen_adopts_running_agents_and_closes_gone_ones(

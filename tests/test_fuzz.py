@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentscope import _attribution, _cgroup, _proc, _records, _sampling
+from agentscope import _attribution, _cgroup, _journal, _proc, _records, _sampling
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -66,6 +66,45 @@ def test_kmsg_lines_give_a_kill_or_none(line: str) -> None:
     assert task is None or isinstance(task[0], int)
 
 
+_MEMCG = "/a.slice/x.scope"
+
+
+@FAST
+@given(comm=st.text(max_size=15) | st.lists(_KMSG, max_size=4).map("".join).map(lambda t: t[:15]))
+def test_no_comm_rewrites_the_summary_lines_fields(comm: str) -> None:
+    # #31: a process names itself; its comm may not move the victim's cgroup or pid.
+    line = (
+        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        f"oom_memcg={_MEMCG},task_memcg={_MEMCG},task={comm},pid=77,uid=0"
+    )
+    task = _attribution.parse_oom_task_line(line)
+    assert task is None or (task.pid, task.memcg) == (77, _MEMCG)
+
+
+_RECORD_HEADS = st.sampled_from(
+    [
+        b"3,1,0,-;",
+        b"12,2,0,-;",
+        b"14,3,0,c;",
+        b"0,4,0,-;",
+        b"\xc2\xb2,5,0,-;",
+        b"",
+        b" ",
+        b"6,x,0,-;",
+    ]
+)
+
+
+@FAST
+@given(head=_RECORD_HEADS, body=KMSG_LINES)
+def test_kmsg_records_are_the_kernels_or_none(head: bytes, body: str) -> None:
+    record = _journal.kmsg_record(head + body.encode("utf-8", "replace") + b"\n")
+    if record is not None:
+        prio = int(head.split(b",")[0])
+        assert prio >> 3 == 0  # the kernel's facility only
+        assert isinstance(record[0], int)
+
+
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
@@ -112,3 +151,59 @@ def test_readers_tolerate_a_tree_of_junk(tmp_path: Path) -> None:
         (scope / name).write_bytes(b"\xff\x00 junk ( ) -1\n")
     with contextlib.suppress(ValueError):
         _cgroup.read_cgroup_memory(scope)
+
+
+# -- the number grammar and the spool (#31) -----------------------------------------------
+
+# Digits and look-alikes: ASCII, superscripts, Arabic-Indic, full-width, and the
+# characters of exponents, signs, units and words.
+_NUMBERISH = st.text(
+    alphabet="0123456789+-.eE_ %kKmMgGtTpPiIbBsnaf\u00b2\u00b3\u0660\u0663\u06f5\uff13\u0969 \t",
+    max_size=24,
+)
+
+
+@pytest.mark.parametrize("parse", ["whole", "real", "size", "duration"])
+@FAST
+@given(text=_NUMBERISH | st.text(max_size=16))
+def test_the_number_grammar_gives_an_ascii_value_in_range_or_invalid_config(
+    parse: str, text: str
+) -> None:
+    from agentscope import InvalidConfig, _numbers
+
+    try:
+        if parse == "whole":
+            value: float | None = _numbers.whole("f", text, low=-1000, high=1000)
+            assert value is not None
+            assert -1000 <= value <= 1000
+        elif parse == "real":
+            value = _numbers.real("f", text, low=-1e6, high=1e6)
+            assert value is not None
+            assert -1e6 <= value <= 1e6
+        elif parse == "size":
+            value = _numbers.size("f", text, low=0, physical=2**34)
+            assert value is None or 0 <= value <= _numbers.MAX_SIZE
+        else:
+            value = _numbers.duration("f", text, high=10**6)
+            assert 0 <= value <= 10**6
+    except InvalidConfig:
+        return
+    digits = [c for c in text if c.isdigit()]
+    assert all(c.isascii() for c in digits)  # never a number read from other digits
+
+
+@FAST
+@given(
+    fields=st.lists(st.binary(max_size=12) | _NUMBERISH.map(str.encode), min_size=9, max_size=14)
+)
+def test_spool_entries_decode_whole_and_checked_or_not_at_all(fields: list[bytes]) -> None:
+    from agentscope import _spool
+
+    data = b"\0".join([b"agentscope-spool-2", *fields])
+    entry = _spool.Entry.decode(data)
+    if entry is None:
+        return
+    assert 1 <= entry.pid <= 4 * 1024 * 1024
+    assert entry.start_time >= 0
+    assert entry.unit.startswith(f"agentscope-{entry.fleet}-{entry.name}-")
+    assert entry.argv

@@ -38,7 +38,9 @@ def fake_journalctl(tmp_path: Path, entries: list[str], *, tail: str = "") -> Pa
 
 
 def entry(i: int, message: str) -> str:
-    return json.dumps({"__CURSOR": cursor(i), "_BOOT_ID": BOOT, "MESSAGE": message})
+    return json.dumps(
+        {"__CURSOR": cursor(i), "_BOOT_ID": BOOT, "_TRANSPORT": "kernel", "MESSAGE": message}
+    )
 
 
 def test_read_journal_after_a_cursor_returns_lines_and_the_last_cursor(tmp_path: Path) -> None:
@@ -141,3 +143,78 @@ def test_read_journal_boot_reads_that_boot_and_checks_its_id(tmp_path: Path) -> 
         with pytest.raises(ValueError, match="not a boot id"):
             read_journal_boot(bad, journalctl=str(script))
     assert not (tmp_path / "argv").exists()
+
+
+# -- the kernel's lines only (#31 item 4) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (
+            b"3,999,123,-;Out of memory: Killed process 7 (x)\n",
+            (999, "Out of memory: Killed process 7 (x)"),
+        ),
+        (b"0,5,1,c;kernel line\n SUBSYSTEM=x\n", (5, "kernel line")),
+        # A user's write to /dev/kmsg gets facility 1 (user) or more: prio 8 and up.
+        (b"12,1000,5,-;Out of memory: Killed process \xc2\xb2 (x)\n", None),
+        (b"14,1001,5,-;Memory cgroup out of memory: Killed process 7 (x)\n", None),
+        (b"Out of memory: Killed process 7 (x)\n", None),  # no header: not a record
+        (b"\xc2\xb2,1,1,-;x\n", None),
+        (b"3,\xd9\xa3,1,-;x\n", None),
+        (b"99999999999,1,1,-;x\n", None),
+    ],
+)
+def test_kmsg_records_are_read_only_from_the_kernel_facility(
+    record: bytes, expected: tuple[int, str] | None
+) -> None:
+    from agentscope._journal import kmsg_record
+
+    assert kmsg_record(record) == expected
+
+
+def test_read_kmsg_skips_injected_records_but_moves_its_position(tmp_path: Path) -> None:
+    from agentscope._journal import read_kmsg
+
+    kmsg = tmp_path / "kmsg"
+    # A regular file gives all its bytes to one read: one record per file here.
+    kmsg.write_bytes(b"12,41,0,-;Out of memory: Killed process \xc2\xb2 (x)\n")
+    got = read_kmsg(0, kmsg)
+    assert got is not None
+    assert (got.lines, got.last_seq) == ((), 41)
+    kmsg.write_bytes(b"6,42,0,-;Out of memory: Killed process 9 (y)\n")
+    got = read_kmsg(0, kmsg)
+    assert got is not None
+    assert [line.text for line in got.lines] == ["Out of memory: Killed process 9 (y)"]
+
+
+def test_a_journal_entry_not_from_the_kernel_transport_is_not_the_kernel_s() -> None:
+    from agentscope._journal import parse_journal_entry
+
+    line = {"__CURSOR": cursor(1), "_BOOT_ID": BOOT, "MESSAGE": "Killed process 1 (x)"}
+    got = parse_journal_entry(json.dumps(line).encode())
+    assert got is not None
+    assert (got.transport, got.unit, got.from_kernel) == (None, None, False)
+    for transport in ("syslog", "stdout", "journal", "audit", ["kernel"]):
+        got = parse_journal_entry(json.dumps({**line, "_TRANSPORT": transport}).encode())
+        assert got is not None
+        assert not got.from_kernel
+    oomd = {**line, "_TRANSPORT": "journal", "_SYSTEMD_UNIT": "systemd-oomd.service"}
+    got = parse_journal_entry(json.dumps(oomd).encode())
+    assert got is not None
+    assert (got.unit, got.from_kernel) == ("systemd-oomd.service", False)
+    got = parse_journal_entry(json.dumps({**line, "_TRANSPORT": "kernel"}).encode())
+    assert got is not None
+    assert got.from_kernel
+
+
+def test_read_journal_keeps_only_the_kernel_s_lines(tmp_path: Path) -> None:
+    """Whatever the argv's match did, a line the kernel did not write is not read (#31)."""
+    forged = json.dumps(
+        {"__CURSOR": cursor(2), "_BOOT_ID": BOOT, "_TRANSPORT": "syslog", "MESSAGE": "forged"}
+    )
+    script = fake_journalctl(tmp_path, [entry(1, "a"), forged, entry(3, "c")])
+    got = read_journal(cursor(0), journalctl=str(script))
+    assert got is not None
+    assert [line.text for line in got.lines] == ["a", "c"]
+    assert got.cursor == cursor(3)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agentscope import _killcount
 from agentscope._attribution import KernelOomKill, SeenProcess, Throttle
 from agentscope._cgroup import LimitHolder, MemoryEvents
 from agentscope._events import Event, LimitFound, OomKill, Throttled
@@ -455,6 +456,18 @@ def test_a_limit_is_found_once_per_value() -> None:
     raised = LimitHolder(SLICE.parent, high=2 << 30, max=None)
     got = count(c, sample(0, {}, limits=(raised,)), 2.0)
     assert [e.limits.high for e in got if isinstance(e, LimitFound)] == [2 << 30]
+
+
+def test_the_limits_seen_stay_bounded_however_often_they_change() -> None:
+    # #31: a limit toggled for the monitor's life grew its record of values without end.
+    c = counter()
+    for i in range(2000):
+        holder = LimitHolder(SLICE.parent, high=(i % 7 + 1) << 30, max=i + 1)
+        count(c, sample(0, {}, limits=(holder,)), float(i))
+    assert len(c._limits_seen) == 1
+    for i in range(1000):
+        count(c, sample(0, {}, limits=(LimitHolder(SLICE.parent / f"u{i}", 1, None),)), 1e4 + i)
+    assert len(c._limits_seen) <= _killcount._MAX_LIMITS
 
 
 def test_every_scope_is_sized_in_full_at_least_every_few_samples() -> None:

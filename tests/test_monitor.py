@@ -888,3 +888,69 @@ def test_enospc_is_logged_once(
         for _ in range(5):
             assert _sampling._sync_watches(Full(), {}, wanted) == {}  # type: ignore[arg-type]
     assert len([r for r in caplog.records if "max_user_watches" in r.message]) == 1
+
+
+# -- kernel lines a process cannot forge (#31 item 4) -----------------------------------
+
+_SCOPE_MEMCG = "/app.slice/app-agentscope-agents.slice/agentscope-f-a-123456.scope"
+_SUMMARY = (
+    "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+    f"oom_memcg={_SCOPE_MEMCG},task_memcg={_SCOPE_MEMCG},task={{comm}},pid=4242,uid=1000"
+)
+
+
+@pytest.mark.parametrize(
+    "comm",
+    ["q,task_memcg=/x", "a,pid=1", "a,uid=0", "x,task=y", ",task_memcg=/", "q,oom_memcg=/"],
+)
+def test_a_comm_cannot_rewrite_the_fields_after_it(comm: str) -> None:
+    from agentscope._attribution import parse_oom_task_line
+
+    task = parse_oom_task_line(_SUMMARY.format(comm=comm))
+    assert task is not None
+    assert (task.pid, task.memcg, task.comm) == (4242, _SCOPE_MEMCG, comm)
+
+
+def test_a_cgroup_named_like_a_field_does_not_move_the_victim() -> None:
+    from agentscope._attribution import parse_oom_task_line
+
+    # A user's own cgroup "a,task_memcg=" with a child "root.scope" under it.
+    own = "/user.slice/a,task_memcg=/root.scope"
+    line = (
+        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        f"oom_memcg={own},task_memcg={own},task=x,pid=5,uid=1000"
+    )
+    task = parse_oom_task_line(line)
+    assert task is not None
+    assert task.memcg == own
+    # Two readings that name two cgroups: refused, not guessed.
+    glob = (
+        "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,"
+        f"global_oom,task_memcg={own},task=x,pid=5,uid=1000"
+    )
+    assert parse_oom_task_line(glob) is None
+
+
+async def test_a_user_record_in_the_kmsg_names_no_victim(tree: Tree, tmp_path: Path) -> None:
+    scope = tree.scope("alice", {101: ("sh", 100), 102: ("python3", 9000), 103: ("node", 500)})
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        mon, got = monitor(tree, kmsg=fifo)
+        async with mon:
+            # Facility 1 (user): what a write to /dev/kmsg from user space becomes.
+            os.write(
+                writer,
+                b"12,999,123,-;Memory cgroup out of memory: Killed process 103 "
+                b"(node) total-vm:1kB, anon-rss:1kB\n"
+                b"Memory cgroup out of memory: Killed process 103 (node)\n",
+            )
+            await asyncio.sleep(0.1)
+            tree.kill(scope, 102, scope_kills=1, slice_kills=1)
+            await wait_for(lambda: bool(kills(got)))
+    finally:
+        os.close(writer)
+    (kill,) = kills(got)
+    # Not named by the forged line: the largest process, from the cgroup files.
+    assert (kill.pid, kill.source) != (103, "kmsg")

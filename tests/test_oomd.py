@@ -384,7 +384,10 @@ def test_the_monitor_turns_oomd_s_journal_line_into_an_event(tmp_path: Path) -> 
 async def test_a_monitor_follows_oomd_s_journal_where_oomd_is_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kmsg: bool
 ) -> None:
-    """The follower also reads oomd's lines; with /dev/kmsg open, oomd's lines only."""
+    """The follower also reads oomd's lines; with /dev/kmsg open, oomd's lines only.
+
+    An oomd line is believed only from oomd's unit, as journald names it (#31).
+    """
     cg = make_cgroup_root(tmp_path / "cg")
     slice_path = make_cgroup(cg, USER_SLICE.lstrip("/"))
     proc = tmp_path / "proc"
@@ -394,11 +397,23 @@ async def test_a_monitor_follows_oomd_s_journal_where_oomd_is_installed(
     socket.touch()
     monkeypatch.setattr(_monitor, "OOMD_SOCKET", socket)
     asked: list[dict[str, bool]] = []
-    entry = json.dumps({"__CURSOR": "s=1;i=2", "_BOOT_ID": "0" * 32, "MESSAGE": SWAP_LINE})
+    head = {"__CURSOR": "s=1;i=2", "_BOOT_ID": "0" * 32, "_TRANSPORT": "journal"}
+    # Another unit's line in oomd's words (a pressure kill): not oomd's.
+    forged = json.dumps({**head, "_SYSTEMD_UNIT": "evil.service", "MESSAGE": PRESSURE_LINE})
+    unitless = json.dumps({**head, "MESSAGE": PRESSURE_LINE})
+    entry = json.dumps({**head, "_SYSTEMD_UNIT": "systemd-oomd.service", "MESSAGE": SWAP_LINE})
+    # The kernel's summary of a kill, and a user's copy of one: only the first is believed.
+    task = (
+        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        f"oom_memcg={USER_SLICE}/{UNIT},task_memcg={USER_SLICE}/{UNIT},task=node,pid={{}},uid=1000"
+    )
+    kernel = json.dumps({**head, "_TRANSPORT": "kernel", "MESSAGE": task.format(4243)})
+    user = json.dumps({**head, "_SYSTEMD_UNIT": "evil.service", "MESSAGE": task.format(4242)})
 
     def follower(**kw: bool) -> subprocess.Popen[bytes]:
         asked.append(kw)
-        argv = ["sh", "-c", 'printf "%s\\n" "$0"; exec sleep 60', entry]
+        script = 'printf "%s\\n" "$0" "$1" "$2" "$3" "$4"; exec sleep 60'
+        argv = ["sh", "-c", script, forged, unitless, kernel, user, entry]
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         assert child.stdout is not None
         os.set_blocking(child.stdout.fileno(), False)
@@ -431,10 +446,11 @@ async def test_a_monitor_follows_oomd_s_journal_where_oomd_is_installed(
                 await arrived.wait()
             # The kernel's lines come from the journal only where /dev/kmsg is closed.
             assert mon._counter.await_kernel is not kmsg
+            assert set(mon._counter._kernel_memcg) == {4243}
     finally:
         os.close(holder)
     assert asked == [{"kernel": not kmsg, "oomd": True}]
-    assert [(type(e), e.agent, e.unit) for e in seen] == [(OomdKill, "coder", UNIT)]
+    assert [(type(e), e.agent, e.unit, e.rule) for e in seen] == [(OomdKill, "coder", UNIT, "swap")]
 
 
 def test_the_journal_follower_reads_oomd_s_own_messages() -> None:

@@ -217,3 +217,32 @@ def test_reap_after_survives_in_the_row(tmp_path: Path) -> None:
         assert reg.record_launch("f", "a", "ua", 1, 1, [], "/", reap_after=None).reap_after is None
         assert reg.record_launch("f", "b", "ub", 1, 1, [], "/", reap_after=2.5).reap_after == 2.5
         assert reg.record_launch("f", "c", "uc", 1, 1, [], "/").reap_after == 10.0
+
+
+# -- graces by the monotonic clock (#31 item 2) ------------------------------------------
+
+
+@pytest.mark.parametrize("jump", [40 * 86400.0, -40 * 86400.0])
+async def test_a_wall_clock_jump_neither_hastens_nor_stalls_a_reap(
+    fleet: AsyncFleet, bus: FakeSystemd, monkeypatch: pytest.MonkeyPatch, jump: float
+) -> None:
+    from agentscope import _reaper
+
+    grace = 1.5
+    agent = await fleet.launch("j", LEAVES_SLEEP, reap_after=grace)
+    await wait_for(lambda: agent.state == "lingering")
+    started = time.monotonic()
+    monkeypatch.setattr(_reaper, "_now", lambda: time.time() + jump)
+    await fleet._sweep()  # a tick right after the jump: the grace is not over
+    assert agent.unit in bus.units
+    await wait_for(lambda: agent.unit not in bus.units, timeout=grace + 8)
+    assert time.monotonic() - started >= grace - 0.5  # reaped on time, by the monotonic clock
+
+
+def test_the_rule_takes_the_monotonic_lingering_time() -> None:
+    lingering = record(lingering=95.0, reap_after=10.0)
+    # The wall clock says 40 days; the monotonic clock says 2 s: wait.
+    assert (
+        decide(lingering, main_alive=False, leftovers=2, now=95 + 40 * 86400, lingered=2) == "wait"
+    )
+    assert decide(lingering, main_alive=False, leftovers=2, now=0, lingered=10) == "reap"

@@ -161,21 +161,41 @@ def test_malformed_and_unpaired_lines_are_ignored() -> None:
     assert unit_of_memcg(f"{SLICE}-other/{A}", SLICE) is None
 
 
+KERNEL = {"_TRANSPORT": "kernel"}
+
+
 def test_journal_json_lines_parse_into_kills() -> None:
     cursor = "s=3f2a;i=1b4;b=" + BOOT + ";m=9c0d;t=62a1;x=77e"
     raw = [
-        json.dumps({"__CURSOR": cursor, "_BOOT_ID": BOOT, "MESSAGE": summary(B, 77, "sh")}),
+        json.dumps(
+            {"__CURSOR": cursor, "_BOOT_ID": BOOT, **KERNEL, "MESSAGE": summary(B, 77, "sh")}
+        ),
         # MESSAGE as a byte array: journald's form for text that is not UTF-8
         json.dumps(
-            {"__CURSOR": cursor + "1", "_BOOT_ID": BOOT, "MESSAGE": list(killed(77, "sh").encode())}
+            {
+                "__CURSOR": cursor + "1",
+                "_BOOT_ID": BOOT,
+                **KERNEL,
+                "MESSAGE": list(killed(77, "sh").encode()),
+            }
         ),
+        # A user's own lines, however kernel-like: not the kernel's (#31).
+        json.dumps(
+            {"__CURSOR": cursor, "_BOOT_ID": BOOT, "_TRANSPORT": "syslog", "MESSAGE": summary(A, 5)}
+        ),
+        json.dumps(
+            {"__CURSOR": cursor, "_BOOT_ID": BOOT, "_TRANSPORT": "syslog", "MESSAGE": killed(5)}
+        ),
+        json.dumps({"__CURSOR": cursor, "_BOOT_ID": BOOT, "MESSAGE": summary(A, 6)}),
+        json.dumps({"__CURSOR": cursor, "_BOOT_ID": BOOT, "MESSAGE": killed(6)}),
         "not json",
         json.dumps({"__CURSOR": "; rm -rf /", "MESSAGE": killed(1)}),
         json.dumps(["a", "list"]),
         json.dumps({"__CURSOR": cursor, "MESSAGE": 12}),
     ]
     entries = [e for e in (parse_journal_entry(r.encode()) for r in raw) if e is not None]
-    assert len(entries) == 2
+    # Every journal entry is parsed, its transport kept; only the kernel's make kills.
+    assert [e.from_kernel for e in entries] == [True, True, False, False, False, False]
     assert entries[0].boot == BOOT
     assert entries[0].position == cursor
     (k,) = kernel_kills(entries)
@@ -650,3 +670,29 @@ def test_with_the_journal_silent_the_kill_is_told_unnamed_after_the_grace() -> N
     (late,) = counter.count(_sample(1, A, 1, {}), 100.0 + JOURNAL_GRACE)[0]
     assert isinstance(late, OomKill)
     assert (late.agent, late.pid, late.source) == ("a", None, "cgroup")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Out of memory: Killed process \u00b2 (x)",
+        "Memory cgroup out of memory: Killed process \u0663\u0663 (x) total-vm:1kB",
+        "oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/a.scope,task=x,pid=\u00b2,uid=0",
+        "oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/a.scope,task=x,pid=7,uid=\u0663",
+        "Memory cgroup out of memory: Killed process 7 (x) total-vm:\u00b2kB, anon-rss:\u0663kB",
+    ],
+)
+def test_hostile_kernel_looking_lines_never_make_recovery_raise(text: str) -> None:
+    # #31: "Killed process ² (x)" injected into /dev/kmsg made every open raise.
+    kernel_kills(lines(summary(A, 7), text, killed(7)))
+    kernel_kills(lines(text))
+
+
+def test_a_user_record_in_the_kmsg_is_not_read_at_open(tmp_path: Path) -> None:
+    from agentscope._journal import read_kmsg
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_bytes(("12,7,0,-;" + killed(77)).encode() + b"\n")
+    got = read_kmsg(0, kmsg)
+    assert got is not None
+    assert got.lines == ()

@@ -888,12 +888,13 @@ def test_retention_comes_from_the_environment(db: Path, monkeypatch: pytest.Monk
     now = time.time()
     with Registry(db, retention_seconds=0) as r:
         r.record_event("ci", None, "reconciled", {}, ts=now - 3 * DAY)
+        r.record_event("ci", None, "reconciled", {"new": 1}, ts=now)
     monkeypatch.setenv("AGENTSCOPE_RETENTION_DAYS", "5")
     with Registry(db) as r:
-        assert len(r.events("ci")) == 1
+        assert len(r.events("ci")) == 2
     monkeypatch.setenv("AGENTSCOPE_RETENTION_DAYS", "2")
     with Registry(db) as r:
-        assert r.events("ci") == []
+        assert [e.detail for e in r.events("ci")] == [{"new": 1}]
     monkeypatch.setenv("AGENTSCOPE_RETENTION_DAYS", "soon")
     assert Registry(db).retention_seconds == _registry.DEFAULT_RETENTION
 
@@ -994,3 +995,64 @@ def test_a_planted_symlink_is_neither_followed_nor_chmodded(tmp_path: Path, whic
         Registry(shared / "reg.db")
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
     assert target.read_text() == "someone else's file\n"
+
+
+# -- retention that a wrong clock cannot turn against the history (#31 item 2) ----------
+
+
+def _history(db: Path, now: float) -> None:
+    with Registry(db, retention_seconds=0) as r:
+        for i in range(20):
+            rec = launch(r, f"a{i}", unit=f"u-{i}", created=now - 2 * DAY)
+            r.record_event("ci", f"a{i}", "launched", {}, ts=now - 2 * DAY)
+            r.set_state(rec.unit, "exited", exit_status=0, exited=now - 1 * DAY)
+            r.record_event("ci", f"a{i}", "exited", {}, ts=now - 1 * DAY)
+
+
+def test_an_open_with_the_clock_far_ahead_deletes_no_history(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = time.time()
+    _history(db, now)
+    monkeypatch.setattr(_registry.time, "time", lambda: now + 40 * DAY)  # an RTC before NTP
+    with Registry(db, retention_seconds=30 * DAY) as r:
+        assert len(r.agents("ci", include_closed=True)) == 20
+        assert len(r.events("ci")) == 40
+
+
+def test_events_written_while_the_clock_was_behind_outlive_the_next_open(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = time.time()
+    with Registry(db, retention_seconds=0) as r:
+        r.record_event("ci", None, "reconciled", {"n": 1}, ts=now - 1 * DAY)
+        # The clock 40 days behind: written after the one above, stamped before it.
+        r.record_event("ci", None, "throttled", {"n": 2}, ts=now - 40 * DAY)
+        r.record_event("ci", None, "throttled", {"n": 3}, ts=now - 40 * DAY)
+    with Registry(db, retention_seconds=30 * DAY) as r:
+        assert [e.detail["n"] for e in r.events("ci")] == [1, 2, 3]
+        assert r.gc(30 * DAY) == 0
+        assert len(r.events("ci")) == 3
+        # Once the events written before them are old, they go too.
+        r.gc(30 * DAY, now=now + 30 * DAY)
+        assert r.events("ci") == []
+
+
+def test_a_launch_under_way_is_judged_by_the_boot_clock(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentscope import _reconcile_plan, _spool
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        start = _spool.start_time(child.pid)
+        assert start is not None
+        # Created "40 days ago" by a wall clock that has since jumped forward.
+        rec = launch(reg, "x", pid=child.pid, start_time=start, created=time.time() - 40 * DAY)
+        assert _registry.in_flight(rec)
+        boot = _reconcile_plan._boot_seconds()
+        monkeypatch.setattr(_reconcile_plan, "_boot_seconds", lambda: boot + 200)
+        assert not _registry.in_flight(rec)  # really older than the launch grace
+    finally:
+        child.kill()
+        child.wait()

@@ -55,7 +55,7 @@ def test_keywords_and_properties_pack_as_systemd_takes_them() -> None:
         ({"properties": {"CPUQuota": "2"}}, "percentage"),
         ({"properties": {"CPUQuota": "0%"}}, "percentage"),
         ({"properties": {"AllowedCPUs": "3-1"}}, "AllowedCPUs"),
-        ({"properties": {"AllowedCPUs": "99999"}}, "below"),
+        ({"properties": {"AllowedCPUs": "99999"}}, "from 0 to 8191"),
         ({"properties": {"MemoryMax": "lots"}}, "MemoryMax"),
         ({"tasks_max": 8, "properties": {"TasksMax": "9"}}, "given once"),
     ],

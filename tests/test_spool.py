@@ -57,7 +57,17 @@ def test_the_grace_travels_in_the_entry_and_version_1_still_reads(tmp_path: Path
     quick = entry(tmp_path)
     quick.reap_after = 1.5
     assert (_spool.Entry.decode(quick.encode()) or quick).reap_after == 1.5
-    fields = [b"agentscope-spool-1", b"f", b"n", b"u.scope", b"1", b"2", b"3.0", b"/s", b"/w"]
+    fields = [
+        b"agentscope-spool-1",
+        b"f",
+        b"n",
+        b"agentscope-f-n-a1b2c3.scope",
+        b"1",
+        b"2",
+        b"3.0",
+        b"/s",
+        b"/w",
+    ]
     old = _spool.Entry.decode(b"\0".join([*fields, b"sleep", b"9"]))
     assert old is not None
     assert (old.reap_after, old.argv) == (10.0, ["sleep", "9"])
@@ -334,7 +344,7 @@ def test_an_entry_that_cannot_be_read_now_is_kept(
     def unreadable(*args: object, **kwargs: object) -> None:
         raise OSError(errno_, os.strerror(errno_))
 
-    monkeypatch.setattr(_spool, "open", unreadable, raising=False)
+    monkeypatch.setattr(_spool, "_open_entry", unreadable)
     assert registry.agents("f") == []
     assert os.path.exists(path)  # not taken for corrupt
     assert _spool.claim(spool_of(registry), entry(tmp_path, unit="u2")) is None
@@ -359,3 +369,146 @@ def test_a_row_closed_otherwise_meanwhile_keeps_that_close(registry: Registry) -
     kept = _claim.close_lost(registry, row)
     assert (kept.state, kept.exit_status) == ("exited", 3)
     assert [e.kind for e in registry.events("f")] == []
+
+
+# -- a spool and a registry file no one else can plant (#31 item 5) ---------------------
+
+
+def _fields(e: _spool.Entry) -> list[bytes]:
+    return e.encode().split(b"\0")
+
+
+@pytest.mark.parametrize(
+    ("index", "value"),
+    [
+        (1, b"../etc"),  # fleet: not a name
+        (1, b"-f"),
+        (2, b"a b"),  # agent: not a name
+        (2, b""),
+        (3, b"sshd.service"),  # unit: not this agent's scope
+        (3, b"agentscope-f-other-abc123.scope"),
+        (3, b"agentscope-f-builder-ABC123.scope"),
+        (3, b"agentscope-f-builder-abc1234.scope"),
+        (4, b"0"),  # pid: 1 to PID_MAX_LIMIT
+        (4, b"1"[:0]),
+        (4, b"99999999999"),
+        (4, "\u0663".encode()),
+        (4, b"-5"),
+        (5, b"-1"),  # start time
+        (5, "\u00b2".encode()),
+        (6, b"nan"),  # created
+        (6, b"inf"),
+        (7, b"relative/slice"),  # slice_dir
+        (7, b"/sys/fs/cgroup/../../etc"),
+        (8, b"relative"),  # cwd
+        (9, b"nan"),  # reap_after
+    ],
+)
+def test_each_field_of_an_entry_is_checked_before_it_is_believed(
+    tmp_path: Path, index: int, value: bytes
+) -> None:
+    fields = _fields(entry(tmp_path))
+    fields[index] = value
+    assert _spool.Entry.decode(b"\0".join(fields)) is None
+
+
+def test_an_entry_under_another_agents_name_is_not_believed(
+    tmp_path: Path, registry: Registry
+) -> None:
+    spool = Path(spool_of(registry))
+    spool.mkdir(mode=0o700, exist_ok=True)
+    (tmp_path / "slice" / "agentscope-f-builder-abc123.scope").mkdir(parents=True)
+    (spool / "f+reviewer").write_bytes(entry(tmp_path).encode())
+    assert registry.agents("f") == []
+    assert not (spool / "f+reviewer").exists()  # taken for bad, removed
+
+
+def test_a_spool_of_another_user_or_writable_by_others_is_not_believed(
+    tmp_path: Path, registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = Path(spool_of(registry))
+    spool.mkdir(mode=0o700, exist_ok=True)
+    (tmp_path / "slice" / "agentscope-f-builder-abc123.scope").mkdir(parents=True)
+    (spool / "f+builder").write_bytes(entry(tmp_path).encode())
+    spool.chmod(0o777)
+    assert _spool.check_dir(str(spool)) == "is writable by others (mode 0777)"
+    assert _spool.pending(str(spool)) == []
+    assert registry.agents("f") == []
+    assert "its entries are not believed" in caplog.text
+    with pytest.raises(PermissionError, match="writable by others"):
+        _spool.claim(str(spool), entry(tmp_path, name="other"))
+    spool.chmod(0o700)
+    assert [a.name for a in registry.agents("f")] == ["builder"]
+
+
+def test_a_spool_that_is_a_link_is_not_believed(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    (tmp_path / "spool").symlink_to(real)
+    assert _spool.check_dir(str(tmp_path / "spool")) is not None
+    assert _spool.pending(str(tmp_path / "spool")) == []
+
+
+def test_a_spool_of_another_owner_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "spool").mkdir(mode=0o700)
+    monkeypatch.setattr(_spool.os, "geteuid", lambda: os.getuid() + 1)
+    assert "belongs to uid" in (_spool.check_dir(str(tmp_path / "spool")) or "")
+
+
+def test_a_fifo_in_the_spool_is_no_entry_and_does_not_hang(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    os.mkfifo(spool / "f+builder")
+    held = _spool.read_held(str(spool / "f+builder"))
+    assert held is not None
+    assert held[0] is None
+
+
+def test_a_claim_on_a_full_disk_leaves_no_draft(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = tmp_path / "spool"
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(28, os.strerror(28))  # ENOSPC
+
+    monkeypatch.setattr(_spool.os, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        _spool.claim(str(spool), entry(tmp_path))
+    assert list(spool.iterdir()) == []
+
+
+def test_a_short_write_is_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = tmp_path / "spool"
+    real = os.write
+    monkeypatch.setattr(_spool.os, "write", lambda fd, data: real(fd, data[:7]))
+    path = _spool.claim(str(spool), entry(tmp_path))
+    monkeypatch.undo()
+    assert path is not None
+    assert _spool.read(path) is not None
+
+
+@pytest.mark.parametrize("side", ["", "-wal", "-shm", "-journal"])
+@pytest.mark.parametrize("kind", ["fifo", "dir", "socket"])
+def test_a_registry_file_that_is_not_regular_is_refused_at_once(
+    tmp_path: Path, side: str, kind: str
+) -> None:
+    import socket
+
+    from agentscope import RegistryError
+
+    db = tmp_path / "r.db"
+    odd = tmp_path / f"r.db{side}"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    elif kind == "dir":
+        odd.mkdir()
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(odd))
+        sock.close()
+    with pytest.raises(RegistryError, match=r"not a regular file"):
+        Registry(db)  # a FIFO at <db>-wal hung this open for ever
+    assert sorted(p.name for p in tmp_path.iterdir()) == [odd.name]  # nothing created
