@@ -85,8 +85,10 @@ class AdoptGlue:
 
         Some processes are never adopted, since their whole tree would move
         into the agent's scope (its cap, its stop, its reaper): PID 1, a
-        kernel thread, this process or one of its ancestors (the manager
-        itself), and the main process of a systemd service.
+        kernel thread, an ancestor of this process (the manager would move
+        with it), and the main process of a systemd service. This process
+        itself may be adopted: it then becomes the agent, as ``agentscope
+        exec`` does before it execs its command.
 
         Raises:
             InvalidName, InvalidConfig (also: a process that is never
@@ -176,8 +178,8 @@ class AdoptGlue:
     async def _adoptable(self, pid: object) -> int:
         """``pid`` if it may be adopted; InvalidConfig naming why not (#31)."""
         allowed = (
-            "the pid of a process of yours that is not PID 1, a kernel thread, this "
-            "manager or one of its ancestors, nor a systemd service's main process"
+            "the pid of a process of yours that is not PID 1, a kernel thread, an "
+            "ancestor of this manager, nor a systemd service's main process"
         )
         number = _numbers.whole("pid", pid, low=1, high=_PID_MAX, allowed=allowed)
         why = await asyncio.to_thread(_never_adopted, number)
@@ -215,9 +217,10 @@ def _never_adopted(pid: int) -> str | None:
     """Why ``pid`` is never an agent (read from /proc), or None."""
     if pid == 1:
         return "PID 1 is the system's init; every process descends from it"
+    # This process itself is not refused: adopting it makes it the agent, which
+    # is what `agentscope exec` does (its command keeps its pid); its
+    # ancestors are, since the manager would move into the scope with them.
     me = os.getpid()
-    if pid == me:
-        return "it is this process, the fleet's manager"
     stat = read_stat(pid)
     if stat is not None and (pid == 2 or stat.ppid == 2 or stat.flags & _PF_KTHREAD):
         return "it is a kernel thread"

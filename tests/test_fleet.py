@@ -247,7 +247,6 @@ async def test_adopt_of_no_process_raises(fleet: AsyncFleet) -> None:
     ("pid", "why"),
     [
         (1, "PID 1"),
-        (os.getpid(), "this process"),
         (os.getppid(), "an ancestor of this process"),
         (0, "out of range"),
         (-5, "out of range"),
@@ -263,6 +262,15 @@ async def test_adopt_refuses_what_must_never_be_an_agent(
         await fleet.adopt(pid, "x")  # type: ignore[arg-type]
     assert bus.units == {} or all(not u.startswith("agentscope-") for u in bus.units)
     assert await fleet.agents(all=True) == []
+
+
+def test_a_process_may_adopt_itself_as_exec_does() -> None:
+    # `agentscope exec` adopts its own pid and then execs its command: the
+    # rule refuses the manager's ancestors, never the manager itself.
+    from agentscope._fleet_adopt import _never_adopted
+
+    assert _never_adopted(os.getpid()) is None
+    assert _never_adopted(os.getppid()) is not None
 
 
 async def test_adopt_refuses_a_kernel_thread(fleet: AsyncFleet) -> None:
