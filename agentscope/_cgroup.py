@@ -46,6 +46,7 @@ __all__ = [
     "parse_pressure",
     "parse_procs",
     "read_cgroup_memory",
+    "read_charge",
     "read_scope_counters",
     "scan_slice",
     "scan_slice_counters",
@@ -137,6 +138,23 @@ def _read_kernel_file(path: str | Path, tolerate: frozenset[int] = _GONE) -> byt
         if exc.filename is None:
             exc.filename = os.fspath(path)  # os.read's errors name no file
         raise
+
+
+def read_charge(path: str) -> int | None:
+    """``memory.current`` + ``memory.swap.current`` of a cgroup (None: unreadable or gone).
+
+    What is charged to the cgroup, in RAM and in swap: the guard's measure of
+    a scope and of the cgroups beside the slice.
+    """
+    try:
+        current = _read_kernel_file(path + "/memory.current")
+        swap = _read_kernel_file(path + "/memory.swap.current")
+    except OSError:
+        return None
+    if current is None or not current.strip().isdigit():  # bytes: ASCII digits only
+        return None
+    extra = int(swap) if swap is not None and swap.strip().isdigit() else 0
+    return int(current) + extra
 
 
 # ---------------------------------------------------------------------------

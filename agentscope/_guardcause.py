@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ._cgroup import _GONE, _GONE_OR_UNSUPPORTED, _read_kernel_file, parse_pressure
+from ._cgroup import _GONE, _GONE_OR_UNSUPPORTED, _read_kernel_file, parse_pressure, read_charge
 
 __all__ = ["Blame", "CauseTracker", "outside_cgroups"]
 
@@ -105,17 +105,6 @@ def outside_cgroups(cgroup_root: Path, slice_path: Path) -> list[str] | None:
     return found
 
 
-def _charge(path: str) -> int | None:
-    try:
-        current = _read_kernel_file(path + "/memory.current")
-        swap = _read_kernel_file(path + "/memory.swap.current")
-    except OSError:
-        return None
-    if current is None or not current.strip().isdigit():
-        return None
-    return int(current) + (int(swap) if swap is not None and swap.strip().isdigit() else 0)
-
-
 def _full_avg10(path: str) -> float | None:
     try:
         data = _read_kernel_file(path + "/memory.pressure", _GONE_OR_UNSUPPORTED)
@@ -147,7 +136,7 @@ class CauseTracker:
             return None
         charges = {}
         for path in [self.slice, *outside]:
-            charge = _charge(path)
+            charge = read_charge(path)
             if charge is not None:
                 charges[path] = charge
         return charges
@@ -194,7 +183,7 @@ class CauseTracker:
                         slice_bytes,
                         slice_growth,
                         self._rel(name),
-                        _charge(name) or 0,
+                        read_charge(name) or 0,
                         growth(top),
                         _full_avg10(name),
                     )
@@ -211,7 +200,7 @@ class CauseTracker:
                     slice_bytes,
                     slice_growth,
                     self._rel(name),
-                    _charge(name) or outside[grower],
+                    read_charge(name) or outside[grower],
                     growth(grower),
                 )
         largest = max(outside, key=lambda p: outside[p])
@@ -222,7 +211,7 @@ class CauseTracker:
             slice_bytes,
             slice_growth,
             self._rel(name),
-            _charge(name) or outside[largest],
+            read_charge(name) or outside[largest],
             growth(largest),
         )
 
@@ -243,7 +232,7 @@ class CauseTracker:
             if by_pressure:
                 scored = {c: _full_avg10(c) for c in children}
             else:
-                scored = {c: _charge(c) for c in children}
+                scored = {c: read_charge(c) for c in children}
             known = {c: float(v) for c, v in scored.items() if v is not None}
             if not known:
                 break

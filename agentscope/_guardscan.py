@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ._cgroup import _GONE, _read_kernel_file, parse_procs
+from ._cgroup import _GONE, _read_kernel_file, parse_procs, read_charge
 from ._proc import PROC_ROOT, ProcStat, parse_stat, read_oom_score_adj
 from ._tmux import is_tmux_unit
 
@@ -270,19 +270,6 @@ def scan_slice_processes(
     return found
 
 
-def _charge(path: str) -> int | None:
-    """``memory.current`` + ``memory.swap.current`` of a cgroup (None: unreadable or gone)."""
-    try:
-        current = _read_kernel_file(path + "/memory.current")
-        swap = _read_kernel_file(path + "/memory.swap.current")
-    except OSError:
-        return None
-    if current is None or not current.strip().isdigit():
-        return None
-    extra = int(swap) if swap is not None and swap.strip().isdigit() else 0
-    return int(current) + extra
-
-
 def _sizes(pid: int, proc_root: Path) -> tuple[int, int, int] | None:
     """(VmRSS, VmSwap, RssShmem) from one read of ``status``; a zombie leader via its threads."""
     status = _read_kernel_file(f"{os.fspath(proc_root)}/{pid}/status")
@@ -333,7 +320,7 @@ def scan_candidates(
         OSError: other than processes or cgroups vanishing.
     """
     scopes = [
-        ScopeCharge(unit, path, _charge(path))
+        ScopeCharge(unit, path, read_charge(path))
         for unit, path in scopes_of(slice_path)
         if unit not in protected_units and not is_tmux_unit(unit)
     ]
