@@ -37,6 +37,7 @@ from ._errors import HostUnderPressure
 from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
 from ._guardkill import _kill, _Killed, _say_once, kill_process, prepare_process
 from ._guardlock import RETRY_EVERY, SliceLock
+from ._guardnames import CmdlineBook
 from ._guardpolicy import (
     CMDLINE_LEN,
     GuardConfig,
@@ -52,7 +53,7 @@ from ._guardpolicy import (
     read_scope_stalls,
 )
 from ._guardscan import measure, pick_victim, scan_candidates
-from ._proc import PROC_ROOT, read_cmdline
+from ._proc import PROC_ROOT
 
 __all__ = [
     "Guard",
@@ -143,8 +144,11 @@ class _Loop:
         # (pid, start time) of the last kills: a victim still listed (a zombie
         # its parent has not reaped, one stuck exiting) is never chosen again.
         self.killed: dict[tuple[int, int], None] = {}
-        # (when, victim and cmdline) chosen near the threshold, for the kill.
-        self.ready: tuple[float, tuple[SliceProcess, str] | None] | None = None
+        # (when, victim) chosen near the threshold, for the kill.
+        self.ready: tuple[float, SliceProcess | None] | None = None
+        # The victims' command lines, read by a thread of their own: a read
+        # of /proc/PID/cmdline can wait seconds in a squeeze (_guardnames).
+        self.names = CmdlineBook(proc_root, CMDLINE_LEN)
         # Said once per squeeze: the guard held its hand (reset when it clears).
         self.held = False
         # pid -> (start time, comm) of the slice's processes, from scan to scan.
@@ -165,8 +169,10 @@ class _Loop:
         if not acting:
             self.relay()
         # The charges of the slice and of what is outside it, for "whose
-        # shortage" (at most once a second; a few dozen small reads).
-        self.cause.sample(now)
+        # shortage" (at most once a second; a few dozen small reads). Under a
+        # trigger the blame before a kill reads them itself.
+        if trigger is None or not acting:
+            self.cause.sample(now)
         if trigger is None:
             self.held = False
         elif acting:
@@ -189,8 +195,11 @@ class _Loop:
         # A guard standing by tries the lock again within RETRY_EVERY.
         return (interval if acting else min(interval, RETRY_EVERY)), None
 
-    def choose(self, reading: HostReading) -> tuple[SliceProcess, str] | None:
-        """Scan the slice: the victim and its cmdline, or None (none worth a kill)."""
+    def choose(self, reading: HostReading) -> SliceProcess | None:
+        """Scan the slice: the victim, or None (none worth a kill).
+
+        Its command line is asked of :attr:`names`, never read here.
+        """
         pids, units = self.protected()
         scan = scan_candidates(
             self.slice_path,
@@ -215,7 +224,8 @@ class _Loop:
         if victim is None:
             return None
         proc = victim.process
-        return proc, read_cmdline(proc.pid, self.proc_root, CMDLINE_LEN) or ""
+        self.names.want(proc.pid, proc.start_time)
+        return proc
 
     def _hold(self, reading: HostReading, trigger: Trigger, blame: Blame) -> None:
         """Say once per squeeze that the shortage is not the fleet's, and what is."""
@@ -294,7 +304,7 @@ class _Loop:
                     int(reading.mem_total * MIN_VICTIM_SHARE) >> 20,
                 )
                 return None
-            proc, cmdline = chosen
+            proc = chosen
             if (proc.pid, proc.start_time) in self.killed:
                 continue
             # Its size now (one read), not at the scan.
@@ -317,6 +327,8 @@ class _Loop:
             self.killed[proc.pid, proc.start_time] = None
             while len(self.killed) > KILLED_KEPT:
                 del self.killed[next(iter(self.killed))]
+            # Read ahead by the names thread if it had the time; else its comm.
+            cmdline = self.names.get(proc.pid, proc.start_time) or proc.comm
             self.report(reading, trigger, proc, cmdline, killed)
             return killed
         return None
@@ -481,6 +493,7 @@ def run_guard(
                     psi_fd = None
     finally:
         lock.release()
+        loop.names.close()
         loop.host.close()
         poller.close()
         if psi_fd is not None:
