@@ -224,6 +224,20 @@ def _never_adopted(pid: int) -> str | None:
     stat = read_stat(pid)
     if stat is not None and (pid == 2 or stat.ppid == 2 or stat.flags & _PF_KTHREAD):
         return "it is a kernel thread"
+    mine = os.geteuid()
+    if mine != 0:
+        # Another user's process (a system service's main process under a
+        # user manager, say): neither the user manager nor the kernel would
+        # move it, and the refusal would come after the name was claimed.
+        try:
+            owner = psutil.Process(pid).uids().real
+        except psutil.Error:
+            owner = mine  # gone: the tree walk that follows says so
+        if owner != mine:
+            return (
+                f"it is not your process (it runs as uid {owner}): only a fleet of the "
+                "system manager, as root, adopts another user's processes"
+            )
     ancestor, hops = read_stat(me), 0
     while ancestor is not None and ancestor.ppid > 1 and hops < 4096:
         if ancestor.ppid == pid:
