@@ -224,6 +224,14 @@ def _never_adopted(pid: int) -> str | None:
     stat = read_stat(pid)
     if stat is not None and (pid == 2 or stat.ppid == 2 or stat.flags & _PF_KTHREAD):
         return "it is a kernel thread"
+    ancestor, hops = read_stat(me), 0
+    while ancestor is not None and ancestor.ppid > 1 and hops < 4096:
+        if ancestor.ppid == pid:
+            return (
+                "it is an ancestor of this process: adopting it would move the fleet's "
+                "manager into the agent's scope"
+            )
+        ancestor, hops = read_stat(ancestor.ppid), hops + 1
     mine = os.geteuid()
     if mine != 0:
         # Another user's process (a system service's main process under a
@@ -238,14 +246,6 @@ def _never_adopted(pid: int) -> str | None:
                 f"it is not your process (it runs as uid {owner}): only a fleet of the "
                 "system manager, as root, adopts another user's processes"
             )
-    ancestor, hops = read_stat(me), 0
-    while ancestor is not None and ancestor.ppid > 1 and hops < 4096:
-        if ancestor.ppid == pid:
-            return (
-                "it is an ancestor of this process: adopting it would move the fleet's "
-                "manager into the agent's scope"
-            )
-        ancestor, hops = read_stat(ancestor.ppid), hops + 1
     return None
 
 
