@@ -165,7 +165,7 @@ async def test_adopt_refuses_what_is_never_an_agent(fleet: AsyncFleet) -> None:
             1: "PID 1",
             os.getppid(): "ancestor of this process",
             own_main: f"main process of {service}.service",
-            journald: "systemd-journald.service" if not user else "not yours",
+            journald: "systemd-journald.service" if not user else "not your process",
         }
         before = _agent_scopes()
         for pid, why in cases.items():
