@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from . import _fleet
-from ._context import emit_json, fleet_of, history_of, options, show
+from ._context import emit_json, fleet_of, history_of, options, show, valid_agent
 from ._errors import BadInput, Failed, Interrupted
 from ._parse import parse_since, real_option, whole_option
 
@@ -68,7 +68,9 @@ def events(
         str | None, typer.Option(help="Only events before this (same forms as --since).")
     ] = None,
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
-    agent: Annotated[str | None, typer.Option(help="Only events of this agent.")] = None,
+    agent: Annotated[
+        str | None, typer.Option(help="Only events of this agent.", callback=valid_agent)
+    ] = None,
     limit: Annotated[
         int | None,
         typer.Option(

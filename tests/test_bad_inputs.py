@@ -1,0 +1,248 @@
+"""The bad-input matrix (#31 item 8): every refusal clean, and nothing made before it.
+
+Three tables. The command line: every command's size, count, duration,
+name and path options and the environment variables a harness sets, run in
+this process with HOME, XDG_STATE_HOME, XDG_RUNTIME_DIR and both bus
+addresses pointed into a temporary directory (so nothing reaches this
+host's managers or registry), and ``--user`` always; each case must exit
+with its code, say why in a line that names what was wrong, show no
+traceback, and neither reach for the bus or the registry nor leave a file.
+The Python API over the fake bus: each bad argument raises its own
+``AgentscopeError`` and no scope is asked for, no row or event written.
+Hostile /proc and cgroup trees (tests/fakefs.py): control characters,
+non-UTF-8, huge files, FIFOs and vanished processes give a clean value or
+None, in bounded time, and nothing is acted on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli import _fleet
+from tests.test_cli import Result, run
+
+#: Values no size, count or duration field takes, whatever its range.
+NOT_NUMBERS = ["²", "٣", "1_000", "nan", "inf", "-inf", "1e309", "0x10", "", " ", "1 2"]
+#: Sizes out of every range.
+BAD_SIZES = [*NOT_NUMBERS, "-1", "0", "18446744073709551615", "9E", "101%", "1.5.5G", "1Q"]
+BAD_COUNTS = [*NOT_NUMBERS, "-1", "10^25", "99999999999999999999999", "1.5"]
+BAD_WEIGHTS = [*NOT_NUMBERS, "0", "10001", "-5", "1.5"]
+BAD_SPANS = ["²", "nan", "inf", "1e309", "10^25", "", "5 parsecs", "99999999999999y", "1s\x00"]
+#: Below every span option's range (events --since reads "-1s" as a second ago).
+NEGATIVE_SPANS = ["-1", "-1s"]
+BAD_NAMES = ["", "../x", "a/b", "a b", "a\nb", "\x1b[31mred", "é", "x" * 300, "-rf", "."]
+BAD_PROPERTIES = [
+    "TasksMax=²",
+    "MemoryMax=²",
+    "MemoryMax=-1",
+    "MemoryMax=18446744073709551615",
+    "MemorySwapMax=nan",
+    "AllowedCPUs=²",
+    "AllowedCPUs=0-99999",
+    "AllowedCPUs=3-1",
+    "CPUQuota=²%",
+    "CPUQuota=0%",
+    "CPUQuota=100001%",
+    "CPUQuota=1.234%",
+    "CPUWeight=0",
+    "IOWeight=10001",
+    "ExecStart=/bin/sh",
+    "MemoryMax",
+    "=1",
+    "Delegate=yes",
+]
+
+
+def _cases() -> Iterator[Any]:
+    agent = ["run", "a"]
+    cmd = ["--", "true"]
+    for size in BAD_SIZES:
+        yield pytest.param(
+            [*agent, "--memory-max", size, *cmd], 2, "memory", id=f"run-mem-{size!r}"
+        )
+        yield pytest.param(
+            ["exec", "a", "--memory-max", size, *cmd], 125, "memory", id=f"exec-mem-{size!r}"
+        )
+        yield pytest.param(["demo", "--memory-max", size], 2, "memory", id=f"demo-mem-{size!r}")
+    for count in BAD_COUNTS:
+        yield pytest.param(
+            [*agent, "--tasks-max", count, *cmd], 2, "tasks", id=f"run-tasks-{count!r}"
+        )
+        yield pytest.param(
+            ["exec", "a", "--tasks-max", count, *cmd], 125, "tasks", id=f"exec-tasks-{count!r}"
+        )
+        yield pytest.param(["events", "--limit", count], 2, "limit", id=f"limit-{count!r}")
+        yield pytest.param(["report", "--top", count], 2, "top", id=f"report-top-{count!r}")
+        yield pytest.param(["monitor", "--top", count], 2, "top", id=f"monitor-top-{count!r}")
+        yield pytest.param(["logs", "a", "--lines", count], 2, "lines", id=f"logs-n-{count!r}")
+        yield pytest.param(["demo", "--agents", count], 2, "agents", id=f"demo-agents-{count!r}")
+    for weight in BAD_WEIGHTS:
+        for option in ("--cpu-weight", "--io-weight"):
+            what = option.removeprefix("--").replace("-", ".?")
+            yield pytest.param(
+                [*agent, option, weight, *cmd], 2, what, id=f"run{option}-{weight!r}"
+            )
+            yield pytest.param(
+                ["exec", "a", option, weight, *cmd], 125, what, id=f"exec{option}-{weight!r}"
+            )
+    for prop in BAD_PROPERTIES:
+        what = re.escape(prop.partition("=")[0] or "NAME=VALUE")
+        yield pytest.param([*agent, "-p", prop, *cmd], 2, what, id=f"run-p-{prop!r}")
+        yield pytest.param(["exec", "a", "-p", prop, *cmd], 125, what, id=f"exec-p-{prop!r}")
+    for span in BAD_SPANS:
+        yield pytest.param([*agent, "--reap-after", span, *cmd], 2, "reap", id=f"run-reap-{span!r}")
+        yield pytest.param(
+            ["exec", "a", "--reap-after", span, *cmd], 125, "reap", id=f"exec-reap-{span!r}"
+        )
+        yield pytest.param(["stop", "a", "--timeout", span], 2, "timeout", id=f"stop-t-{span!r}")
+        yield pytest.param(["top", "--interval", span], 2, "interval", id=f"top-i-{span!r}")
+        yield pytest.param(["monitor", "--interval", span], 2, "interval", id=f"monitor-i-{span!r}")
+        yield pytest.param(["gc", "--retention", span], 2, "retention|span|time", id=f"gc-{span!r}")
+        yield pytest.param(["events", "--since", span], 2, "since|time", id=f"since-{span!r}")
+        yield pytest.param(["demo", "--timeout", span], 2, "timeout", id=f"demo-t-{span!r}")
+        for option in ("--guard-mem-available", "--guard-swap-free", "--guard-psi-seconds"):
+            yield pytest.param(
+                ["monitor", "--guard", option, span], 2, "guard", id=f"monitor{option}-{span!r}"
+            )
+    for span in NEGATIVE_SPANS:
+        yield pytest.param([*agent, "--reap-after", span, *cmd], 2, "reap", id=f"run-reap-{span}")
+        yield pytest.param(["stop", "a", "--timeout", span], 2, "timeout", id=f"stop-t-{span}")
+        yield pytest.param(["top", "--interval", span], 2, "interval", id=f"top-i-{span}")
+        yield pytest.param(["gc", "--retention", span], 2, "retention|span", id=f"gc-{span}")
+    for listen in ("127.0.0.1:²", "127.0.0.1:65536", "127.0.0.1:-1", "nohost", ":", "[::1", ""):
+        yield pytest.param(["monitor", "--listen", listen], 2, "listen", id=f"listen-{listen!r}")
+    yield pytest.param(["monitor", "--listen", "0.0.0.0:9"], 2, "listen", id="listen-any-refused")
+    for name in BAD_NAMES:
+        yield pytest.param(["run", name, *cmd], 2, "name", id=f"run-name-{name[:12]!r}")
+        yield pytest.param(["exec", name, *cmd], 125, "name", id=f"exec-name-{name[:12]!r}")
+        for command in ("stop", "kill", "freeze", "thaw", "logs", "attach"):
+            yield pytest.param([command, name], 2, "name", id=f"{command}-name-{name[:12]!r}")
+        yield pytest.param(["--fleet", name, "ls"], 2, "fleet", id=f"fleet-{name[:12]!r}")
+        yield pytest.param(["--fleet", name, "events"], 2, "fleet", id=f"fleet-ev-{name[:12]!r}")
+        yield pytest.param(
+            ["events", "--agent", name], 2, "agent|name", id=f"ev-agent-{name[:9]!r}"
+        )
+    for sig in ("0", "65", "-1", "²", "SIGFOO", "", "9.5"):
+        yield pytest.param(["kill", "a", "--signal", sig], 2, "signal", id=f"kill-s-{sig!r}")
+    for command, code in (("run", 2), ("exec", 125)):
+        yield pytest.param(
+            [command, "a", "--", ""],
+            2 if command == "run" else 127,
+            "command|empty|not found",
+            id=f"{command}-cmd-empty",
+        )
+        yield pytest.param(
+            [command, "a", "--", "/nonexistent/x"],
+            2 if command == "run" else 127,
+            "not found|no such|nonexistent",
+            id=f"{command}-cmd-missing",
+        )
+        yield pytest.param(
+            [command, "a", "--", "/etc"],
+            2 if command == "run" else 126,
+            "/etc",
+            id=f"{command}-dir",
+        )
+        yield pytest.param([command, "a"], code, "command|CMD", id=f"{command}-no-command")
+    for cwd in ("/nonexistent", "/etc/passwd", "rel\x00ative"):
+        yield pytest.param(["run", "a", "--cwd", cwd, *cmd], 2, "cwd|directory", id=f"cwd-{cwd!r}")
+    for env in ("NOEQUALS", "=v", "A\x00=b"):
+        yield pytest.param(["run", "a", "--env", env, *cmd], 2, "env", id=f"env-{env!r}")
+    for log in ("/etc", "/dev/null", "{tmp}/fifo"):
+        yield pytest.param(["run", "a", "--log", log, *cmd], 2, "--log", id=f"log-{log}")
+    for manager in ("bogus", "", "System"):
+        yield pytest.param(["--manager", manager, "ls"], 2, "manager", id=f"manager-{manager!r}")
+    yield pytest.param(["stop"], 2, "NAME|--all", id="stop-neither")
+    yield pytest.param(["stop", "a", "--all"], 2, "not both", id="stop-both")
+
+
+#: The environment of every case: nothing of this host's managers or state.
+def _isolated(tmp_path: Path) -> dict[str, str | None]:
+    nowhere = f"unix:path={tmp_path}/no-bus"
+    return {
+        "HOME": str(tmp_path / "home"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+        "DBUS_SESSION_BUS_ADDRESS": nowhere,
+        "DBUS_SYSTEM_BUS_ADDRESS": nowhere,
+        "AGENTSCOPE_EXEC_FALLBACK": None,
+    }
+
+
+def _files(top: Path) -> list[Path]:
+    return sorted(top.rglob("*"))
+
+
+@pytest.fixture
+def reached(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What a case reached for: the bus (a fleet), the registry (a history), an exec."""
+    seen: list[str] = []
+
+    def no_fleet(opts: Any) -> Any:
+        seen.append("bus")
+        raise AssertionError("reached for the bus before refusing")
+
+    def no_history(opts: Any) -> Any:
+        seen.append("registry")
+        raise AssertionError("opened the registry before refusing")
+
+    def no_exec(path: str, argv: list[str]) -> None:
+        seen.append(f"exec {path}")
+        raise AssertionError("exec'd the command of a refused case")
+
+    monkeypatch.setattr(_fleet, "open_fleet", no_fleet)
+    monkeypatch.setattr(_fleet, "open_history", no_history)
+    monkeypatch.setattr(os, "execv", no_exec)
+    return seen
+
+
+def _check(result: Result, code: int, what: str, seen: list[str]) -> None:
+    said = result.stderr
+    assert seen == [], f"{seen}: {said}"
+    assert result.code == code, said
+    assert "Traceback" not in said + result.stdout
+    assert 'File "' not in said
+    assert "a bug in agentscope" not in said
+    assert re.search(what, said, re.IGNORECASE), said
+    assert len(said) < 2000, said  # one clear message, not a dump
+    # What a user sees is text: no control character from the input comes back raw.
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]", said), said
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("argv", "code", "what"), list(_cases()))
+def test_the_command_line_refuses_before_anything_is_made(
+    tmp_path: Path, reached: list[str], argv: list[str], code: int, what: str
+) -> None:
+    os.mkfifo(tmp_path / "fifo")  # for a --log: opening it for writing would hang
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    before = _files(tmp_path)
+    result = run("--user", *argv, env=_isolated(tmp_path))
+    _check(result, code, what, reached)
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", ["bogus", "", "RUN", "run\n", "²"])
+def test_a_bad_exec_fallback_variable_is_refused(
+    tmp_path: Path, reached: list[str], value: str
+) -> None:
+    env = _isolated(tmp_path) | {"AGENTSCOPE_EXEC_FALLBACK": value}
+    if value == "":
+        pytest.skip("an empty variable is unset, as a shell's VAR= is read")
+    result = run("--user", "exec", "a", "--", "true", env=env)
+    _check(result, 125, "AGENTSCOPE_EXEC_FALLBACK", reached)
+    assert _files(tmp_path) == []
+
+
+def test_the_table_is_wide() -> None:
+    # A guard against a refactoring that empties a generator above.
+    assert len(list(_cases())) > 400
+    assert sys.version_info >= (3, 11)
