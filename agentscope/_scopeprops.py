@@ -205,6 +205,11 @@ def build(
         ("cpu_weight", "CPUWeight", cpu_weight),
         ("io_weight", "IOWeight", io_weight),
     )
+    if properties is not None and not callable(getattr(properties, "items", None)):
+        # A list of "NAME=VALUE" texts (the CLI's -p form) ended in dict()'s ValueError.
+        raise InvalidConfig(
+            "properties", properties, "a mapping of property names to values, e.g. {'TasksMax': 64}"
+        )
     for key, name, value in keywords:
         if value is None:
             continue

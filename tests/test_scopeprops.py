@@ -60,6 +60,7 @@ def test_keywords_and_properties_pack_as_systemd_takes_them() -> None:
         ({"properties": {"AllowedCPUs": "99999"}}, "from 0 to 8191"),
         ({"properties": {"MemoryMax": "lots"}}, "MemoryMax"),
         ({"tasks_max": 8, "properties": {"TasksMax": "9"}}, "given once"),
+        ({"properties": ["TasksMax=5"]}, "a mapping of property names"),
     ],
 )
 def test_bad_values_are_refused_with_the_property_named(
