@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -245,4 +244,98 @@ def test_a_bad_exec_fallback_variable_is_refused(
 def test_the_table_is_wide() -> None:
     # A guard against a refactoring that empties a generator above.
     assert len(list(_cases())) > 400
-    assert sys.version_info >= (3, 11)
+    assert len(list(_api_cases())) > 150
+
+
+# -- the Python API over the fake bus -------------------------------------------------------
+
+#: Numbers no argument of the API takes where an int or a finite float is meant.
+_NOT_NUMBERS: list[object] = [True, "²", float("nan"), float("inf"), -float("inf"), 1j, b"5"]
+#: ... and not where an int is meant (a text of ASCII digits is one: the number grammar).
+_NOT_INTS: list[object] = [*_NOT_NUMBERS, 1.5, 2**64, -1, " 5x"]
+
+
+def _api_cases() -> Iterator[Any]:
+    argv = ["true"]
+    for value in _NOT_INTS:
+        yield pytest.param("launch", ("a", argv), {"memory_max": value}, id=f"mem-{value!r}")
+        yield pytest.param("launch", ("a", argv), {"tasks_max": value}, id=f"tasks-{value!r}")
+        yield pytest.param("launch", ("a", argv), {"cpu_weight": value}, id=f"cpu-{value!r}")
+        yield pytest.param("launch", ("a", argv), {"io_weight": value}, id=f"io-{value!r}")
+        yield pytest.param("adopt", (value, "a"), {}, id=f"adopt-pid-{value!r}")
+    yield pytest.param("adopt", (None, "a"), {}, id="adopt-pid-None")
+    for value in (0, 10001, 2**63):
+        yield pytest.param("launch", ("a", argv), {"cpu_weight": value}, id=f"cpu-range-{value}")
+    yield pytest.param("launch", ("a", argv), {"memory_max": 2**63 + 1}, id="mem-over-8EiB")
+    yield pytest.param("launch", ("a", argv), {"memory_max": 0}, id="mem-0")
+    for value in (-1, float("nan"), float("inf"), "²", "forever", True, 10**9):
+        yield pytest.param("launch", ("a", argv), {"reap_after": value}, id=f"reap-{value!r}")
+    for prop in BAD_PROPERTIES:
+        key, _, value = prop.partition("=")
+        props = {key: value}
+        yield pytest.param("launch", ("a", argv), {"properties": props}, id=f"p-{prop!r}")
+    yield pytest.param("launch", ("a", argv), {"properties": {"TasksMax": 2**64}}, id="p-int")
+    yield pytest.param("launch", ("a", argv), {"properties": ["TasksMax=5"]}, id="p-list")
+    for name in [*BAD_NAMES, None, 5, b"a"]:
+        yield pytest.param("launch", (name, argv), {}, id=f"launch-name-{name!r:.14}")
+        yield pytest.param("adopt", (os.getpid(), name), {}, id=f"adopt-name-{name!r:.14}")
+        for method in ("stop", "kill", "freeze", "thaw"):
+            yield pytest.param(method, (name,), {}, id=f"{method}-name-{name!r:.14}")
+    for bad_argv in ([], [""], ["/nonexistent/x"], ["/etc"], "true", [b"true"], ["tr\x00ue"]):
+        yield pytest.param("launch", ("a", bad_argv), {}, id=f"argv-{bad_argv!r:.16}")
+    for cwd in ("/nonexistent", "/etc/passwd", "a\x00b"):
+        yield pytest.param("launch", ("a", argv), {"cwd": cwd}, id=f"cwd-{cwd!r}")
+    for env in ({"A": 1}, {1: "a"}, {"A=B": "c"}, {"": "x"}, {"A\x00": "b"}, {"A": "b\x00"}):
+        yield pytest.param("launch", ("a", argv), {"env": env}, id=f"env-{env!r}")
+    yield pytest.param("launch", ("a", argv), {"terminal": "screen"}, id="terminal-screen")
+    for timeout in (-1, float("nan"), float("inf"), "10x", True, 10**6):
+        yield pytest.param("stop", ("a",), {"timeout": timeout}, id=f"stop-timeout-{timeout!r}")
+    for sig in (0, -1, 65, 99999, "TERM", True, 9.0):
+        yield pytest.param("kill", ("a",), {"signal": sig}, id=f"kill-{sig!r}")
+    for top in (-1, 10**9, True, "5x", float("nan")):
+        yield pytest.param("report", (), {"top": top}, id=f"report-top-{top!r}")
+    for limit in (-1, True, "5x", float("nan"), 10**25):
+        yield pytest.param("events", (), {"limit": limit}, id=f"events-limit-{limit!r}")
+        yield pytest.param("events", (), {"last": limit}, id=f"events-last-{limit!r}")
+    for when in (float("nan"), float("inf"), "yesterday", True):
+        yield pytest.param("events", (), {"since": when}, id=f"events-since-{when!r}")
+    for retention in (-1, float("nan"), float("inf"), "7d", True):
+        yield pytest.param("gc", (), {"retention_seconds": retention}, id=f"gc-{retention!r}")
+
+
+def _refusals() -> tuple[type[BaseException], ...]:
+    from agentscope import InvalidConfig, InvalidName, LaunchError
+
+    return (InvalidName, InvalidConfig, LaunchError)
+
+
+_WRITES = {"StartTransientUnit", "StopUnit", "KillUnit", "SetUnitProperties"}
+_WRITES |= {"AttachProcessesToUnit", "FreezeUnit", "ThawUnit"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("method", "args", "kwargs"), list(_api_cases()))
+async def test_the_api_refuses_before_anything_is_made(
+    tmp_path: Path, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    from agentscope import AgentscopeError
+    from agentscope._registry import Registry
+    from tests.fakesystemd import FakeSystemd
+    from tests.test_fleet import make_fleet
+
+    bus = FakeSystemd(tmp_path / "cgroup")
+    async with make_fleet(tmp_path, bus) as fleet:
+        with pytest.raises(AgentscopeError) as info:
+            await getattr(fleet, method)(*args, **kwargs)
+        error = info.value
+        # Not AgentNotFound: a bad argument is refused before any agent is looked up.
+        assert isinstance(error, _refusals()), repr(error)
+        message = str(error)
+        assert 0 < len(message) < 1000
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]", message), message
+        asked = {c.member for c in bus.calls} & _WRITES
+        assert asked == set(), asked
+        assert await fleet.agents(all=True) == []
+    with Registry(tmp_path / "registry.db") as registry:
+        assert registry.events("t") == []
+    assert not (tmp_path / "tmux").exists()
