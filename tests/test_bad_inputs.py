@@ -339,3 +339,83 @@ async def test_the_api_refuses_before_anything_is_made(
     with Registry(tmp_path / "registry.db") as registry:
         assert registry.events("t") == []
     assert not (tmp_path / "tmux").exists()
+
+
+# -- hostile /proc and cgroup trees -------------------------------------------------------
+
+_HUGE = 80 << 20  # past MAX_KERNEL_FILE: no kernel file a reader here takes is as large
+
+
+def _spoil(path: Path, how: str) -> None:
+    """Make ``path`` (a file of the fake tree) what a hostile or vanishing process leaves."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "gone":
+        pass
+    elif how == "dir":
+        path.mkdir()
+    elif how == "huge":
+        with path.open("wb") as f:
+            f.truncate(_HUGE)  # sparse: 64 MiB of NULs
+    elif how == "zero":
+        path.symlink_to("/dev/zero")  # never ends
+    elif how == "binary":
+        path.write_bytes(b"\xff\xfe\x00\x1b[31m\x85\xc2\x9b(x) R \n" * 3)
+    else:
+        raise AssertionError(how)
+
+
+_HOSTILE = ["fifo", "gone", "dir", "huge", "zero", "binary"]
+_PID_FILES = ["stat", "statm", "status", "cmdline", "cgroup", "wchan", "oom_score_adj"]
+
+
+def _pid_readers() -> dict[str, Any]:
+    from agentscope import _proc
+
+    return {
+        "stat": _proc.read_stat,
+        "statm": _proc.read_statm_rss,
+        "status": _proc.read_vm_sizes,
+        "cmdline": _proc.read_cmdline,
+        "cgroup": _proc.read_cgroup,
+        "wchan": _proc.read_wchan,
+        "oom_score_adj": _proc.read_oom_score_adj,
+    }
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("how", _HOSTILE)
+@pytest.mark.parametrize("name", _PID_FILES)
+def test_a_hostile_pid_file_gives_none_or_a_value_never_a_hang(
+    tmp_path: Path, name: str, how: str
+) -> None:
+    from agentscope import _proc
+    from tests import fakefs
+
+    proc = tmp_path / "proc"
+    fakefs.make_proc(proc, 4242, comm="victim")
+    fakefs.make_proc(proc, 4243, comm="\x1b[2J\x85evil) R 1 (", rss_pages=10**6)
+    _spoil(proc / "4242" / name, how)
+    value: object = None
+    unnamed: OSError | None = None
+    try:
+        value = _pid_readers()[name](4242, proc)
+    except ValueError:
+        pass  # the parsers' documented refusal of a file that is not the kernel's
+    except OSError as exc:
+        # Not "vanished": a reader says what it could not read, named.
+        unnamed = exc if exc.filename is None else None
+    assert unnamed is None
+    assert value is None or not isinstance(value, bytes)
+    # A scan goes on past a vanished process, and a hostile comm (all a
+    # process controls of these files) comes back as text. What no kernel
+    # makes (a FIFO, a directory, 80 MiB) may stop the scan, with an error.
+    try:
+        top = _proc.top_processes(5, proc)
+    except (OSError, ValueError):
+        assert how != "gone"
+        return
+    assert [p.pid for p in top][:1] == [4243]
+    assert all(isinstance(p.comm, str) for p in top)
