@@ -419,3 +419,70 @@ def test_a_hostile_pid_file_gives_none_or_a_value_never_a_hang(
         return
     assert [p.pid for p in top][:1] == [4243]
     assert all(isinstance(p.comm, str) for p in top)
+
+
+_SCOPE_FILES = ["memory.current", "memory.events", "memory.stat", "memory.pressure", "cgroup.procs"]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("how", _HOSTILE)
+@pytest.mark.parametrize("name", _SCOPE_FILES)
+def test_a_hostile_scope_file_gives_a_value_or_an_error_never_a_hang(
+    tmp_path: Path, name: str, how: str
+) -> None:
+    from agentscope import _cgroup
+    from tests import fakefs
+
+    slice_path = tmp_path / "app.slice/app-agentscope.slice/app-agentscope-agents.slice"
+    good = "agentscope-f-good-000000.scope"
+    bad = "agentscope-f-bad-000000.scope"
+    fakefs.make_cgroup(slice_path, good, current=1 << 20, procs=[4242])
+    fakefs.make_cgroup(slice_path, bad, current=1 << 20, procs=[4243])
+    # A directory a user may make in their own manager's subtree: its name is theirs.
+    fakefs.make_cgroup(slice_path, "\x1b[2J\x85evil\n.scope", current=1)
+    _spoil(slice_path / bad / name, how)
+    for scan in (_cgroup.scan_slice, _cgroup.scan_slice_counters):
+        try:
+            found: dict[str, Any] = scan(slice_path)
+        except (OSError, ValueError):
+            assert how not in ("gone",), "a vanished file is a vanished cgroup, not an error"
+            continue
+        assert good in found
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "children",
+    [b"4300 \xb2 x -5 99999999999999999999999 4300 ", b"\x00" * 4096, "fifo", "zero", "gone"],
+)
+def test_the_escape_audit_over_hostile_children_files(tmp_path: Path, children: Any) -> None:
+    from agentscope import _escape
+    from tests import fakefs
+
+    cgroups, proc = tmp_path / "cgroup", tmp_path / "proc"
+    slice_path = fakefs.make_cgroup(cgroups, "app.slice/app-agentscope-agents.slice")
+    scope = "agentscope-f-a-000000.scope"
+    fakefs.make_cgroup(slice_path, scope, procs=[4242])
+    fakefs.make_proc(proc, 4242, cgroup=f"/app.slice/app-agentscope-agents.slice/{scope}")
+    # The escapee names itself: control characters, a C1 CSI, a newline.
+    fakefs.make_proc(proc, 4300, comm="\x1b]0;x\x07\x9bq\n", ppid=4242, cgroup="/x.scope")
+    fakefs.set_children(proc, 4242, [4300])
+    task = proc / "4242/task/4242/children"
+    if isinstance(children, bytes):
+        task.write_bytes(children)
+    else:
+        _spoil(task, children)
+    try:
+        found = _escape.find_escapes(
+            slice_path, {scope: [4242]}, cgroup_root=cgroups, proc_root=proc
+        )
+    except OSError:
+        assert children in ("fifo", "zero")  # no kernel makes these: an error, named
+        return
+    for e in found:
+        assert (e.pid, e.ppid) == (4300, 4242)
+        assert not re.search(r"[\x00-\x1f\x7f-\x9f]", e.comm), e.comm
+    if isinstance(children, bytes) and b"4300" in children:
+        assert len(found) == 1  # the real child, once; nothing made of the rest
+    elif children != "zero":
+        assert found == ()
