@@ -278,17 +278,16 @@ def monitor(
 
     opts = options(ctx)
     address = parse_listen(listen, any_address=listen_any) if listen is not None else None
-    guard_config = (
-        _guard_config(
-            guard_mem_available,
-            guard_swap_free,
-            guard_psi_full,
-            guard_psi_seconds,
-            process=guard_process,
-        )
-        if guard
-        else False
+    # Checked also when the guard is off: a bad value in the unit's
+    # environment is refused now, not when the guard is next turned on.
+    checked = _guard_config(
+        guard_mem_available,
+        guard_swap_free,
+        guard_psi_full,
+        guard_psi_seconds,
+        process=guard_process,
     )
+    guard_config = checked if guard else False
     notifier = Notifier()
     fatal = _monitor_fatal_log(opts)
     from agentscope import RegistryError

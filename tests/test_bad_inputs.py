@@ -241,6 +241,35 @@ def test_a_bad_exec_fallback_variable_is_refused(
     assert _files(tmp_path) == []
 
 
+#: The monitor's environment variables (a unit's Environment=), each with values it refuses.
+_MONITOR_ENV = {
+    "AGENTSCOPE_MONITOR_LISTEN": ["127.0.0.1:²", "127.0.0.1:70000", "nohost", "0.0.0.0:9"],
+    "AGENTSCOPE_GUARD": ["maybe", "²"],
+    "AGENTSCOPE_GUARD_MEM_AVAILABLE": ["²", "nan", "inf", "101", "-1", "1e309"],
+    "AGENTSCOPE_GUARD_SWAP_FREE": ["²", "nan", "101"],
+    "AGENTSCOPE_GUARD_PSI_FULL": ["²", "0", "101", "nan", "on"],
+    "AGENTSCOPE_GUARD_PSI_SECONDS": ["²", "inf", "-1", "3601"],
+    "AGENTSCOPE_GUARD_PROCESS": ["perhaps"],
+    "AGENTSCOPE_RECLAIM_ESCAPED": ["perhaps"],
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [(k, v) for k, values in _MONITOR_ENV.items() for v in values],
+)
+def test_a_bad_monitor_variable_is_refused_before_anything_is_made(
+    tmp_path: Path, reached: list[str], variable: str, value: str
+) -> None:
+    env = _isolated(tmp_path) | {variable: value}
+    result = run("--user", "monitor", env=env)
+    # typer names the variable's option (--guard-psi-full), our parsers the value.
+    option = "--" + variable.removeprefix("AGENTSCOPE_").removeprefix("MONITOR_").lower()
+    _check(result, 2, f"{re.escape(option.replace('_', '-'))}|{re.escape(value)}", reached)
+    assert _files(tmp_path) == []
+
+
 def test_the_table_is_wide() -> None:
     # A guard against a refactoring that empties a generator above.
     assert len(list(_cases())) > 400
