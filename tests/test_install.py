@@ -638,18 +638,26 @@ def test_install_system_with_another_user_s_agentscope_is_exit_2(
     assert "could change" in data["error"]
 
 
-def test_install_user_failing_at_daemon_reload_leaves_no_files(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    # No user manager to reload (no bus): the files it never read are taken back.
+def _systemctl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, script: str) -> tuple[Path, Path]:
+    """A HOME and a ``systemctl`` on PATH that runs ``script`` (sh): both in ``tmp_path``."""
     home, bin_dir = tmp_path / "home", tmp_path / "bin"
     home.mkdir()
     bin_dir.mkdir()
     systemctl = bin_dir / "systemctl"
-    systemctl.write_text("#!/bin/sh\necho 'Failed to connect to bus: No medium' >&2\nexit 1\n")
+    systemctl.write_text(f"#!/bin/sh\n{script}\n")
     systemctl.chmod(0o755)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return home, systemctl
+
+
+def test_install_user_failing_at_daemon_reload_leaves_no_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No user manager to reload (no bus): the files it never read are taken back.
+    home, _ = _systemctl(
+        monkeypatch, tmp_path, "echo 'Failed to connect to bus: No medium' >&2; exit 1"
+    )
     result = run("install", "--user")
     assert result.code == 1
     assert "systemctl --user daemon-reload failed (exit 1): Failed to connect to bus" in (
@@ -664,14 +672,7 @@ def test_install_user_over_an_earlier_install_keeps_it_when_reload_fails(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # An earlier install is the user's working setup: a failed reload leaves it.
-    home, bin_dir = tmp_path / "home", tmp_path / "bin"
-    home.mkdir()
-    bin_dir.mkdir()
-    systemctl = bin_dir / "systemctl"
-    systemctl.write_text("#!/bin/sh\nexit 0\n")
-    systemctl.chmod(0o755)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    home, systemctl = _systemctl(monkeypatch, tmp_path, "exit 0")
     assert run("install", "--user").code == 0
     installed = tree(home)
     systemctl.write_text("#!/bin/sh\nexit 1\n")
