@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import GROW, MANAGER
@@ -193,3 +194,44 @@ def _agent_scopes() -> set[str]:
         check=True,
     ).stdout  # fmt: skip
     return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(MANAGER != "system", reason="a system install is root's")
+def test_install_system_refuses_to_run_another_users_files() -> None:
+    # #31 item 6 on a real system: `sudo ~agent/venv/bin/agentscope install
+    # --system` would make root's monitor run a file the user agent can change.
+    import pwd
+
+    from agentscope import install
+    from agentscope._install import plan_install
+
+    home = Path(pwd.getpwnam(OTHER_USER).pw_dir)
+    venv = home / f"venv-{uuid.uuid4().hex[:6]}" / "bin"
+    subprocess.run(["runuser", "-u", OTHER_USER, "--", "mkdir", "-p", str(venv)], check=True)
+    try:
+        script = venv / "agentscope"
+        subprocess.run(
+            [
+                "runuser",
+                "-u",
+                OTHER_USER,
+                "--",
+                "cp",
+                shutil.which("agentscope") or CLI,
+                str(script),
+            ],
+            check=True,
+        )
+        plan = plan_install(
+            "system", systemd_version=None, linger=False, fleets=[], agentscope_exec=str(script)
+        )
+        with pytest.raises(install.UntrustedExecutable, match=f"{home} is owned by uid") as info:
+            install.apply_plan(plan, dry_run=True)
+        print(info.value)
+        # The same command line from the test image's root-owned venv is fine.
+        done = subprocess.run(
+            [CLI, "--json", "install", "--system", "--dry-run"], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    finally:
+        shutil.rmtree(venv.parent, ignore_errors=True)
