@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
-from . import _claim, _fdlimit, _names, _numbers, _scope, _scopeprops, _tmux
+from . import _claim, _fdlimit, _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
 from ._errors import (
@@ -37,6 +37,7 @@ from ._fleet_recovery import RecoveryGlue
 from ._fleet_registry import RegistryGlue
 from ._fleet_tmux import TmuxChild, TmuxGlue
 from ._launchargs import check_argv, check_memory_max
+from ._manager import ScopeManager
 from ._monitor import Monitor
 from ._proc import exec_comm, read_stat
 from ._reaper import DEFAULT_REAP_AFTER, ReapGlue
@@ -52,7 +53,7 @@ from ._scopefiles import (
     read_figures,
 )
 from ._spawn import GatedChild, spawn_gated
-from ._systemd import SLICE_IFACE, Capabilities, Scopes, probe
+from ._systemd import Capabilities, SystemdManager, probe
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
 
@@ -101,6 +102,7 @@ class AsyncFleet(
         tmux_dir: str | os.PathLike[str] | None = None,
         _bus: SystemdBus | None = None,
         admission_wait: float = 0.0,
+        _manager: ScopeManager | None = None,
     ) -> None:
         if policy not in ("adopt", "stop"):
             raise AgentscopeError(f"policy must be 'adopt' or 'stop', not {policy!r}")
@@ -123,11 +125,15 @@ class AsyncFleet(
             )
         self.name = _names.validate_name("fleet", name)
         self.slice = _names.validate_slice(slice)
-        # _bus is the tests' seam (tests/fakesystemd.py): a SystemdBus that
-        # answers for the manager, over a cgroup tree at its cgroup_root.
-        self._bus = _bus if _bus is not None else SystemdBus(manager, env=env)
-        self.manager = self._bus.manager
-        self._scopes = Scopes(self._bus, self.name, self.slice)
+        # Everything asked of systemd goes through this one object (_manager.py).
+        # The tests' seams: _bus, a SystemdBus that answers for the manager
+        # over a cgroup tree at its cgroup_root (tests/fakesystemd.py), or
+        # _manager, another implementation of the interface.
+        if _manager is None:
+            bus = _bus if _bus is not None else SystemdBus(manager, env=env)
+            _manager = SystemdManager(bus, self.name, self.slice)
+        self._manager: ScopeManager = _manager
+        self.manager = _manager.manager
         self.agent_oom_score_adj = agent_oom_score_adj
         self.manager_oom_score_adj = manager_oom_score_adj
         self._agents: dict[str, Agent] = {}
@@ -139,7 +145,6 @@ class AsyncFleet(
             registry if registry is not None else default_registry_path(self.manager)
         )
         self._registry: Registry | None = None
-        self._slice_cgroup: Path | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unit_names: dict[str, str] = {}
         # Units whose name starts like ours but that belong to another fleet.
@@ -182,7 +187,7 @@ class AsyncFleet(
         Raises:
             SystemdUnavailable, RegistryError.
         """
-        await self._bus.connect()
+        await self._manager.connect()
         try:
             if self.manager_oom_score_adj is not None:
                 raise_own_oom_score_adj(self.manager_oom_score_adj)
@@ -202,7 +207,7 @@ class AsyncFleet(
             await asyncio.gather(task, return_exceptions=True)
         for agent in self._agents.values():
             agent._unwatch()  # its pidfd: one per agent for the life of the process otherwise
-        self._bus.close()
+        self._manager.close()
         if self._registry is not None:
             await asyncio.to_thread(self._registry.close)
             self._registry = None
@@ -245,31 +250,21 @@ class AsyncFleet(
             log.warning("could not record the exit of %s: %s", agent.name, exc)
 
     async def slice_cgroup(self) -> Path:
-        """The agents slice's cgroup directory, as systemd reports it."""
-        if self._slice_cgroup is None:
-            path = await self._bus.unit_path(self.slice)
-            cg = await self._bus.get_property(path, SLICE_IFACE, "ControlGroup")
-            if not cg:  # not realized yet: where systemd will put it
-                # Not cached: the real path is known once the slice is realized.
-                return self._expected_slice_cgroup()
-            else:
-                self._slice_cgroup = self._bus.cgroup_root / str(cg).lstrip("/")
-        return self._slice_cgroup
+        """The agents slice's cgroup directory, as systemd reports it.
 
-    def _expected_slice_cgroup(self) -> Path:
-        """Where the manager puts the agents slice: dashes in its name are the hierarchy."""
-        root = str(self._bus.cgroup_root)
-        return Path(_scope.slice_cgroup(self.manager, self.slice, root=root))
+        Before the slice's first scope, where systemd will put it.
+        """
+        return await self._manager.slice_cgroup()
 
     @property
     def systemd_version(self) -> str:
         """The manager's systemd version string, as it reports it ("" before open)."""
-        return self._bus.version
+        return self._manager.version
 
     @property
     def bus_address(self) -> str:
         """The D-Bus address the fleet reached its manager at ("" before open)."""
-        return self._bus.address
+        return self._manager.address
 
     def _check_open(self) -> None:
         if self._closed:
@@ -448,7 +443,7 @@ class AsyncFleet(
         try:
             await self._record_launch(registry, name, unit, child.pid, argv, cwd, reap_after)
             recorded = True
-            issues = await self._scopes.start_scope(unit, name, [child.pid], controls)
+            issues = await self._manager.start_scope(unit, name, [child.pid], controls)
         except BaseException as exc:
             await child.abort()
             if recorded:
@@ -534,26 +529,14 @@ class AsyncFleet(
         A MemoryHigh there throttles every agent at once. Every launch does
         this once per fleet; returns what was cleared (empty: nothing was set).
         """
-        limits = await self.slice_limits()
-        stale = {k: v for k, v in limits.items() if v is not None}
-        if stale:
-            await self._scopes.clear_limits(stale)
-            log.warning(
-                "cleared stale limits on %s until reboot: %s (a MemoryHigh there "
-                "throttles every agent at once; find where they were set with "
-                "systemctl %scat %s)",
-                self.slice,
-                ", ".join(f"{k}={v}" for k, v in stale.items()),
-                "--user " if self.manager == "user" else "",
-                self.slice,
-            )
-            if self._registry is not None:
-                await self._event(None, "limits_cleared", slice=self.slice, limits=stale)
+        stale = await self._manager.clear_slice_limits()
+        if stale and self._registry is not None:
+            await self._event(None, "limits_cleared", slice=self.slice, limits=stale)
         return stale
 
     async def slice_limits(self) -> dict[str, int | None]:
         """The agents slice's MemoryHigh/MemoryMax/MemorySwapMax; None means infinity."""
-        return await self._scopes.slice_limits()
+        return await self._manager.slice_limits()
 
     # -- control ----------------------------------------------------------
 
@@ -563,9 +546,9 @@ class AsyncFleet(
         agent = self._agents.get(name)
         if agent is not None and agent.state not in _CLOSED and agent.alive():
             return agent.unit
-        for unit, desc, *_ in await self._scopes.list_units(name):
-            if _names.parse_description(desc) == (self.name, name):
-                return str(unit)
+        for listed in await self._manager.list_scopes(name):
+            if listed.owner == (self.name, name):
+                return listed.unit
         raise AgentNotFound(self.name, name)
 
     async def stop(self, name: str, timeout: float = 10) -> None:
@@ -580,14 +563,13 @@ class AsyncFleet(
         timeout = _numbers.real("timeout", timeout, low=0, high=86400)
         self._check_open()
         unit = await self._resolve(name)
-        result = await self._scopes.stop_unit(unit, timeout)
+        result = await self._manager.stop_unit(unit, timeout)
         if result != "done":
             # Not stopped: its row stays as it is, and says what was tried.
             await self._event(name, "stop_failed", unit=unit, result=result)
-            user = "--user " if self.manager == "user" else ""
             raise AgentscopeError(
                 f"the stop job of {unit} ended {result!r}: agent {name!r} may still run; "
-                f"see systemctl {user}status {unit}, then stop it again"
+                f"see {self._manager.status_command(unit)}, then stop it again"
             )
         agent = self._agents.get(name)
         if agent is not None and (agent.popen is not None or agent.terminal is not None):
@@ -611,21 +593,21 @@ class AsyncFleet(
         )
         self._check_open()
         unit = await self._resolve(name)
-        await self._scopes.kill_unit(unit, signal)
+        await self._manager.kill_unit(unit, signal)
         await self._event(name, "signalled", unit=unit, signal=int(signal))
 
     async def freeze(self, name: str) -> None:
         """Freeze every process of the agent (cgroup freezer; systemd 246+)."""
         self._check_open()
         unit = await self._resolve(name)
-        await self._bus.call("FreezeUnit", "s", [unit])
+        await self._manager.freeze_unit(unit)
         await self._event(name, "frozen", unit=unit)
 
     async def thaw(self, name: str) -> None:
         """Thaw a frozen agent."""
         self._check_open()
         unit = await self._resolve(name)
-        await self._bus.call("ThawUnit", "s", [unit])
+        await self._manager.thaw_unit(unit)
         await self._event(name, "thawed", unit=unit)
 
     async def agents(self, *, all: bool = False) -> list[Agent]:

@@ -19,9 +19,8 @@ import psutil
 
 from . import _claim, _fdlimit, _names, _numbers, _scopeprops
 from ._agent import Agent
-from ._bus import SystemdBus
-from ._errors import AgentscopeError, InvalidConfig, LaunchError
-from ._escape import move_into, unit_of_cgroup
+from ._errors import InvalidConfig, LaunchError
+from ._escape import move_into
 from ._launchargs import check_memory_max
 from ._proc import ProcStat, read_cgroup, read_stat
 from ._reaper import DEFAULT_REAP_AFTER
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ._fleet import AsyncFleet
-    from ._systemd import Scopes
+    from ._manager import ScopeManager
 
 __all__ = ["AdoptGlue"]
 
@@ -49,9 +48,8 @@ class AdoptGlue:
         name: str
         agent_oom_score_adj: int
         _agents: dict[str, Agent]
-        _bus: SystemdBus
+        _manager: ScopeManager
         _registry: Registry | None
-        _scopes: Scopes
         _unit_names: dict[str, str]
 
         async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
@@ -133,7 +131,7 @@ class AdoptGlue:
             reap_after=grace,
         )
         try:
-            issues = await self._scopes.start_scope(unit, name, pids, controls)
+            issues = await self._manager.start_scope(unit, name, pids, controls)
         except BaseException:
             await self._db(self._registry.delete, unit)
             raise
@@ -153,7 +151,7 @@ class AdoptGlue:
                 late,
                 self._attach,
                 await self.slice_cgroup(),
-                cgroup_root=self._bus.cgroup_root,
+                cgroup_root=self._manager.cgroup_root,
             )
             stuck = {p: why for p, why in moved.items() if why is not None}
             if stuck:
@@ -192,15 +190,8 @@ class AdoptGlue:
     async def _service_main(self, pid: int) -> str | None:
         """Why ``pid`` is a systemd service's main process (systemd's MainPID), or None."""
         cgroup = await asyncio.to_thread(read_cgroup, pid)
-        unit = unit_of_cgroup(cgroup) if cgroup is not None else None
-        if unit is None or not unit.endswith(".service"):
-            return None
-        try:
-            (path,) = await self._bus.call("GetUnit", "s", [unit])
-            main = await self._bus.get_property(path, _SERVICE, "MainPID")
-        except AgentscopeError:
-            return None  # not known to this manager: it cannot be its main process
-        if main != pid:
+        unit = self._manager.unit_of_cgroup(cgroup) if cgroup is not None else None
+        if unit is None or await self._manager.main_pid(unit) != pid:
             return None
         return (
             f"it is the main process of {unit}; adopting it would take the service's "
@@ -210,7 +201,6 @@ class AdoptGlue:
 
 _PID_MAX = 4 * 1024 * 1024  # the kernel's PID_MAX_LIMIT
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h
-_SERVICE = "org.freedesktop.systemd1.Service"
 
 
 def _never_adopted(pid: int) -> str | None:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _numbers, _tmux
-from ._bus import SystemdBus
 from ._contract import event_parts
 from ._errors import AgentscopeError, RegistryError
 from ._events import AgentExited, OomKill
@@ -33,6 +32,7 @@ from ._report import MemoryReport, build_report
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from ._manager import ScopeManager
     from ._tmux import TmuxServer
 
 __all__ = ["MonitorGlue"]
@@ -50,21 +50,19 @@ class MonitorGlue:
         name: str
         manager: str
         admission_wait: float
-        _bus: SystemdBus
+        _manager: ScopeManager
         _closed: bool
         _foreign: set[str]
         _last_sweep: float
         _monitors: Any
         _registry: Registry | None
         _tasks: set[asyncio.Task[Any]]
-        _slice_cgroup: Path | None
         _tmux: TmuxServer
         _unit_names: dict[str, str]
 
         async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
         def _check_open(self) -> None: ...
         async def slice_cgroup(self) -> Path: ...
-        def _expected_slice_cgroup(self) -> Path: ...
         async def _monitor_recover(self, mon: Monitor, baseline: Baseline) -> list[OomKill]: ...
         def _note_live_kill(self, event: OomKill) -> None: ...
         async def _store_live_kill(
@@ -129,7 +127,7 @@ class MonitorGlue:
         """
         self._check_open()
         # The slice may not exist yet (no agent so far): watch where it will be.
-        slice_path = self._slice_cgroup or self._expected_slice_cgroup()
+        slice_path = self._manager.expected_slice_cgroup()
         theirs = options.pop("on_event", None)
         if guard is not False:
             options.setdefault("guard_protect", self._guard_protected)
@@ -161,7 +159,7 @@ class MonitorGlue:
 
     async def _attach(self, unit: str, pids: Sequence[int]) -> None:
         """Move ``pids`` into ``unit``'s cgroup (systemd 238+; BusError when refused)."""
-        await self._bus.call("AttachProcessesToUnit", "ssau", [unit, "", list(pids)])
+        await self._manager.attach(unit, pids)
 
     async def _tick_sweep(self) -> None:
         """A monitor's tick: leftovers of agents that ended unseen (at most once a second)."""
@@ -193,7 +191,10 @@ class MonitorGlue:
         top = _numbers.whole("top", top, low=0, high=10_000)
         self._check_open()
         return await build_report(
-            await self.slice_cgroup(), self.unit_agent, top=top, cgroup_root=self._bus.cgroup_root
+            await self.slice_cgroup(),
+            self.unit_agent,
+            top=top,
+            cgroup_root=self._manager.cgroup_root,
         )
 
     def _on_monitor_event(self, event: MonitorEvent, mon: Monitor) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from . import _claim, _names
+from . import _claim
 from ._agent import Agent
 from ._errors import AgentExists, RegistryError
 from ._reconcile_plan import Revival
@@ -25,7 +25,7 @@ from ._scopefiles import cgroup_present, read_scopes
 
 if TYPE_CHECKING:
     from ._fleet import AsyncFleet
-    from ._systemd import Scopes
+    from ._manager import ScopeManager
 
 __all__ = ["ReconcileGlue"]
 
@@ -43,7 +43,7 @@ class ReconcileGlue:
         _agents: dict[str, Agent]
         _foreign: set[str]
         _registry: Registry | None
-        _scopes: Scopes
+        _manager: ScopeManager
         _terminals: dict[str, str]
         _unit_names: dict[str, str]
 
@@ -63,13 +63,12 @@ class ReconcileGlue:
     async def _live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
         live: dict[str, tuple[str, str]] = {}
-        for unit, desc, _load, active, *_ in await self._scopes.list_units():
-            parsed = _names.parse_description(desc)
-            if parsed is not None and parsed[0] == self.name:
-                live[str(unit)] = (parsed[1], str(active))
-                self._unit_names.setdefault(str(unit), parsed[1])
+        for listed in await self._manager.list_scopes():
+            if listed.owner is not None and listed.owner[0] == self.name:
+                live[listed.unit] = (listed.owner[1], listed.active)
+                self._unit_names.setdefault(listed.unit, listed.owner[1])
             else:  # the pattern of fleet a also matches fleet a-b's scopes
-                self._foreign.add(str(unit))
+                self._foreign.add(listed.unit)
         return live
 
     async def _reconcile(self) -> None:
@@ -151,7 +150,7 @@ class ReconcileGlue:
         empty += [s for s in scopes.values() if s.unit in headless and not s.pids]
         for scope in empty:
             log.info("stopping %s: a scope of fleet %s with no process", scope.unit, self.name)
-            await self._scopes.stop_unit(scope.unit, 10)
+            await self._manager.stop_unit(scope.unit, 10)
         found: list[tuple[str, LiveScope]] = []
         for scope in plan.unknown:
             if not scope.pids:
@@ -163,7 +162,7 @@ class ReconcileGlue:
         if self.policy == "stop":
             units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
             units += [r.unit for r in plan.headless] + [v.row.unit for v in plan.revive]
-            await asyncio.gather(*(self._scopes.stop_unit(u, 10) for u in units))
+            await asyncio.gather(*(self._manager.stop_unit(u, 10) for u in units))
             for rec in plan.adopt:
                 await self._db(self._registry.set_state, rec.unit, "exited")
                 await self._event(rec.name, "stopped", unit=rec.unit, reason="policy stop")

@@ -50,7 +50,7 @@ from ._recovery import (
 from ._registry import OomRecording, Registry
 
 if TYPE_CHECKING:
-    from ._bus import SystemdBus
+    from ._manager import ScopeManager
     from ._monitor import Monitor
 
 __all__ = ["KillMark", "RecoveryGlue", "read_baseline"]
@@ -154,7 +154,7 @@ class RecoveryGlue:
 
     if TYPE_CHECKING:
         name: str
-        _bus: SystemdBus
+        _manager: ScopeManager
         _registry: Registry | None
 
         async def slice_cgroup(self) -> Path: ...
@@ -239,7 +239,7 @@ class RecoveryGlue:
             return []
 
     def _slice_relpath(self, slice_dir: Path) -> str:
-        return "/" + str(slice_dir.relative_to(self._bus.cgroup_root))
+        return "/" + str(slice_dir.relative_to(self._manager.cgroup_root))
 
     def _recover_sync(
         self, registry: Registry, slice_dir: Path, baseline: Baseline | None

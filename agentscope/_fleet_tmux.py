@@ -26,7 +26,7 @@ from ._tmux import TmuxError, TmuxServer, Window
 
 if TYPE_CHECKING:
     from ._agent import Agent
-    from ._systemd import Scopes
+    from ._manager import ScopeManager
 
 __all__ = ["TmuxChild", "TmuxGlue"]
 
@@ -45,7 +45,7 @@ class TmuxGlue:
         manager_oom_score_adj: int | None
         _agents: dict[str, Agent]
         _registry: Registry | None
-        _scopes: Scopes
+        _manager: ScopeManager
         _terminals: dict[str, str]
         _tmux: TmuxServer
         _tmux_lock: asyncio.Lock
@@ -96,7 +96,7 @@ class TmuxGlue:
                 # server that died is not collected yet.
                 if await asyncio.to_thread(tmux.alive):
                     return tmux
-                await self._scopes.stop_unit(unit, 10)
+                await self._manager.stop_unit(unit, 10)
                 await self._start_tmux_server(tmux, unit)
         return tmux
 
@@ -118,7 +118,7 @@ class TmuxGlue:
             )
             try:
                 description = _tmux.tmux_description(self.name)
-                await self._scopes.start_scope(unit, "tmux", [child.pid], None, description)
+                await self._manager.start_scope(unit, "tmux", [child.pid], None, description)
             except BaseException:
                 await child.abort()
                 raise
@@ -174,7 +174,7 @@ class TmuxGlue:
                 continue
             log.info("the tmux window of %s (%s) closed: stopping it", rec.name, rec.unit)
             with contextlib.suppress(BusError):
-                await self._scopes.kill_unit(rec.unit, _signal.SIGKILL)
+                await self._manager.kill_unit(rec.unit, _signal.SIGKILL)
             await self._event(rec.name, "window_closed", unit=rec.unit, pid=rec.pid)
             closed[rec.unit] = await self._close_gone(rec)
         return closed

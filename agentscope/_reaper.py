@@ -37,7 +37,7 @@ from ._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 
 if TYPE_CHECKING:
     from ._agent import Agent
-    from ._systemd import Scopes
+    from ._manager import ScopeManager
 
 __all__ = [
     "DEFAULT_REAP_AFTER",
@@ -170,7 +170,7 @@ class ReapGlue:
         name: str
         _agents: dict[str, Agent]
         _registry: Registry | None
-        _scopes: Scopes
+        _manager: ScopeManager
         _closed: bool
         _reap_timers: dict[str, asyncio.TimerHandle]
         _linger_seen: dict[str, float]
@@ -334,7 +334,7 @@ class ReapGlue:
         log.warning(
             "reaping %d process(es) agent %s left in %s: %s", len(left), rec.name, rec.unit, names
         )
-        result = await self._scopes.stop_unit(rec.unit, STOP_TIMEOUT)
+        result = await self._manager.stop_unit(rec.unit, STOP_TIMEOUT)
         if result != "done":
             log.warning("the stop job of %s ended %r: its leftovers may run on", rec.unit, result)
             return

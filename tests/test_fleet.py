@@ -308,8 +308,8 @@ async def test_adopt_refuses_a_services_main_process(
             assert (interface, name) == ("org.freedesktop.systemd1.Service", "MainPID")
             return proc.pid
 
-        monkeypatch.setattr(fleet._bus, "call", call)
-        monkeypatch.setattr(fleet._bus, "get_property", get_property)
+        monkeypatch.setattr(bus, "call", call)
+        monkeypatch.setattr(bus, "get_property", get_property)
         with pytest.raises(InvalidConfig, match=r"main process of ssh\.service"):
             await fleet.adopt(proc.pid, "x")
         assert asked == ["GetUnit"]  # nothing started

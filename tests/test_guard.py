@@ -725,7 +725,7 @@ async def fleet(tree: Tree, tmp_path: Path) -> AsyncIterator[AsyncFleet]:
     """
     f = AsyncFleet("f", "user", registry=tmp_path / "reg.db", tmux_dir=tmp_path / "tmux")
     f._registry = await asyncio.to_thread(Registry, f.registry_path)
-    f._slice_cgroup = tree.slice  # where the fake slice is
+    f._manager._slice_cgroup = tree.slice  # type: ignore[attr-defined]  # where the fake slice is
     yield f
     await f.aclose()
 
