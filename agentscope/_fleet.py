@@ -27,6 +27,8 @@ from ._errors import (
     AgentExists,
     AgentNotFound,
     AgentscopeError,
+    InvalidConfig,
+    InvalidTransition,
     LaunchError,
     RegistryError,
 )
@@ -36,13 +38,12 @@ from ._fleet_reconcile import ReconcileGlue
 from ._fleet_recovery import RecoveryGlue
 from ._fleet_registry import RegistryGlue
 from ._fleet_tmux import TmuxChild, TmuxGlue
-from ._launchargs import check_argv, check_memory_max
+from ._launchargs import check_argv
 from ._manager import ScopeManager
 from ._monitor import Monitor
 from ._proc import exec_comm, read_stat
 from ._reaper import DEFAULT_REAP_AFTER, ReapGlue
 from ._registry import (
-    InvalidTransition,
     Registry,
     default_registry_path,
     in_flight,
@@ -84,7 +85,8 @@ class AsyncFleet(
         InvalidName: a bad fleet name.
         InvalidConfig: a number out of its range (``agent_oom_score_adj`` and
             ``manager_oom_score_adj`` -1000..1000, ``admission_wait``
-            0..86400 s), before anything is created.
+            0..86400 s) or a ``policy`` not ``adopt`` nor ``stop``, before
+            anything is created.
         SystemdUnavailable: (on enter) no manager reachable.
     """
 
@@ -105,7 +107,7 @@ class AsyncFleet(
         _manager: ScopeManager | None = None,
     ) -> None:
         if policy not in ("adopt", "stop"):
-            raise AgentscopeError(f"policy must be 'adopt' or 'stop', not {policy!r}")
+            raise InvalidConfig("policy", policy, "'adopt' or 'stop'", problem="is not allowed")
         # Every number checked here, before any bus or registry exists: a bad
         # oom_score_adj used to fail only in the launch gate, after the scope.
         self.admission_wait = _numbers.real(
@@ -316,8 +318,10 @@ class AsyncFleet(
         stay None.
 
         Raises:
-            InvalidConfig: a resource control or ``reap_after`` out of range,
-                or a property not on the list (nothing was started).
+            InvalidConfig: a resource control (``memory_max`` and
+                ``tasks_max`` alike) or ``reap_after`` out of range, a property
+                not on the list, a ``terminal`` not None nor ``"tmux"``
+                (nothing was started).
             InvalidName, LaunchError, AgentExists, BusError, SystemdUnavailable,
             HostUnderPressure (the guard sees the host short: nothing was started),
             TmuxError (tmux missing, its directory not writable, the window
@@ -328,7 +332,6 @@ class AsyncFleet(
         cwd_s = os.fspath(cwd) if cwd is not None else None
         # PATH lookups and stat()s: off the loop.
         await asyncio.to_thread(check_argv, argv, env, cwd_s)
-        check_memory_max(memory_max)
         controls = _scopeprops.build(
             memory_max=memory_max,
             tasks_max=tasks_max,
@@ -338,7 +341,7 @@ class AsyncFleet(
         )
         grace = _scopeprops.parse_reap_after(reap_after)
         if terminal not in (None, "tmux"):
-            raise LaunchError(f"terminal must be None or 'tmux', not {terminal!r}")
+            raise InvalidConfig("terminal", terminal, "None or 'tmux'", problem="is not allowed")
         if terminal is not None and (stdin, stdout, stderr) != (None, None, None):
             raise LaunchError(
                 "a tmux agent's stdin, stdout and stderr are its pane: leave them None "

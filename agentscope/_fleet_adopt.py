@@ -21,7 +21,6 @@ from . import _claim, _fdlimit, _names, _numbers, _scopeprops
 from ._agent import Agent
 from ._errors import InvalidConfig, LaunchError
 from ._escape import move_into
-from ._launchargs import check_memory_max
 from ._proc import ProcStat, read_cgroup, read_stat
 from ._reaper import DEFAULT_REAP_AFTER
 from ._registry import AgentRecord, Registry
@@ -98,7 +97,7 @@ class AdoptGlue:
         name = _names.validate_name("agent", name)
         pid = await self._adoptable(pid)
         controls = _scopeprops.build(
-            memory_max=check_memory_max(memory_max),
+            memory_max=memory_max,
             tasks_max=tasks_max,
             cpu_weight=cpu_weight,
             io_weight=io_weight,

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _claim, _numbers
-from ._registry import AgentRecord, EventRecord, InvalidTransition, Registry
+from ._errors import InvalidTransition
+from ._registry import AgentRecord, EventRecord, Registry
 
 if TYPE_CHECKING:
     from ._agent import Agent

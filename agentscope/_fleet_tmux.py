@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _numbers, _tmux
-from ._errors import BusError
+from ._errors import BusError, TmuxError
 from ._registry import AgentRecord, Registry
 from ._spawn import spawn_gated
-from ._tmux import TmuxError, TmuxServer, Window
+from ._tmux import TmuxServer, Window
 
 if TYPE_CHECKING:
     from ._agent import Agent

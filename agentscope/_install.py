@@ -28,12 +28,11 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from . import generator
-from ._errors import AgentscopeError
+from ._errors import InstallError
 from ._names import validate_name
 
 __all__ = [
     "OOM_POLICY_FIXED_IN",
-    "InstallError",
     "InstallPlan",
     "Manifest",
     "ManifestEntry",
@@ -65,22 +64,6 @@ _OOM_DROPIN = "60-agentscope-oom-policy.conf"
 _HOME_CONF_READ_FROM = 252
 _GENERATOR_NAME = "agentscope-generator"
 _MANIFEST_VERSION = 1
-
-
-class InstallError(AgentscopeError):
-    """Install or uninstall cannot go ahead; nothing was changed.
-
-    ``paths`` are the files in the way, ``reason`` why.
-    """
-
-    def __init__(self, reason: str, paths: list[str], hint: str) -> None:
-        self.reason = reason
-        self.paths = paths
-        self.hint = hint
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {', '.join(self.paths)}; {self.hint}"
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
-from ._errors import AgentscopeError, RegistryError
+from ._errors import AgentscopeError, InvalidTransition, RegistryError
 from ._proc import PROC_ROOT, read_stat, read_statm_rss
-from ._registry import AgentRecord, InvalidTransition, Registry
+from ._registry import AgentRecord, Registry
 from ._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 
 if TYPE_CHECKING:

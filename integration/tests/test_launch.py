@@ -242,7 +242,7 @@ async def test_adopt_moves_process_and_children(fleet: AsyncFleet) -> None:
         ),
         ({"name": "ok", "argv": ["true"], "env": {"A": 1}}, agentscope.LaunchError, "str to str"),
         ({"name": "ok", "argv": "true"}, agentscope.LaunchError, "non-empty list"),
-        ({"name": "ok", "argv": ["true"], "memory_max": -1}, agentscope.LaunchError, "memory_max"),
+        ({"name": "ok", "argv": ["true"], "memory_max": -1}, agentscope.InvalidConfig, "MemoryMax"),
     ],
 )
 async def test_bad_input_leaves_nothing(
