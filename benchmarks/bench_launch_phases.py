@@ -151,7 +151,7 @@ def _instrument_fleet(fleet: Any) -> None:
             _mark("scope:end")
 
     fleet._start_scope = start_scope
-    bus = fleet._bus
+    bus = fleet._manager._bus  # the SystemdManager's connection
     orig_call = bus.call
 
     async def call(member: str, *args: Any, **kwargs: Any) -> Any:
