@@ -89,7 +89,7 @@ class Agent:
         agent.memory_current = rec.memory_current
         agent.memory_peak = rec.memory_peak
         agent.argv = list(rec.argv)
-        agent.terminal = fleet._terminals.get(rec.unit)
+        agent.terminal = fleet._roster.terminals.get(rec.unit)
         agent.reap_after = rec.reap_after
         if rec.lingering is not None and not rec.closed and rec.state != "stopping":
             agent.state = "lingering"

@@ -36,7 +36,7 @@ from ._fleet_adopt import AdoptGlue
 from ._fleet_monitor import MonitorGlue
 from ._fleet_reconcile import ReconcileGlue
 from ._fleet_recovery import RecoveryGlue
-from ._fleet_registry import RegistryGlue
+from ._fleet_registry import FleetRegistry, Roster
 from ._fleet_tmux import TmuxChild, TmuxGlue
 from ._launchargs import check_argv
 from ._manager import ScopeManager
@@ -44,6 +44,7 @@ from ._monitor import Monitor
 from ._proc import exec_comm, read_stat
 from ._reaper import DEFAULT_REAP_AFTER, ReapGlue
 from ._registry import (
+    EventRecord,
     Registry,
     default_registry_path,
     in_flight,
@@ -67,9 +68,7 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(
-    AdoptGlue, MonitorGlue, ReconcileGlue, RecoveryGlue, RegistryGlue, TmuxGlue, ReapGlue
-):
+class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, RecoveryGlue, TmuxGlue, ReapGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -138,7 +137,6 @@ class AsyncFleet(
         self.manager = _manager.manager
         self.agent_oom_score_adj = agent_oom_score_adj
         self.manager_oom_score_adj = manager_oom_score_adj
-        self._agents: dict[str, Agent] = {}
         self._slice_checked = False
         self._slice_lock = asyncio.Lock()
         self._closed = False
@@ -146,18 +144,16 @@ class AsyncFleet(
         self.registry_path = Path(
             registry if registry is not None else default_registry_path(self.manager)
         )
-        self._registry: Registry | None = None
+        # The parts the fleet holds: its agents in memory, its registry.
+        self._roster = Roster()
+        self._store = FleetRegistry(self.name, self.registry_path, self._roster)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._unit_names: dict[str, str] = {}
-        # Units whose name starts like ours but that belong to another fleet.
-        self._foreign: set[str] = set()
         # Each launch in flight holds a thread inside Popen until its exec; a
         # few at a time keep the GIL (and the event loop) free for the rest.
         self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
         self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
         self._init_recovery()
-        # tmux agents: their units, and the fleet's server on its private socket.
-        self._terminals: dict[str, str] = {}
+        # tmux agents: the fleet's server on its private socket.
         self._tmux = _tmux.TmuxServer(
             self.name,
             Path(tmux_dir)
@@ -193,7 +189,7 @@ class AsyncFleet(
         try:
             if self.manager_oom_score_adj is not None:
                 raise_own_oom_score_adj(self.manager_oom_score_adj)
-            self._registry = await asyncio.to_thread(Registry, self.registry_path)
+            await self._store.open()
             await self._load_terminals()
             await self._reconcile()
             await self._recover_oom()  # kills while no monitor ran, recorded once
@@ -207,12 +203,10 @@ class AsyncFleet(
         self._cancel_reaps()  # due ones are done by the next open or monitor
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
-        for agent in self._agents.values():
+        for agent in self._roster.agents.values():
             agent._unwatch()  # its pidfd: one per agent for the life of the process otherwise
         self._manager.close()
-        if self._registry is not None:
-            await asyncio.to_thread(self._registry.close)
-            self._registry = None
+        await self._store.close()
 
     def _note_exit(self, agent: Agent, status: int | None) -> None:
         """A launched child was reaped: record it (from the pidfd callback)."""
@@ -225,9 +219,9 @@ class AsyncFleet(
             mon.note_exit(
                 agent.unit, agent.pid, status, exec_comm(agent.argv[0]) if agent.argv else None
             )
-        if self._registry is None:
+        if self._store.registry is None:
             return
-        registry = self._registry
+        registry = self._store.registry
         try:
             if await self._main_exited(agent.unit, agent.pid, status):
                 agent.state = "lingering"  # its scope holds processes: see _reaper
@@ -238,7 +232,7 @@ class AsyncFleet(
 
         detail = {"unit": agent.unit, "pid": agent.pid, "status": status}
         try:
-            await self._db(
+            await self._store.call(
                 registry.set_state,
                 agent.unit,
                 "exited",
@@ -250,6 +244,38 @@ class AsyncFleet(
             pass  # already closed by a listing that saw the scope go first
         except RegistryError as exc:
             log.warning("could not record the exit of %s: %s", agent.name, exc)
+
+    async def events(
+        self,
+        *,
+        agent: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        kind: str | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+        last: int | None = None,
+    ) -> list[EventRecord]:
+        """The fleet's recorded events, oldest first (``after_id`` for following,
+        ``last`` for the newest few); see :meth:`Registry.events`."""
+        self._check_open()
+        return await self._store.events(
+            agent=agent,
+            since=since,
+            until=until,
+            kind=kind,
+            after_id=after_id,
+            limit=limit,
+            last=last,
+        )
+
+    async def gc(self, retention_seconds: float = 7 * 86400) -> int:
+        """Prune this fleet's exited agents older than the retention, and their events."""
+        retention_seconds = _numbers.real(
+            "retention_seconds", retention_seconds, low=0, high=100 * 365.25 * 86400
+        )
+        self._check_open()
+        return await self._store.gc(retention_seconds)
 
     async def slice_cgroup(self) -> Path:
         """The agents slice's cgroup directory, as systemd reports it.
@@ -271,7 +297,7 @@ class AsyncFleet(
     def _check_open(self) -> None:
         if self._closed:
             raise AgentscopeError(f"fleet {self.name!r} is closed; open a new one")
-        if self._registry is None:
+        if self._store.registry is None:
             raise AgentscopeError(
                 f"fleet {self.name!r} is not open: use 'async with AsyncFleet(...)' or open()"
             )
@@ -373,22 +399,22 @@ class AsyncFleet(
         agent.terminal = terminal
         agent.reap_after = grace
         agent.property_issues = issues
-        self._unit_names[unit] = name
+        self._roster.unit_names[unit] = name
         launched: dict[str, Any] = {"pid": agent.pid, "argv": list(argv)}
         if terminal is not None:
-            self._terminals[unit] = terminal
+            self._roster.terminals[unit] = terminal
             launched["terminal"] = terminal
         try:
-            await self._db(self._mark_running, unit, launched=launched)
+            await self._store.call(self._store.mark_running, unit, launched=launched)
         finally:
             # Watched only now: an exit recorded before the row says running
             # (a command that ends at once) made the move to running fail as
             # InvalidTransition. Nothing can reap the child meanwhile (it is
             # not in _agents yet), so the pidfd still finds it, a zombie at worst.
-            self._agents[name] = agent
+            self._roster.agents[name] = agent
             agent._watch_exit()
         if issues:
-            await self._event(name, "properties_not_applied", unit=unit, issues=issues)
+            await self._store.event(name, "properties_not_applied", unit=unit, issues=issues)
         if _streams and popen is not None:  # the blocking facade reads the plain pipes instead
             await agent._attach_streams()
         log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
@@ -415,7 +441,7 @@ class AsyncFleet(
         """
         # This launch's own reference: cleanup must work even if the fleet is
         # closed meanwhile (a gather of launches cancelled at shutdown).
-        registry = self._registry
+        registry = self._store.registry
         assert registry is not None
         child: GatedChild | TmuxChild
         # Each agent keeps a pidfd here: past the soft fd limit, raise it (_fdlimit).
@@ -461,8 +487,8 @@ class AsyncFleet(
             popen = await child.release()
         except (OSError, LaunchError) as exc:
             # The exec failed inside the scope: the scope ends with its only process.
-            await self._db(registry.set_state, unit, "failed")
-            await self._event(name, "failed", unit=unit, error=str(exc))
+            await self._store.call(registry.set_state, unit, "failed")
+            await self._store.event(name, "failed", unit=unit, error=str(exc))
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
         return popen, child.pid, issues
 
@@ -485,7 +511,7 @@ class AsyncFleet(
         launch recorded after all.
         """
         stat = await asyncio.to_thread(read_stat, pid)
-        await self._db(
+        await self._store.call(
             _claim.claim,
             registry,
             self.name,
@@ -496,12 +522,12 @@ class AsyncFleet(
             list(argv),
             cwd or os.getcwd(),
             slice_dir=await self.slice_cgroup(),
-            close=self._close_row,
+            close=self._store.close_row,
             reap_after=reap_after,
         )
 
     def _refuse_known(self, name: str) -> None:
-        known = self._agents.get(name)
+        known = self._roster.agents.get(name)
         if known is not None and known.alive() and known.state != "exited":
             raise AgentExists(self.name, name, known.unit)
 
@@ -510,10 +536,10 @@ class AsyncFleet(
         # names the running agent, so no listing of systemd's units is needed
         # (ListUnitsByPatterns costs systemd O(units) per launch).
         self._refuse_known(name)
-        assert self._registry is not None
+        assert self._store.registry is not None
         slice_dir = await self.slice_cgroup()
-        held = await self._db(
-            _claim.holder, self._registry, self.name, name, slice_dir, self._close_row
+        held = await self._store.call(
+            _claim.holder, self._store.registry, self.name, name, slice_dir, self._store.close_row
         )
         if held is not None:
             raise AgentExists(self.name, name, held.unit)
@@ -533,8 +559,8 @@ class AsyncFleet(
         this once per fleet; returns what was cleared (empty: nothing was set).
         """
         stale = await self._manager.clear_slice_limits()
-        if stale and self._registry is not None:
-            await self._event(None, "limits_cleared", slice=self.slice, limits=stale)
+        if stale and self._store.registry is not None:
+            await self._store.event(None, "limits_cleared", slice=self.slice, limits=stale)
         return stale
 
     async def slice_limits(self) -> dict[str, int | None]:
@@ -546,7 +572,7 @@ class AsyncFleet(
     async def _resolve(self, name: str) -> str:
         """The unit of a running agent of this fleet, known here or in systemd."""
         _names.validate_name("agent", name)
-        agent = self._agents.get(name)
+        agent = self._roster.agents.get(name)
         if agent is not None and agent.state not in _CLOSED and agent.alive():
             return agent.unit
         for listed in await self._manager.list_scopes(name):
@@ -569,20 +595,22 @@ class AsyncFleet(
         result = await self._manager.stop_unit(unit, timeout)
         if result != "done":
             # Not stopped: its row stays as it is, and says what was tried.
-            await self._event(name, "stop_failed", unit=unit, result=result)
+            await self._store.event(name, "stop_failed", unit=unit, result=result)
             raise AgentscopeError(
                 f"the stop job of {unit} ended {result!r}: agent {name!r} may still run; "
                 f"see {self._manager.status_command(unit)}, then stop it again"
             )
-        agent = self._agents.get(name)
+        agent = self._roster.agents.get(name)
         if agent is not None and (agent.popen is not None or agent.terminal is not None):
             await agent.wait()  # its exit watcher records the exit
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        assert self._registry is not None
-        rec = await self._db(self._registry.by_unit, unit)
+        assert self._store.registry is not None
+        rec = await self._store.call(self._store.registry.by_unit, unit)
         if rec is not None and not rec.closed:  # not seen exiting here, or lingering
-            await self._db(self._registry.set_state, unit, "exited", exit_status=rec.exit_status)
-        await self._event(name, "stopped", unit=unit)
+            await self._store.call(
+                self._store.registry.set_state, unit, "exited", exit_status=rec.exit_status
+            )
+        await self._store.event(name, "stopped", unit=unit)
 
     async def kill(self, name: str, signal: int = _signal.SIGTERM) -> None:
         """Send ``signal`` to every process of the agent's scope.
@@ -597,21 +625,21 @@ class AsyncFleet(
         self._check_open()
         unit = await self._resolve(name)
         await self._manager.kill_unit(unit, signal)
-        await self._event(name, "signalled", unit=unit, signal=int(signal))
+        await self._store.event(name, "signalled", unit=unit, signal=int(signal))
 
     async def freeze(self, name: str) -> None:
         """Freeze every process of the agent (cgroup freezer; systemd 246+)."""
         self._check_open()
         unit = await self._resolve(name)
         await self._manager.freeze_unit(unit)
-        await self._event(name, "frozen", unit=unit)
+        await self._store.event(name, "frozen", unit=unit)
 
     async def thaw(self, name: str) -> None:
         """Thaw a frozen agent."""
         self._check_open()
         unit = await self._resolve(name)
         await self._manager.thaw_unit(unit)
-        await self._event(name, "thawed", unit=unit)
+        await self._store.event(name, "thawed", unit=unit)
 
     async def agents(self, *, all: bool = False) -> list[Agent]:
         """The fleet's agents, in launch order: running ones, or ``all`` with exited ones.
@@ -622,13 +650,13 @@ class AsyncFleet(
         processes are included (without a Popen).
         """
         self._check_open()
-        assert self._registry is not None
+        assert self._store.registry is not None
         live = await self._live()
-        for agent in list(self._agents.values()):
+        for agent in list(self._roster.agents.values()):
             ended = agent.state in ("exited", "lingering")
             if agent.popen is not None and not ended and not agent.alive():
                 await self._record_exit(agent, agent.popen.returncode)
-        rows = await self._db(self._registry.agents, self.name, include_closed=all)
+        rows = await self._store.call(self._store.registry.agents, self.name, include_closed=all)
         # Main processes that ended unseen (exec'd, adopted, another
         # manager's): their leftovers linger, or are reaped when due.
         swept = await self._sweep([r for r in rows if r.unit in live])
@@ -638,7 +666,7 @@ class AsyncFleet(
         windowed = [
             r
             for r in rows
-            if r.unit in self._terminals
+            if r.unit in self._roster.terminals
             and r.unit in live
             and r.state not in _CLOSED
             and r.lingering is None
@@ -661,8 +689,8 @@ class AsyncFleet(
             if not rec.closed and rec.unit not in live:
                 if rec.unit in flying:
                     continue
-                rec = await self._close_gone(rec)
-            known = self._agents.get(rec.name)
+                rec = await self._store.close_gone(rec)
+            known = self._roster.agents.get(rec.name)
             if known is not None and known.unit == rec.unit:
                 agent = known
                 agent.state = rec.state

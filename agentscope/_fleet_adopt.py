@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import psutil
 
@@ -23,13 +23,13 @@ from ._errors import InvalidConfig, LaunchError
 from ._escape import move_into
 from ._proc import ProcStat, read_cgroup, read_stat
 from ._reaper import DEFAULT_REAP_AFTER
-from ._registry import AgentRecord, Registry
 from ._scopefiles import write_oom_score_adj
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ._fleet import AsyncFleet
+    from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
 
 __all__ = ["AdoptGlue"]
@@ -44,22 +44,17 @@ class AdoptGlue:
     """The adopting half of AsyncFleet; what it uses of the fleet is declared here."""
 
     if TYPE_CHECKING:
+        _roster: Roster
+        _store: FleetRegistry
         name: str
         agent_oom_score_adj: int
-        _agents: dict[str, Agent]
         _manager: ScopeManager
-        _registry: Registry | None
-        _unit_names: dict[str, str]
 
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
         def _check_open(self) -> None: ...
         async def _admit(self) -> None: ...
         async def _attach(self, unit: str, pids: Sequence[int]) -> None: ...
         async def _clear_slice_limits(self) -> None: ...
         async def _refuse_running(self, name: str) -> None: ...
-        def _close_row(self, rec: AgentRecord) -> AgentRecord: ...
-        def _mark_running(self, unit: str, **event: dict[str, Any]) -> None: ...
         async def slice_cgroup(self) -> Path: ...
         def _fleet(self) -> AsyncFleet: ...  # ReconcileGlue's
 
@@ -112,12 +107,12 @@ class AdoptGlue:
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)
-        assert self._registry is not None
+        assert self._store.registry is not None
         stat, argv, cwd = await asyncio.to_thread(_identity, root)
         _fdlimit.make_room(len(pids) + _fdlimit.LAUNCH_FDS)  # a pidfd each for systemd
-        await self._db(
+        await self._store.call(
             _claim.claim,
-            self._registry,
+            self._store.registry,
             self.name,
             name,
             unit,
@@ -126,15 +121,15 @@ class AdoptGlue:
             argv,
             cwd,
             slice_dir=await self.slice_cgroup(),
-            close=self._close_row,
+            close=self._store.close_row,
             reap_after=grace,
         )
         try:
             issues = await self._manager.start_scope(unit, name, pids, controls)
         except BaseException:
-            await self._db(self._registry.delete, unit)
+            await self._store.call(self._store.registry.delete, unit)
             raise
-        await self._db(self._mark_running, unit, adopted={"pid": pid, "pids": pids})
+        await self._store.call(self._store.mark_running, unit, adopted={"pid": pid, "pids": pids})
         # Children forked while the scope was being made: move them too.
         try:
             _root, now = await asyncio.to_thread(_process_tree, pid)
@@ -166,10 +161,10 @@ class AdoptGlue:
         agent = Agent(self._fleet(), name, unit, pid, None)
         agent.reap_after = grace
         agent.property_issues = issues
-        self._agents[name] = agent
-        self._unit_names[unit] = name
+        self._roster.agents[name] = agent
+        self._roster.unit_names[unit] = name
         if issues:
-            await self._event(name, "properties_not_applied", unit=unit, issues=issues)
+            await self._store.event(name, "properties_not_applied", unit=unit, issues=issues)
         return agent
 
     async def _adoptable(self, pid: object) -> int:

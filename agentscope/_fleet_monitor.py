@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -26,12 +26,13 @@ from ._guard import admit
 from ._guardpolicy import GuardConfig, GuardKill
 from ._monitor import Monitor
 from ._recovery import Baseline
-from ._registry import AgentRecord, Registry
+from ._registry import AgentRecord
 from ._report import MemoryReport, build_report
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
     from ._tmux import TmuxServer
 
@@ -47,20 +48,18 @@ class MonitorGlue:
     """The monitoring half of AsyncFleet; what it uses of the fleet is declared here."""
 
     if TYPE_CHECKING:
+        _roster: Roster
+        _store: FleetRegistry
         name: str
         manager: str
         admission_wait: float
         _manager: ScopeManager
         _closed: bool
-        _foreign: set[str]
         _last_sweep: float
         _monitors: Any
-        _registry: Registry | None
         _tasks: set[asyncio.Task[Any]]
         _tmux: TmuxServer
-        _unit_names: dict[str, str]
 
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
         def _check_open(self) -> None: ...
         async def slice_cgroup(self) -> Path: ...
         async def _monitor_recover(self, mon: Monitor, baseline: Baseline) -> list[OomKill]: ...
@@ -79,15 +78,15 @@ class MonitorGlue:
 
     def unit_agent(self, unit: str) -> str | None:
         """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
-        known = self._unit_names.get(unit)
+        known = self._roster.unit_names.get(unit)
         if known is not None:
             return known
-        if unit in self._foreign or not unit.startswith(f"agentscope-{self.name}-"):
+        if unit in self._roster.foreign or not unit.startswith(f"agentscope-{self.name}-"):
             return None
         # The unit name cannot say (fleet a-b's agent c and fleet a's agent
         # b-c share it): the registry's row, or the scope's Description in a
         # listing (_live), says whose agent it is.
-        registry = self._registry
+        registry = self._store.registry
         if registry is None:
             return None
         try:
@@ -97,9 +96,9 @@ class MonitorGlue:
         if rec is None:
             return None  # not recorded (yet): no claim
         if rec.fleet != self.name:
-            self._foreign.add(unit)
+            self._roster.foreign.add(unit)
             return None
-        self._unit_names[unit] = rec.name
+        self._roster.unit_names[unit] = rec.name
         return rec.name
 
     def monitor(
@@ -164,7 +163,7 @@ class MonitorGlue:
     async def _tick_sweep(self) -> None:
         """A monitor's tick: leftovers of agents that ended unseen (at most once a second)."""
         loop = asyncio.get_running_loop()
-        if self._closed or self._registry is None or loop.time() - self._last_sweep < 1.0:
+        if self._closed or self._store.registry is None or loop.time() - self._last_sweep < 1.0:
             return
         self._last_sweep = loop.time()
         try:
@@ -205,7 +204,7 @@ class MonitorGlue:
         task.add_done_callback(self._tasks.discard)
 
     async def _record_monitor_event(self, event: MonitorEvent, mon: Monitor | None = None) -> None:
-        if self._registry is None:
+        if self._store.registry is None:
             return
         agent, kind, ts, detail = event_parts(event)
         try:
@@ -222,6 +221,8 @@ class MonitorGlue:
                     detail.pop("report", None)  # a whole report per event would bloat the file
                 # Dated as the monitor dated it: events --json and monitor --json
                 # print the same event alike (agentscope.event).
-                await self._db(self._registry.record_event, self.name, agent, kind, detail, ts=ts)
+                await self._store.call(
+                    self._store.registry.record_event, self.name, agent, kind, detail, ts=ts
+                )
         except RegistryError as exc:
             log.warning("could not record %s: %s", event.kind, exc)

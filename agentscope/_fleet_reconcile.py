@@ -12,19 +12,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
 
 from . import _claim
 from ._agent import Agent
 from ._errors import AgentExists, RegistryError
 from ._reconcile_plan import Revival
-from ._registry import AgentRecord, LiveScope, Registry, in_flight, reconcile
+from ._registry import AgentRecord, LiveScope, in_flight, reconcile
 from ._scopefiles import cgroup_present, read_scopes
 
 if TYPE_CHECKING:
     from ._fleet import AsyncFleet
+    from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
 
 __all__ = ["ReconcileGlue"]
@@ -38,19 +39,12 @@ class ReconcileGlue:
     """The reconciling half of AsyncFleet; what it uses of the fleet is declared here."""
 
     if TYPE_CHECKING:
+        _roster: Roster
+        _store: FleetRegistry
         name: str
         policy: str
-        _agents: dict[str, Agent]
-        _foreign: set[str]
-        _registry: Registry | None
         _manager: ScopeManager
-        _terminals: dict[str, str]
-        _unit_names: dict[str, str]
 
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
-        async def _close_gone(self, rec: AgentRecord) -> AgentRecord: ...
-        def _close_row(self, rec: AgentRecord) -> AgentRecord: ...
         async def _sweep(
             self, rows: Iterable[AgentRecord] | None = None
         ) -> dict[str, tuple[AgentRecord, int]]: ...
@@ -66,17 +60,17 @@ class ReconcileGlue:
         for listed in await self._manager.list_scopes():
             if listed.owner is not None and listed.owner[0] == self.name:
                 live[listed.unit] = (listed.owner[1], listed.active)
-                self._unit_names.setdefault(listed.unit, listed.owner[1])
+                self._roster.unit_names.setdefault(listed.unit, listed.owner[1])
             else:  # the pattern of fleet a also matches fleet a-b's scopes
-                self._foreign.add(listed.unit)
+                self._roster.foreign.add(listed.unit)
         return live
 
     async def _reconcile(self) -> None:
-        assert self._registry is not None
+        assert self._store.registry is not None
         # Rows before units: a row is written before its scope starts, so every
         # row read here whose scope runs is in the listing taken after it (the
         # other order closed launches that finished in between as lost).
-        rows = await self._db(self._registry.agents, self.name)
+        rows = await self._store.call(self._store.registry.agents, self.name)
         live = await self._live()
         slice_dir = await self.slice_cgroup()
         # A launch in flight (here or in another process) may show its scope
@@ -86,9 +80,9 @@ class ReconcileGlue:
         rows = [r for r in rows if r.unit not in flying]
         # A tmux agent whose scope is gone ended in its window, and a
         # lingering one's main process was seen ending: exited, not lost.
-        ended = [r for r in rows if r.unit in self._terminals or r.lingering is not None]
+        ended = [r for r in rows if r.unit in self._roster.terminals or r.lingering is not None]
         for rec in [r for r in ended if r.unit not in live]:
-            await self._close_gone(rec)
+            await self._store.close_gone(rec)
         rows = [r for r in rows if (r in ended and r.unit in live) or r not in ended]
         scopes = await asyncio.to_thread(read_scopes, slice_dir, live)
         # Their launcher records them: not "found" here.
@@ -105,7 +99,7 @@ class ReconcileGlue:
         # its scope lived on): judged too, so that it is reopened once rather
         # than "found" again at every open.
         unclaimed = [u for u in scopes if u not in {r.unit for r in rows}]
-        rows += await self._db(self._closed_rows, unclaimed)
+        rows += await self._store.call(self._closed_rows, unclaimed)
         plan = reconcile(rows, scopes)
         # A row whose main process ended while its scope still holds
         # processes lingers (its leftovers are reaped when due, _reaper.py)
@@ -114,15 +108,15 @@ class ReconcileGlue:
         plan = dataclasses.replace(
             plan, headless=tuple(r for r in plan.headless if not scopes[r.unit].pids)
         )
-        closed = await self._db(self._registry.apply_closures, plan)
+        closed = await self._store.call(self._store.registry.apply_closures, plan)
         for rec in closed:
             log.info("agent %s (%s) is gone: closed as %s", rec.name, rec.unit, rec.state)
         for rec in plan.adopt:
             if rec.state == "starting":
                 # Its launcher died after the exec, before the row said so:
                 # the launch happened, and is recorded once.
-                rec = await self._db(
-                    self._registry.set_state,
+                rec = await self._store.call(
+                    self._store.registry.set_state,
                     rec.unit,
                     "running",
                     event="launched",
@@ -130,18 +124,18 @@ class ReconcileGlue:
                     only_on_change=True,
                 )
                 log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
-            self._agents[rec.name] = Agent._from_record(self._fleet(), rec)
-            self._unit_names[rec.unit] = rec.name
+            self._roster.agents[rec.name] = Agent._from_record(self._fleet(), rec)
+            self._roster.unit_names[rec.unit] = rec.name
         if lingering and self.policy != "stop":
             swept = await self._sweep(lingering)
             for rec in lingering:
                 now = swept[rec.unit][0] if rec.unit in swept else rec
                 if not now.closed:
-                    self._agents[now.name] = Agent._from_record(self._fleet(), now)
-                    self._unit_names[now.unit] = now.name
+                    self._roster.agents[now.name] = Agent._from_record(self._fleet(), now)
+                    self._roster.unit_names[now.unit] = now.name
         elif lingering:  # stopped below with the others; closed as they are
             plan = dataclasses.replace(plan, headless=plan.headless + lingering)
-            await self._db(self._registry.apply_closures, plan)
+            await self._store.call(self._store.registry.apply_closures, plan)
         # A scope that holds no process and no open row claims (the child of
         # a manager that died mid-start exited before systemd moved it: such
         # a scope never empties, so it stays active) is stopped, once.
@@ -158,15 +152,15 @@ class ReconcileGlue:
             name = live[scope.unit][0]
             found.append((name, scope))
             log.warning("found agent %s (%s) that the registry did not know", name, scope.unit)
-            await self._event(name, "found", unit=scope.unit, pids=list(scope.pids))
+            await self._store.event(name, "found", unit=scope.unit, pids=list(scope.pids))
         if self.policy == "stop":
             units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
             units += [r.unit for r in plan.headless] + [v.row.unit for v in plan.revive]
             await asyncio.gather(*(self._manager.stop_unit(u, 10) for u in units))
             for rec in plan.adopt:
-                await self._db(self._registry.set_state, rec.unit, "exited")
-                await self._event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
-            self._agents.clear()
+                await self._store.call(self._store.registry.set_state, rec.unit, "exited")
+                await self._store.event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
+            self._roster.agents.clear()
             return
         for revival in plan.revive:
             await self._reopen(revival, scopes[revival.row.unit])
@@ -175,9 +169,9 @@ class ReconcileGlue:
                 continue
             pid = min(scope.pids)
             try:
-                rec = await self._db(
+                rec = await self._store.call(
                     _claim.claim,
-                    self._registry,
+                    self._store.registry,
                     self.name,
                     name,
                     scope.unit,
@@ -187,28 +181,28 @@ class ReconcileGlue:
                     "",
                     "running",
                     slice_dir=slice_dir,
-                    close=self._close_row,
+                    close=self._store.close_row,
                 )
             except (AgentExists, RegistryError) as exc:
                 # Its row was closed meanwhile, or the name is taken by another
                 # row: report it, and let the fleet open all the same.
                 log.warning("cannot record found agent %s (%s): %s", name, scope.unit, exc)
                 continue
-            self._agents[name] = Agent._from_record(self._fleet(), rec)
+            self._roster.agents[name] = Agent._from_record(self._fleet(), rec)
 
     def _closed_rows(self, units: list[str]) -> list[AgentRecord]:
         """The closed rows of ``units`` (in a worker thread)."""
-        assert self._registry is not None
-        rows = (self._registry.by_unit(u) for u in units)
+        assert self._store.registry is not None
+        rows = (self._store.registry.by_unit(u) for u in units)
         return [r for r in rows if r is not None and r.closed and r.fleet == self.name]
 
     async def _reopen(self, revival: Revival, scope: LiveScope) -> None:
         """Reopen a closed row whose scope runs, as running, with its event once."""
-        assert self._registry is not None
+        assert self._store.registry is not None
         row = revival.row
         try:
-            rec = await self._db(
-                self._registry.reopen,
+            rec = await self._store.call(
+                self._store.registry.reopen,
                 row.unit,
                 revival.pid,
                 revival.start_time,
@@ -224,5 +218,5 @@ class ReconcileGlue:
             row.unit,
             row.state,
         )
-        self._agents[rec.name] = Agent._from_record(self._fleet(), rec)
-        self._unit_names[rec.unit] = rec.name
+        self._roster.agents[rec.name] = Agent._from_record(self._fleet(), rec)
+        self._roster.unit_names[rec.unit] = rec.name

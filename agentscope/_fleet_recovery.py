@@ -50,6 +50,7 @@ from ._recovery import (
 from ._registry import OomRecording, Registry
 
 if TYPE_CHECKING:
+    from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
     from ._monitor import Monitor
 
@@ -153,9 +154,10 @@ class RecoveryGlue:
     """The recovering half of AsyncFleet; what it uses of the fleet is declared here."""
 
     if TYPE_CHECKING:
+        _roster: Roster
+        _store: FleetRegistry
         name: str
         _manager: ScopeManager
-        _registry: Registry | None
 
         async def slice_cgroup(self) -> Path: ...
 
@@ -199,7 +201,7 @@ class RecoveryGlue:
         """Store a live kill with the monitor's counters, less the kills still in flight.
 
         Without a monitor (``mon`` None) the kill alone is recorded."""
-        registry = self._registry
+        registry = self._store.registry
         async with self._oom_lock:
             left = self._oom_inflight.get(event.unit, 0) - 1
             if left > 0:
@@ -228,7 +230,7 @@ class RecoveryGlue:
         Never fails the caller: a registry or kernel file it cannot read is
         logged, and the next open tries again.
         """
-        registry = self._registry
+        registry = self._store.registry
         if registry is None:
             return []
         slice_dir = await self.slice_cgroup()

@@ -15,17 +15,17 @@ import os
 import signal as _signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from . import _numbers, _tmux
 from ._errors import BusError, TmuxError
-from ._registry import AgentRecord, Registry
+from ._registry import AgentRecord
 from ._spawn import spawn_gated
 from ._tmux import TmuxServer, Window
 
 if TYPE_CHECKING:
-    from ._agent import Agent
+    from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
 
 __all__ = ["TmuxChild", "TmuxGlue"]
@@ -40,19 +40,15 @@ class TmuxGlue:
     """The tmux half of AsyncFleet; what it uses of the fleet is declared here."""
 
     if TYPE_CHECKING:
+        _roster: Roster
+        _store: FleetRegistry
         name: str
         agent_oom_score_adj: int
         manager_oom_score_adj: int | None
-        _agents: dict[str, Agent]
-        _registry: Registry | None
         _manager: ScopeManager
-        _terminals: dict[str, str]
         _tmux: TmuxServer
         _tmux_lock: asyncio.Lock
 
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
-        async def _close_gone(self, rec: AgentRecord) -> AgentRecord: ...
         async def _sweep(
             self, rows: Iterable[AgentRecord] | None = None
         ) -> dict[str, tuple[AgentRecord, int]]: ...
@@ -61,19 +57,21 @@ class TmuxGlue:
 
     async def _load_terminals(self) -> None:
         """Which open agents run in tmux windows, from their launch events (after a restart)."""
-        assert self._registry is not None
+        assert self._store.registry is not None
         if not await asyncio.to_thread(self._tmux.dir.exists):
             return  # this fleet never had a tmux agent since boot
-        rows = await self._db(self._registry.agents, self.name)
+        rows = await self._store.call(self._store.registry.agents, self.name)
         if not rows:
             return
         units = {r.unit for r in rows}
         since = min(r.created for r in rows) - 1
-        events = await self._db(self._registry.events, self.name, kind="launched", since=since)
+        events = await self._store.call(
+            self._store.registry.events, self.name, kind="launched", since=since
+        )
         for ev in events:
             unit, terminal = ev.detail.get("unit"), ev.detail.get("terminal")
             if unit in units and isinstance(terminal, str):
-                self._terminals[str(unit)] = terminal
+                self._roster.terminals[str(unit)] = terminal
 
     async def _tmux_server(self) -> TmuxServer:
         """The fleet's tmux server; started in its own scope when it does not run.
@@ -134,7 +132,7 @@ class TmuxGlue:
         finally:
             await asyncio.to_thread(err.close)
         log.info("started the tmux server of fleet %s in %s (%s)", self.name, unit, tmux.socket)
-        await self._event(None, "tmux_started", unit=unit, socket=str(tmux.socket))
+        await self._store.event(None, "tmux_started", unit=unit, socket=str(tmux.socket))
 
     async def _open_pane(
         self,
@@ -175,17 +173,17 @@ class TmuxGlue:
             log.info("the tmux window of %s (%s) closed: stopping it", rec.name, rec.unit)
             with contextlib.suppress(BusError):
                 await self._manager.kill_unit(rec.unit, _signal.SIGKILL)
-            await self._event(rec.name, "window_closed", unit=rec.unit, pid=rec.pid)
-            closed[rec.unit] = await self._close_gone(rec)
+            await self._store.event(rec.name, "window_closed", unit=rec.unit, pid=rec.pid)
+            closed[rec.unit] = await self._store.close_gone(rec)
         return closed
 
     async def _window(self, name: str) -> Window:
         """The tmux window of a running agent (its pane's process is the agent's)."""
         self._check_open()
         unit = await self._resolve(name)
-        assert self._registry is not None
-        rec = await self._db(self._registry.by_unit, unit)
-        known = self._agents.get(name)
+        assert self._store.registry is not None
+        rec = await self._store.call(self._store.registry.by_unit, unit)
+        known = self._roster.agents.get(name)
         pid = rec.pid if rec is not None else known.pid if known is not None else -1
         window = await asyncio.to_thread(self._tmux.window_of, pid)
         if window is None:

@@ -25,18 +25,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from ._errors import AgentscopeError, InvalidTransition, RegistryError
 from ._proc import PROC_ROOT, read_stat, read_statm_rss
-from ._registry import AgentRecord, Registry
+from ._registry import AgentRecord
 from ._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 
 if TYPE_CHECKING:
-    from ._agent import Agent
+    from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
 
 __all__ = [
@@ -167,17 +167,15 @@ class ReapGlue:
     """The reaping part of AsyncFleet; what it uses of the fleet is declared here."""
 
     if TYPE_CHECKING:
+        _roster: Roster
+        _store: FleetRegistry
         name: str
-        _agents: dict[str, Agent]
-        _registry: Registry | None
         _manager: ScopeManager
         _closed: bool
         _reap_timers: dict[str, asyncio.TimerHandle]
         _linger_seen: dict[str, float]
         _tasks: set[asyncio.Task[Any]]
 
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
         async def slice_cgroup(self) -> Path: ...
 
     async def _sweep(
@@ -188,10 +186,10 @@ class ReapGlue:
         Returns each lingering (or reaped) row as it is now, with the number
         of leftovers seen, by unit.
         """
-        if self._registry is None:
+        if self._store.registry is None:
             return {}
         if rows is None:
-            rows = await self._db(self._registry.agents, self.name)
+            rows = await self._store.call(self._store.registry.agents, self.name)
         todo = [r for r in rows if not r.closed and r.state != "starting"]
         if not todo:
             return {}
@@ -207,7 +205,7 @@ class ReapGlue:
             )
             if decision == "linger":
                 # Launched here, its status is known even if its exit watch has not run yet.
-                known = self._agents.get(rec.name)
+                known = self._roster.agents.get(rec.name)
                 popen = known.popen if known is not None and known.unit == rec.unit else None
                 status = popen.poll() if popen is not None else None
                 rec = await self._linger(rec, status, s.leftovers)
@@ -218,7 +216,7 @@ class ReapGlue:
                 self._schedule_reap(rec)
             elif decision == "reap":
                 await self._reap(rec, s.leftovers)
-                now_rec = await self._db(self._registry.by_unit, rec.unit)
+                now_rec = await self._store.call(self._store.registry.by_unit, rec.unit)
                 rec = now_rec if now_rec is not None else rec
             if decision in ("wait", "keep", "reap"):
                 counts[rec.unit] = (rec, n)
@@ -235,8 +233,8 @@ class ReapGlue:
         left = await asyncio.to_thread(read_leftovers, slice_dir / unit, pid)
         if not left:
             return False
-        assert self._registry is not None
-        rec = await self._db(self._registry.by_unit, unit)
+        assert self._store.registry is not None
+        rec = await self._store.call(self._store.registry.by_unit, unit)
         if rec is None or rec.closed:
             return False
         rec = await self._linger(rec, status, left)
@@ -253,7 +251,7 @@ class ReapGlue:
     async def _linger(
         self, rec: AgentRecord, status: int | None, left: Sequence[Leftover]
     ) -> AgentRecord:
-        assert self._registry is not None
+        assert self._store.registry is not None
         detail = {
             "unit": rec.unit,
             "pid": rec.pid,
@@ -261,7 +259,9 @@ class ReapGlue:
             "leftovers": len(left),
             "reap_after": "keep" if rec.reap_after is None else rec.reap_after,
         }
-        rec = await self._db(self._registry.note_lingering, rec.unit, status, detail=detail)
+        rec = await self._store.call(
+            self._store.registry.note_lingering, rec.unit, status, detail=detail
+        )
         log.info(
             "agent %s (%s) ended and left %d process(es) in its scope: %s",
             rec.name,
@@ -306,10 +306,10 @@ class ReapGlue:
         self._reap_timers[rec.unit] = loop.call_later(delay + 0.05, due)
 
     async def _reap_due(self, unit: str) -> None:
-        if self._registry is None:
+        if self._store.registry is None:
             return
         try:
-            rec = await self._db(self._registry.by_unit, unit)
+            rec = await self._store.call(self._store.registry.by_unit, unit)
             if rec is not None and not rec.closed:
                 await self._sweep([rec])
         except (AgentscopeError, OSError) as exc:
@@ -317,7 +317,7 @@ class ReapGlue:
 
     async def _reap(self, rec: AgentRecord, left: Sequence[Leftover]) -> None:
         """Stop the scope of a lingering row and report what it held, once."""
-        assert self._registry is not None
+        assert self._store.registry is not None
         rss = [p.rss for p in left if p.rss is not None]
         detail = {
             "unit": rec.unit,
@@ -328,7 +328,7 @@ class ReapGlue:
             "rss": sum(rss),
             "processes": [p.to_dict() for p in left[:MAX_NAMED]],
         }
-        if not await self._db(self._registry.claim_reap, rec.unit, detail=detail):
+        if not await self._store.call(self._store.registry.claim_reap, rec.unit, detail=detail):
             return  # another process (or task) reaps it
         names = ", ".join(f"{p.comm} ({p.pid})" for p in left[:8])
         log.warning(
@@ -339,8 +339,8 @@ class ReapGlue:
             log.warning("the stop job of %s ended %r: its leftovers may run on", rec.unit, result)
             return
         try:
-            await self._db(
-                self._registry.set_state,
+            await self._store.call(
+                self._store.registry.set_state,
                 rec.unit,
                 "exited",
                 exit_status=rec.exit_status,
@@ -352,7 +352,7 @@ class ReapGlue:
             pass  # closed meanwhile by a listing that saw the scope go
         except RegistryError as exc:
             log.warning("could not record the end of %s: %s", rec.unit, exc)
-        agent = self._agents.get(rec.name)
+        agent = self._roster.agents.get(rec.name)
         if agent is not None and agent.unit == rec.unit:
             agent.state = "exited"
 

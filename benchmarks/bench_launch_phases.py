@@ -120,7 +120,7 @@ def _instrument_package(pkg: types.ModuleType) -> None:
 
 
 def _instrument_fleet(fleet: Any) -> None:
-    orig_db = fleet._db
+    orig_db = fleet._store.call
 
     async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         times: dict[str, int] = {}
@@ -141,8 +141,8 @@ def _instrument_fleet(fleet: Any) -> None:
                 resumed = time.perf_counter_ns()
                 _trips.append((label, submit, times["start"], times["end"], resumed))
 
-    fleet._db = db
-    orig_scope = fleet._start_scope
+    fleet._store.call = db
+    orig_scope = fleet._manager.start_scope
 
     async def start_scope(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -150,7 +150,7 @@ def _instrument_fleet(fleet: Any) -> None:
         finally:
             _mark("scope:end")
 
-    fleet._start_scope = start_scope
+    fleet._manager.start_scope = start_scope
     bus = fleet._manager._bus  # the SystemdManager's connection
     orig_call = bus.call
 

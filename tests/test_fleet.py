@@ -376,7 +376,8 @@ async def test_a_scope_the_listing_missed_is_not_gone_while_its_cgroup_is_there(
     hidden = bus.units.pop(agent.unit)  # not listed; its cgroup stays
     assert (bus.slice_dir / agent.unit).is_dir()
     async with make_fleet(tmp_path, bus) as second:
-        rows = {r.name: r for r in await second._db(second._registry.agents, "t")}  # type: ignore[union-attr]
+        registry = second._store.open_registry
+        rows = {r.name: r for r in await second._store.call(registry.agents, "t")}
         assert rows["a"].state == "running"
         await second.agents(all=True)  # the listing does not close it either
         assert [e.kind for e in await second.events(agent="a")] == ["launched"]
