@@ -35,7 +35,7 @@ from ._errors import (
 from ._fleet_adopt import AdoptGlue
 from ._fleet_monitor import MonitorGlue
 from ._fleet_reconcile import ReconcileGlue
-from ._fleet_recovery import RecoveryGlue
+from ._fleet_recovery import OomRecovery
 from ._fleet_registry import FleetRegistry, Roster
 from ._fleet_tmux import TmuxChild, TmuxGlue
 from ._launchargs import check_argv
@@ -68,7 +68,7 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, RecoveryGlue, TmuxGlue, ReapGlue):
+class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue, ReapGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -152,7 +152,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, RecoveryGlue, TmuxGlue, 
         # few at a time keep the GIL (and the event loop) free for the rest.
         self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
         self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
-        self._init_recovery()
+        self._recovery = OomRecovery(self.name, self._manager, self._store)
         # tmux agents: the fleet's server on its private socket.
         self._tmux = _tmux.TmuxServer(
             self.name,
@@ -192,7 +192,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, RecoveryGlue, TmuxGlue, 
             await self._store.open()
             await self._load_terminals()
             await self._reconcile()
-            await self._recover_oom()  # kills while no monitor ran, recorded once
+            await self._recovery.recover()  # kills while no monitor ran, recorded once
         except BaseException:
             await self.aclose()  # a fleet that failed to open holds nothing open
             raise

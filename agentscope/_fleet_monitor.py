@@ -30,8 +30,7 @@ from ._registry import AgentRecord
 from ._report import MemoryReport, build_report
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
+    from ._fleet_recovery import OomRecovery
     from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
     from ._tmux import TmuxServer
@@ -59,19 +58,10 @@ class MonitorGlue:
         _monitors: Any
         _tasks: set[asyncio.Task[Any]]
         _tmux: TmuxServer
+        _recovery: OomRecovery
 
         def _check_open(self) -> None: ...
         async def slice_cgroup(self) -> Path: ...
-        async def _monitor_recover(self, mon: Monitor, baseline: Baseline) -> list[OomKill]: ...
-        def _note_live_kill(self, event: OomKill) -> None: ...
-        async def _store_live_kill(
-            self,
-            mon: Monitor | None,
-            event: OomKill,
-            agent: str | None,
-            detail: Mapping[str, Any],
-            ts: float | None = None,
-        ) -> None: ...
         async def _sweep(
             self, rows: Iterable[AgentRecord] | None = None
         ) -> dict[str, tuple[AgentRecord, int]]: ...
@@ -139,7 +129,7 @@ class MonitorGlue:
                 theirs(event)
 
         async def recover(baseline: Baseline) -> list[OomKill]:
-            return await self._monitor_recover(mon, baseline)
+            return await self._recovery.on_monitor_start(mon, baseline)
 
         mon = Monitor(
             slice_path=slice_path,
@@ -198,7 +188,7 @@ class MonitorGlue:
 
     def _on_monitor_event(self, event: MonitorEvent, mon: Monitor) -> None:
         if isinstance(event, OomKill) and not event.recovered:
-            self._note_live_kill(event)
+            self._recovery.note_live_kill(event)
         task = asyncio.get_running_loop().create_task(self._record_monitor_event(event, mon))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -210,7 +200,7 @@ class MonitorGlue:
         try:
             if isinstance(event, OomKill):
                 if not event.recovered:  # a recovered kill was recorded as it was found
-                    await self._store_live_kill(mon, event, agent, detail, ts)
+                    await self._recovery.store_live_kill(mon, event, agent, detail, ts)
                 return
             if isinstance(event, GuardKill) and agent is None:
                 # Another fleet's agent (the slice is shared): that fleet's
