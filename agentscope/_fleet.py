@@ -42,7 +42,7 @@ from ._launchargs import check_argv
 from ._manager import ScopeManager
 from ._monitor import Monitor
 from ._proc import exec_comm, read_stat
-from ._reaper import DEFAULT_REAP_AFTER, ReapGlue
+from ._reaper import DEFAULT_REAP_AFTER, Reaper
 from ._registry import (
     EventRecord,
     Registry,
@@ -68,7 +68,7 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue, ReapGlue):
+class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -161,11 +161,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue, ReapGlue):
             else _tmux.socket_dir(_tmux.runtime_dir(self.manager, env), self.name),
         )
         self._tmux_lock = asyncio.Lock()
-        # Lingering agents' reaps due while this fleet is open (_reaper.py).
-        self._reap_timers: dict[str, asyncio.TimerHandle] = {}
-        # unit -> time.monotonic() when this fleet first saw it lingering (_reaper).
-        self._linger_seen: dict[str, float] = {}
-        self._last_sweep = 0.0
+        self._reaper = Reaper(self.name, self._manager, self._store, self._roster, self._tasks)
 
     async def __aenter__(self) -> AsyncFleet:
         await self.open()
@@ -200,7 +196,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue, ReapGlue):
     async def aclose(self) -> None:
         """Close the connection and the registry. Agents keep running."""
         self._closed = True
-        self._cancel_reaps()  # due ones are done by the next open or monitor
+        self._reaper.close()  # due ones are done by the next open or monitor
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
         for agent in self._roster.agents.values():
@@ -223,7 +219,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue, ReapGlue):
             return
         registry = self._store.registry
         try:
-            if await self._main_exited(agent.unit, agent.pid, status):
+            if await self._reaper.main_exited(agent.unit, agent.pid, status):
                 agent.state = "lingering"  # its scope holds processes: see _reaper
                 return
         except (RegistryError, OSError) as exc:
@@ -659,7 +655,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue, ReapGlue):
         rows = await self._store.call(self._store.registry.agents, self.name, include_closed=all)
         # Main processes that ended unseen (exec'd, adopted, another
         # manager's): their leftovers linger, or are reaped when due.
-        swept = await self._sweep([r for r in rows if r.unit in live])
+        swept = await self._reaper.sweep([r for r in rows if r.unit in live])
         rows = [swept[r.unit][0] if r.unit in swept else r for r in rows]
         # A lingering tmux agent's window is gone with its main process:
         # its leftovers are the reaper's (reap_after), not killed here.

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _numbers, _tmux
 from ._contract import event_parts
-from ._errors import AgentscopeError, RegistryError
+from ._errors import RegistryError
 from ._events import AgentExited, OomKill
 from ._events import Event as MonitorEvent
 from ._events import Pressure as MonitorPressure
@@ -26,13 +26,13 @@ from ._guard import admit
 from ._guardpolicy import GuardConfig, GuardKill
 from ._monitor import Monitor
 from ._recovery import Baseline
-from ._registry import AgentRecord
 from ._report import MemoryReport, build_report
 
 if TYPE_CHECKING:
     from ._fleet_recovery import OomRecovery
     from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
+    from ._reaper import Reaper
     from ._tmux import TmuxServer
 
 __all__ = ["MonitorGlue"]
@@ -49,12 +49,12 @@ class MonitorGlue:
     if TYPE_CHECKING:
         _roster: Roster
         _store: FleetRegistry
+        _reaper: Reaper
         name: str
         manager: str
         admission_wait: float
         _manager: ScopeManager
         _closed: bool
-        _last_sweep: float
         _monitors: Any
         _tasks: set[asyncio.Task[Any]]
         _tmux: TmuxServer
@@ -62,9 +62,6 @@ class MonitorGlue:
 
         def _check_open(self) -> None: ...
         async def slice_cgroup(self) -> Path: ...
-        async def _sweep(
-            self, rows: Iterable[AgentRecord] | None = None
-        ) -> dict[str, tuple[AgentRecord, int]]: ...
 
     def unit_agent(self, unit: str) -> str | None:
         """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
@@ -134,7 +131,7 @@ class MonitorGlue:
         mon = Monitor(
             slice_path=slice_path,
             unit_agent=self.unit_agent,
-            on_tick=self._tick_sweep,
+            on_tick=self._reaper.tick,
             interval=interval,
             top=top,
             manager=self.manager,
@@ -149,17 +146,6 @@ class MonitorGlue:
     async def _attach(self, unit: str, pids: Sequence[int]) -> None:
         """Move ``pids`` into ``unit``'s cgroup (systemd 238+; BusError when refused)."""
         await self._manager.attach(unit, pids)
-
-    async def _tick_sweep(self) -> None:
-        """A monitor's tick: leftovers of agents that ended unseen (at most once a second)."""
-        loop = asyncio.get_running_loop()
-        if self._closed or self._store.registry is None or loop.time() - self._last_sweep < 1.0:
-            return
-        self._last_sweep = loop.time()
-        try:
-            await self._sweep()
-        except (AgentscopeError, OSError) as exc:
-            log.warning("could not look for leftovers: %s", exc)
 
     def _guard_protected(self) -> tuple[frozenset[int], frozenset[str]]:
         """What a guard must never kill: this process and the fleet's tmux server (any thread)."""

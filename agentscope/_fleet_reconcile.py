@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
 
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from ._fleet import AsyncFleet
     from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
+    from ._reaper import Reaper
 
 __all__ = ["ReconcileGlue"]
 
@@ -41,13 +41,11 @@ class ReconcileGlue:
     if TYPE_CHECKING:
         _roster: Roster
         _store: FleetRegistry
+        _reaper: Reaper
         name: str
         policy: str
         _manager: ScopeManager
 
-        async def _sweep(
-            self, rows: Iterable[AgentRecord] | None = None
-        ) -> dict[str, tuple[AgentRecord, int]]: ...
         async def slice_cgroup(self) -> Path: ...
 
     def _fleet(self) -> AsyncFleet:
@@ -127,7 +125,7 @@ class ReconcileGlue:
             self._roster.agents[rec.name] = Agent._from_record(self._fleet(), rec)
             self._roster.unit_names[rec.unit] = rec.name
         if lingering and self.policy != "stop":
-            swept = await self._sweep(lingering)
+            swept = await self._reaper.sweep(lingering)
             for rec in lingering:
                 now = swept[rec.unit][0] if rec.unit in swept else rec
                 if not now.closed:

@@ -15,7 +15,7 @@ import os
 import signal as _signal
 import subprocess
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from . import _numbers, _tmux
@@ -27,6 +27,7 @@ from ._tmux import TmuxServer, Window
 if TYPE_CHECKING:
     from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
+    from ._reaper import Reaper
 
 __all__ = ["TmuxChild", "TmuxGlue"]
 
@@ -42,6 +43,7 @@ class TmuxGlue:
     if TYPE_CHECKING:
         _roster: Roster
         _store: FleetRegistry
+        _reaper: Reaper
         name: str
         agent_oom_score_adj: int
         manager_oom_score_adj: int | None
@@ -49,9 +51,6 @@ class TmuxGlue:
         _tmux: TmuxServer
         _tmux_lock: asyncio.Lock
 
-        async def _sweep(
-            self, rows: Iterable[AgentRecord] | None = None
-        ) -> dict[str, tuple[AgentRecord, int]]: ...
         async def _resolve(self, name: str) -> str: ...
         def _check_open(self) -> None: ...
 
@@ -166,7 +165,7 @@ class TmuxGlue:
                 continue
             # Its main process ended with its window: what it left in its scope
             # is the reaper's (reap_after, _reaper.py), not killed here.
-            swept = await self._sweep([rec])
+            swept = await self._reaper.sweep([rec])
             if rec.unit in swept:
                 closed[rec.unit] = swept[rec.unit][0]
                 continue

@@ -14,8 +14,8 @@ The rule, one place for every path (launched, adopted, exec'd, tmux):
   after 5 s) and one ``reaped`` event names them (pid, comm, RSS); the row
   then closes as ``exited`` with the main process's status.
 
-:func:`decide` is the rule (no I/O); :class:`ReapGlue` (a part of
-:class:`._fleet.AsyncFleet`) applies it wherever an exit can be seen: the
+:func:`decide` is the rule (no I/O); :class:`Reaper` (a part
+:class:`._fleet.AsyncFleet` holds) applies it wherever an exit can be seen: the
 fleet's own exit watch (its pidfd), reconciliation at open, ``agents()``
 and a monitor's tick.
 """
@@ -44,7 +44,7 @@ __all__ = [
     "MAX_NAMED",
     "Decision",
     "Leftover",
-    "ReapGlue",
+    "Reaper",
     "decide",
     "main_alive",
     "parse_reap_after",
@@ -163,22 +163,47 @@ def _look(slice_dir: Path, rows: Sequence[AgentRecord]) -> list[_Seen]:
     return out
 
 
-class ReapGlue:
-    """The reaping part of AsyncFleet; what it uses of the fleet is declared here."""
+class Reaper:
+    """The part of AsyncFleet that applies the rule; it owns the reaps due while it is open.
 
-    if TYPE_CHECKING:
-        _roster: Roster
-        _store: FleetRegistry
-        name: str
-        _manager: ScopeManager
-        _closed: bool
-        _reap_timers: dict[str, asyncio.TimerHandle]
-        _linger_seen: dict[str, float]
-        _tasks: set[asyncio.Task[Any]]
+    :meth:`sweep` judges rows (the fleet's open ones by default),
+    :meth:`main_exited` an exit the fleet saw, :meth:`tick` is a monitor's
+    (at most once a second), :meth:`close` cancels the reaps still due.
+    """
 
-        async def slice_cgroup(self) -> Path: ...
+    def __init__(
+        self,
+        fleet: str,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        roster: Roster,
+        tasks: set[asyncio.Task[Any]],
+    ) -> None:
+        self.name = fleet
+        self._manager = manager
+        self._store = store
+        self._roster = roster
+        # The fleet's background tasks: it waits for them as it stops an agent or closes.
+        self._tasks = tasks
+        self._closed = False
+        # Lingering agents' reaps due while the fleet is open.
+        self._reap_timers: dict[str, asyncio.TimerHandle] = {}
+        # unit -> time.monotonic() when this fleet first saw it lingering.
+        self._linger_seen: dict[str, float] = {}
+        self._last_sweep = 0.0
 
-    async def _sweep(
+    async def tick(self) -> None:
+        """A monitor's tick: leftovers of agents that ended unseen (at most once a second)."""
+        loop = asyncio.get_running_loop()
+        if self._closed or self._store.registry is None or loop.time() - self._last_sweep < 1.0:
+            return
+        self._last_sweep = loop.time()
+        try:
+            await self.sweep()
+        except (AgentscopeError, OSError) as exc:
+            log.warning("could not look for leftovers: %s", exc)
+
+    async def sweep(
         self, rows: Iterable[AgentRecord] | None = None
     ) -> dict[str, tuple[AgentRecord, int]]:
         """Apply the rule to ``rows`` (default: the fleet's open rows).
@@ -193,7 +218,7 @@ class ReapGlue:
         todo = [r for r in rows if not r.closed and r.state != "starting"]
         if not todo:
             return {}
-        slice_dir = await self.slice_cgroup()
+        slice_dir = await self._manager.slice_cgroup()
         seen = await asyncio.to_thread(_look, slice_dir, todo)
         counts: dict[str, tuple[AgentRecord, int]] = {}
         for s in seen:
@@ -222,14 +247,14 @@ class ReapGlue:
                 counts[rec.unit] = (rec, n)
         return counts
 
-    async def _main_exited(self, unit: str, pid: int, status: int | None) -> bool:
+    async def main_exited(self, unit: str, pid: int, status: int | None) -> bool:
         """The fleet saw ``pid``, the main process of ``unit``, end: lingers it?
 
         True when the scope still holds processes (the row stays open,
         lingering); False when the scope is empty or gone (the caller
         records a plain exit).
         """
-        slice_dir = await self.slice_cgroup()
+        slice_dir = await self._manager.slice_cgroup()
         left = await asyncio.to_thread(read_leftovers, slice_dir / unit, pid)
         if not left:
             return False
@@ -311,7 +336,7 @@ class ReapGlue:
         try:
             rec = await self._store.call(self._store.registry.by_unit, unit)
             if rec is not None and not rec.closed:
-                await self._sweep([rec])
+                await self.sweep([rec])
         except (AgentscopeError, OSError) as exc:
             log.warning("could not reap the leftovers of %s: %s", unit, exc)
 
@@ -356,7 +381,9 @@ class ReapGlue:
         if agent is not None and agent.unit == rec.unit:
             agent.state = "exited"
 
-    def _cancel_reaps(self) -> None:
+    def close(self) -> None:
+        """The fleet closes: no more reaps from here (the next open or monitor does them)."""
+        self._closed = True
         for handle in self._reap_timers.values():
             handle.cancel()
         self._reap_timers.clear()
