@@ -37,7 +37,7 @@ from ._fleet_monitor import MonitorGlue
 from ._fleet_reconcile import ReconcileGlue
 from ._fleet_recovery import OomRecovery
 from ._fleet_registry import FleetRegistry, Roster
-from ._fleet_tmux import TmuxChild, TmuxGlue
+from ._fleet_tmux import Terminals, TmuxChild
 from ._launchargs import check_argv
 from ._manager import ScopeManager
 from ._monitor import Monitor
@@ -68,7 +68,7 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue):
+class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -154,14 +154,24 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue):
         self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
         self._recovery = OomRecovery(self.name, self._manager, self._store)
         # tmux agents: the fleet's server on its private socket.
-        self._tmux = _tmux.TmuxServer(
+        self._reaper = Reaper(self.name, self._manager, self._store, self._roster, self._tasks)
+        tmux = _tmux.TmuxServer(
             self.name,
             Path(tmux_dir)
             if tmux_dir is not None
             else _tmux.socket_dir(_tmux.runtime_dir(self.manager, env), self.name),
         )
-        self._tmux_lock = asyncio.Lock()
-        self._reaper = Reaper(self.name, self._manager, self._store, self._roster, self._tasks)
+        self._terminals = Terminals(
+            self.name,
+            tmux,
+            self._manager,
+            self._store,
+            self._roster,
+            self._reaper,
+            self._resolve,
+            agent_oom_score_adj=agent_oom_score_adj,
+            manager_oom_score_adj=manager_oom_score_adj,
+        )
 
     async def __aenter__(self) -> AsyncFleet:
         await self.open()
@@ -186,7 +196,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue):
             if self.manager_oom_score_adj is not None:
                 raise_own_oom_score_adj(self.manager_oom_score_adj)
             await self._store.open()
-            await self._load_terminals()
+            await self._terminals.load()
             await self._reconcile()
             await self._recovery.recover()  # kills while no monitor ran, recorded once
         except BaseException:
@@ -445,7 +455,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue):
         for attempt in range(2):
             try:
                 if terminal is not None:
-                    child = await self._open_pane(unit, name, argv, cwd, env)
+                    child = await self._terminals.open_pane(unit, name, argv, cwd, env)
                 else:
                     child = await spawn_gated(
                         argv,
@@ -637,6 +647,45 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue):
         await self._manager.thaw_unit(unit)
         await self._store.event(name, "thawed", unit=unit)
 
+    async def logs(self, name: str, lines: int = 100) -> list[str]:
+        """The last ``lines`` lines of a tmux agent's window (its history included).
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        lines = _numbers.whole("lines", lines, low=0, high=10_000_000)
+        self._check_open()
+        return await self._terminals.logs(name, lines)
+
+    async def send(self, name: str, text: str, *, enter: bool = False) -> None:
+        """Type ``text`` into a tmux agent's window, then Enter if ``enter``.
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        self._check_open()
+        await self._terminals.send(name, text, enter)
+
+    async def attach_command(self, name: str, *, read_only: bool = False) -> list[str]:
+        """The command line that attaches a terminal to a tmux agent's window.
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        self._check_open()
+        return await self._terminals.attach_command(name, read_only)
+
+    async def attach(self, name: str, *, read_only: bool = False) -> int:
+        """Attach this process's terminal to a tmux agent's window until it detaches.
+
+        Returns the tmux client's exit status (non-zero without a terminal).
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        self._check_open()
+        return await self._terminals.attach(name, read_only)
+
     async def agents(self, *, all: bool = False) -> list[Agent]:
         """The fleet's agents, in launch order: running ones, or ``all`` with exited ones.
 
@@ -668,7 +717,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue, TmuxGlue):
             and r.lingering is None
         ]
         if windowed:
-            closed = await self._close_windowless(windowed)
+            closed = await self._terminals.close_windowless(windowed)
             rows = [closed.get(r.unit, r) for r in rows]
         slice_dir = await self.slice_cgroup()
         unseen = [r for r in rows if not r.closed and r.unit not in live]

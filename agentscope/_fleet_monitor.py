@@ -31,9 +31,9 @@ from ._report import MemoryReport, build_report
 if TYPE_CHECKING:
     from ._fleet_recovery import OomRecovery
     from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_tmux import Terminals
     from ._manager import ScopeManager
     from ._reaper import Reaper
-    from ._tmux import TmuxServer
 
 __all__ = ["MonitorGlue"]
 
@@ -57,7 +57,7 @@ class MonitorGlue:
         _closed: bool
         _monitors: Any
         _tasks: set[asyncio.Task[Any]]
-        _tmux: TmuxServer
+        _terminals: Terminals
         _recovery: OomRecovery
 
         def _check_open(self) -> None: ...
@@ -150,7 +150,7 @@ class MonitorGlue:
     def _guard_protected(self) -> tuple[frozenset[int], frozenset[str]]:
         """What a guard must never kill: this process and the fleet's tmux server (any thread)."""
         pids = {os.getpid()}
-        tmux_pid = self._tmux.known_pid
+        tmux_pid = self._terminals.server.known_pid
         if tmux_pid is not None:
             pids.add(tmux_pid)
         return frozenset(pids), frozenset({_tmux.tmux_unit(self.name)})
