@@ -15,7 +15,6 @@ import logging
 import os
 import signal as _signal
 import subprocess
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
@@ -33,11 +32,12 @@ from ._errors import (
     RegistryError,
 )
 from ._fleet_adopt import AdoptGlue
-from ._fleet_monitor import MonitorGlue
+from ._fleet_monitor import Monitors
 from ._fleet_reconcile import ReconcileGlue
 from ._fleet_recovery import OomRecovery
 from ._fleet_registry import FleetRegistry, Roster
 from ._fleet_tmux import Terminals, TmuxChild
+from ._guardpolicy import GuardConfig
 from ._launchargs import check_argv
 from ._manager import ScopeManager
 from ._monitor import Monitor
@@ -49,6 +49,7 @@ from ._registry import (
     default_registry_path,
     in_flight,
 )
+from ._report import MemoryReport
 from ._scopefiles import (
     cgroup_present,
     raise_own_oom_score_adj,
@@ -68,7 +69,7 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue):
+class AsyncFleet(AdoptGlue, ReconcileGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -151,7 +152,6 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue):
         # Each launch in flight holds a thread inside Popen until its exec; a
         # few at a time keep the GIL (and the event loop) free for the rest.
         self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
-        self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
         self._recovery = OomRecovery(self.name, self._manager, self._store)
         # tmux agents: the fleet's server on its private socket.
         self._reaper = Reaper(self.name, self._manager, self._store, self._roster, self._tasks)
@@ -171,6 +171,15 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue):
             self._resolve,
             agent_oom_score_adj=agent_oom_score_adj,
             manager_oom_score_adj=manager_oom_score_adj,
+        )
+        self._monitors = Monitors(
+            self.name,
+            self._manager,
+            self._store,
+            self._recovery,
+            self._reaper,
+            self._terminals,
+            self._tasks,
         )
 
     async def __aenter__(self) -> AsyncFleet:
@@ -221,10 +230,8 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue):
         task.add_done_callback(self._tasks.discard)
 
     async def _record_exit(self, agent: Agent, status: int | None) -> None:
-        for mon in list(self._monitors):
-            mon.note_exit(
-                agent.unit, agent.pid, status, exec_comm(agent.argv[0]) if agent.argv else None
-            )
+        comm = exec_comm(agent.argv[0]) if agent.argv else None
+        self._monitors.note_exit(agent.unit, agent.pid, status, comm)
         if self._store.registry is None:
             return
         registry = self._store.registry
@@ -379,7 +386,7 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue):
                 "a tmux agent's stdin, stdout and stderr are its pane: leave them None "
                 "(read its output with logs(), type into it with send())"
             )
-        await self._admit()
+        await self._monitors.admit(self.admission_wait)
         if terminal is not None:
             # Before the pane: a running tmux agent's window would otherwise
             # make it fail as WindowExists instead of AgentExists.
@@ -646,6 +653,44 @@ class AsyncFleet(AdoptGlue, MonitorGlue, ReconcileGlue):
         unit = await self._resolve(name)
         await self._manager.thaw_unit(unit)
         await self._store.event(name, "thawed", unit=unit)
+
+    def unit_agent(self, unit: str) -> str | None:
+        """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
+        return self._store.unit_agent(unit)
+
+    def monitor(
+        self,
+        interval: float = 2.0,
+        top: int = 10,
+        *,
+        guard: bool | GuardConfig = False,
+        reclaim_escaped: bool = False,
+        **options: Any,
+    ) -> Monitor:
+        """A memory monitor for this fleet: ``async with fleet.monitor() as m: async for e in m``.
+
+        Events (OOM kills, throttling, pressure, exits, limits found, guard
+        kills) are also recorded in the registry. ``guard`` (True or a
+        :class:`GuardConfig`) runs the memory guard with the monitor
+        (docs/guard.md); it never kills this process or the fleet's tmux
+        server, and while it sees the host short, :meth:`launch` and
+        :meth:`adopt` wait ``admission_wait`` seconds, then raise
+        :class:`HostUnderPressure`. An agent's descendant that lives outside
+        its scope is reported once as an ``escaped`` event; with
+        ``reclaim_escaped`` the monitor first moves it back into the agent's
+        scope (``AttachProcessesToUnit``) and the event says whether that
+        worked (docs/escapes.md). ``options`` go to :class:`Monitor`.
+        """
+        self._check_open()
+        return self._monitors.monitor(
+            interval, top, guard=guard, reclaim_escaped=reclaim_escaped, **options
+        )
+
+    async def report(self, top: int = 10) -> MemoryReport:
+        """A memory report now: host, PSI, every agent, the top processes with their agent."""
+        top = _numbers.whole("top", top, low=0, high=10_000)
+        self._check_open()
+        return await self._monitors.report(top)
 
     async def logs(self, name: str, lines: int = 100) -> list[str]:
         """The last ``lines`` lines of a tmux agent's window (its history included).

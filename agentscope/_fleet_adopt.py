@@ -26,9 +26,8 @@ from ._reaper import DEFAULT_REAP_AFTER
 from ._scopefiles import write_oom_score_adj
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from ._fleet import AsyncFleet
+    from ._fleet_monitor import Monitors
     from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
 
@@ -46,13 +45,13 @@ class AdoptGlue:
     if TYPE_CHECKING:
         _roster: Roster
         _store: FleetRegistry
+        _monitors: Monitors
+        admission_wait: float
         name: str
         agent_oom_score_adj: int
         _manager: ScopeManager
 
         def _check_open(self) -> None: ...
-        async def _admit(self) -> None: ...
-        async def _attach(self, unit: str, pids: Sequence[int]) -> None: ...
         async def _clear_slice_limits(self) -> None: ...
         async def _refuse_running(self, name: str) -> None: ...
         async def slice_cgroup(self) -> Path: ...
@@ -103,7 +102,7 @@ class AdoptGlue:
             root, pids = await asyncio.to_thread(_process_tree, pid)
         except psutil.NoSuchProcess as exc:
             raise LaunchError(f"no process with pid {pid} to adopt") from exc
-        await self._admit()
+        await self._monitors.admit(self.admission_wait)
         await self._refuse_running(name)
         await self._clear_slice_limits()
         unit = _names.scope_unit_name(self.name, name)
@@ -143,7 +142,7 @@ class AdoptGlue:
             moved = await move_into(
                 unit,
                 late,
-                self._attach,
+                self._manager.attach,
                 await self.slice_cgroup(),
                 cgroup_root=self._manager.cgroup_root,
             )

@@ -1,10 +1,10 @@
-"""The fleet's monitor part: naming its agents' units, its monitors, reports.
+"""The fleet's monitors: each monitor it makes, their events recorded, reports.
 
-:class:`MonitorGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin):
-``unit_agent`` (whose agent a unit is, for the monitor's and the report's
-attribution), ``monitor()`` with its guard, escape reclaim, OOM recovery and
-leftover sweep wired in, admission control, ``report()``, and recording the
-monitor's events in the registry.
+:class:`Monitors` is a part :class:`._fleet.AsyncFleet` holds:
+``monitor()`` with its guard, escape reclaim, OOM recovery and leftover
+sweep wired in, admission control, ``report()``, and recording the
+monitor's events in the registry. Whose agent a unit is
+(``unit_agent``) is the registry adapter's (:mod:`._fleet_registry`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
-from pathlib import Path
+import weakref
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from . import _numbers, _tmux
+from . import _tmux
 from ._contract import event_parts
 from ._errors import RegistryError
 from ._events import AgentExited, OomKill
@@ -30,12 +29,12 @@ from ._report import MemoryReport, build_report
 
 if TYPE_CHECKING:
     from ._fleet_recovery import OomRecovery
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetRegistry
     from ._fleet_tmux import Terminals
     from ._manager import ScopeManager
     from ._reaper import Reaper
 
-__all__ = ["MonitorGlue"]
+__all__ = ["Monitors"]
 
 log = logging.getLogger("agentscope")
 
@@ -43,50 +42,34 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class MonitorGlue:
-    """The monitoring half of AsyncFleet; what it uses of the fleet is declared here."""
+class Monitors:
+    """The fleet's monitors: made with the fleet's parts wired in, their events recorded.
 
-    if TYPE_CHECKING:
-        _roster: Roster
-        _store: FleetRegistry
-        _reaper: Reaper
-        name: str
-        manager: str
-        admission_wait: float
-        _manager: ScopeManager
-        _closed: bool
-        _monitors: Any
-        _tasks: set[asyncio.Task[Any]]
-        _terminals: Terminals
-        _recovery: OomRecovery
+    Held by the fleet: :meth:`monitor` makes one (``AsyncFleet.monitor``),
+    :meth:`admit` is a launch's admission control, :meth:`note_exit` tells
+    every monitor of an exit the fleet saw, :meth:`report` is
+    ``AsyncFleet.report``.
+    """
 
-        def _check_open(self) -> None: ...
-        async def slice_cgroup(self) -> Path: ...
-
-    def unit_agent(self, unit: str) -> str | None:
-        """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
-        known = self._roster.unit_names.get(unit)
-        if known is not None:
-            return known
-        if unit in self._roster.foreign or not unit.startswith(f"agentscope-{self.name}-"):
-            return None
-        # The unit name cannot say (fleet a-b's agent c and fleet a's agent
-        # b-c share it): the registry's row, or the scope's Description in a
-        # listing (_live), says whose agent it is.
-        registry = self._store.registry
-        if registry is None:
-            return None
-        try:
-            rec = registry.by_unit(unit)
-        except RegistryError:
-            return None
-        if rec is None:
-            return None  # not recorded (yet): no claim
-        if rec.fleet != self.name:
-            self._roster.foreign.add(unit)
-            return None
-        self._roster.unit_names[unit] = rec.name
-        return rec.name
+    def __init__(
+        self,
+        fleet: str,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        recovery: OomRecovery,
+        reaper: Reaper,
+        terminals: Terminals,
+        tasks: set[asyncio.Task[Any]],
+    ) -> None:
+        self.name = fleet
+        self._manager = manager
+        self._store = store
+        self._recovery = recovery
+        self._reaper = reaper
+        self._terminals = terminals
+        # The fleet's background tasks: it waits for them as it stops an agent or closes.
+        self._tasks = tasks
+        self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
     def monitor(
         self,
@@ -97,31 +80,17 @@ class MonitorGlue:
         reclaim_escaped: bool = False,
         **options: Any,
     ) -> Monitor:
-        """A memory monitor for this fleet: ``async with fleet.monitor() as m: async for e in m``.
-
-        Events (OOM kills, throttling, pressure, exits, limits found, guard
-        kills) are also recorded in the registry. ``guard`` (True or a
-        :class:`GuardConfig`) runs the memory guard with the monitor
-        (docs/guard.md); it never kills this process or the fleet's tmux
-        server, and while it sees the host short, :meth:`launch` and
-        :meth:`adopt` wait ``admission_wait`` seconds, then raise
-        :class:`HostUnderPressure`. An agent's descendant that lives outside
-        its scope is reported once as an ``escaped`` event; with
-        ``reclaim_escaped`` the monitor first moves it back into the agent's
-        scope (``AttachProcessesToUnit``) and the event says whether that
-        worked (docs/escapes.md). ``options`` go to :class:`Monitor`.
-        """
-        self._check_open()
+        """See :meth:`.AsyncFleet.monitor` (the fleet is open)."""
         # The slice may not exist yet (no agent so far): watch where it will be.
         slice_path = self._manager.expected_slice_cgroup()
         theirs = options.pop("on_event", None)
         if guard is not False:
-            options.setdefault("guard_protect", self._guard_protected)
+            options.setdefault("guard_protect", self.guard_protected)
         if reclaim_escaped:
-            options.setdefault("reclaim_escaped", self._attach)
+            options.setdefault("reclaim_escaped", self._manager.attach)
 
         def on_event(event: MonitorEvent) -> None:
-            self._on_monitor_event(event, mon)
+            self._on_event(event, mon)
             if theirs is not None:
                 theirs(event)
 
@@ -130,11 +99,11 @@ class MonitorGlue:
 
         mon = Monitor(
             slice_path=slice_path,
-            unit_agent=self.unit_agent,
+            unit_agent=self._store.unit_agent,
             on_tick=self._reaper.tick,
             interval=interval,
             top=top,
-            manager=self.manager,
+            manager=self._manager.manager,
             on_event=on_event,
             guard=guard,
             recover=recover,
@@ -143,11 +112,7 @@ class MonitorGlue:
         self._monitors.add(mon)
         return mon
 
-    async def _attach(self, unit: str, pids: Sequence[int]) -> None:
-        """Move ``pids`` into ``unit``'s cgroup (systemd 238+; BusError when refused)."""
-        await self._manager.attach(unit, pids)
-
-    def _guard_protected(self) -> tuple[frozenset[int], frozenset[str]]:
+    def guard_protected(self) -> tuple[frozenset[int], frozenset[str]]:
         """What a guard must never kill: this process and the fleet's tmux server (any thread)."""
         pids = {os.getpid()}
         tmux_pid = self._terminals.server.known_pid
@@ -155,31 +120,34 @@ class MonitorGlue:
             pids.add(tmux_pid)
         return frozenset(pids), frozenset({_tmux.tmux_unit(self.name)})
 
-    async def _admit(self) -> None:
-        """Admission control: wait for (or refuse on) pressure this fleet's guards see."""
+    async def admit(self, wait: float) -> None:
+        """Admission control: wait up to ``wait`` s for (or refuse on) pressure its guards see."""
         guards = [m.guard for m in list(self._monitors) if m.guard is not None]
         if guards:
-            await admit(guards, self.admission_wait)
+            await admit(guards, wait)
 
-    async def report(self, top: int = 10) -> MemoryReport:
-        """A memory report now: host, PSI, every agent, the top processes with their agent."""
-        top = _numbers.whole("top", top, low=0, high=10_000)
-        self._check_open()
+    def note_exit(self, unit: str, pid: int, status: int | None, comm: str | None) -> None:
+        """Tell every monitor of this fleet that an agent's main process ended."""
+        for mon in list(self._monitors):
+            mon.note_exit(unit, pid, status, comm)
+
+    async def report(self, top: int) -> MemoryReport:
+        """See :meth:`.AsyncFleet.report` (``top`` checked)."""
         return await build_report(
-            await self.slice_cgroup(),
-            self.unit_agent,
+            await self._manager.slice_cgroup(),
+            self._store.unit_agent,
             top=top,
             cgroup_root=self._manager.cgroup_root,
         )
 
-    def _on_monitor_event(self, event: MonitorEvent, mon: Monitor) -> None:
+    def _on_event(self, event: MonitorEvent, mon: Monitor) -> None:
         if isinstance(event, OomKill) and not event.recovered:
             self._recovery.note_live_kill(event)
-        task = asyncio.get_running_loop().create_task(self._record_monitor_event(event, mon))
+        task = asyncio.get_running_loop().create_task(self.record_event(event, mon))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _record_monitor_event(self, event: MonitorEvent, mon: Monitor | None = None) -> None:
+    async def record_event(self, event: MonitorEvent, mon: Monitor | None = None) -> None:
         if self._store.registry is None:
             return
         agent, kind, ts, detail = event_parts(event)

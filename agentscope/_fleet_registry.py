@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _claim
-from ._errors import AgentscopeError, InvalidTransition
+from ._errors import AgentscopeError, InvalidTransition, RegistryError
 from ._registry import AgentRecord, EventRecord, Registry
 
 if TYPE_CHECKING:
@@ -116,6 +116,31 @@ class FleetRegistry:
     async def gc(self, retention_seconds: float) -> int:
         """See :meth:`._fleet.AsyncFleet.gc`."""
         return await self.call(self.open_registry.gc, retention_seconds, fleet=self.fleet)
+
+    def unit_agent(self, unit: str) -> str | None:
+        """See :meth:`._fleet.AsyncFleet.unit_agent` (thread-safe)."""
+        known = self.roster.unit_names.get(unit)
+        if known is not None:
+            return known
+        if unit in self.roster.foreign or not unit.startswith(f"agentscope-{self.fleet}-"):
+            return None
+        # The unit name cannot say (fleet a-b's agent c and fleet a's agent
+        # b-c share it): the registry's row, or the scope's Description in a
+        # listing (_live), says whose agent it is.
+        registry = self.registry
+        if registry is None:
+            return None
+        try:
+            rec = registry.by_unit(unit)
+        except RegistryError:
+            return None
+        if rec is None:
+            return None  # not recorded (yet): no claim
+        if rec.fleet != self.fleet:
+            self.roster.foreign.add(unit)
+            return None
+        self.roster.unit_names[unit] = rec.name
+        return rec.name
 
     async def close_gone(self, rec: AgentRecord) -> AgentRecord:
         """Close the row of an agent whose scope is gone: exited if seen, else lost."""

@@ -350,7 +350,7 @@ async def test_a_monitor_event_and_its_record_are_one_shape(tmp_path: Path) -> N
         for event in _monitor_events("agentscope-t-a-abcdef.scope", report):
             live = json.loads(json.dumps(_contract.monitor_event_dict("t", event)))
             assert validate(live) == "agentscope.event/1"
-            await fleet._record_monitor_event(event)
+            await fleet._monitors.record_event(event)
             (record,) = await fleet.events(kind=event.kind, last=1)
             recorded = json.loads(json.dumps(record.to_dict()))
             assert validate(recorded) == "agentscope.event/1"

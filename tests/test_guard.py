@@ -757,7 +757,7 @@ async def test_a_fleets_guard_kill_is_recorded_even_while_the_loop_stalls(
 
 
 async def test_the_fleet_protects_its_own_process_and_tmux_server(fleet: AsyncFleet) -> None:
-    pids, units = fleet._guard_protected()
+    pids, units = fleet._monitors.guard_protected()
     assert os.getpid() in pids
     assert units == {"agentscope-f-tmux.scope"}
 
