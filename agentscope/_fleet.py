@@ -146,7 +146,7 @@ class AsyncFleet(AdoptGlue, ReconcileGlue):
             registry if registry is not None else default_registry_path(self.manager)
         )
         # The parts the fleet holds: its agents in memory, its registry.
-        self._roster = Roster()
+        self._roster = Roster(self.name, self._note_exit)
         self._store = FleetRegistry(self.name, self.registry_path, self._roster)
         self._tasks: set[asyncio.Task[Any]] = set()
         # Each launch in flight holds a thread inside Popen until its exec; a
@@ -407,7 +407,7 @@ class AsyncFleet(AdoptGlue, ReconcileGlue):
             popen, pid, issues = await self._spawn_in_scope(
                 unit, name, argv, cwd_s, env, stdin, stdout, stderr, controls, terminal, grace
             )
-        agent = Agent(self, name, unit, pid, popen)
+        agent = self._roster.new(name, unit, pid, popen)
         agent.argv = list(argv)
         agent.terminal = terminal
         agent.reap_after = grace
@@ -785,7 +785,7 @@ class AsyncFleet(AdoptGlue, ReconcileGlue):
                 agent = known
                 agent.state = rec.state
             else:
-                agent = Agent._from_record(self, rec)
+                agent = self._roster.from_record(rec)
             if not rec.closed:
                 agent.state = "stopping" if live[rec.unit][1] == "deactivating" else rec.state
                 if rec.lingering is not None and agent.state == "running":

@@ -26,7 +26,6 @@ from ._reaper import DEFAULT_REAP_AFTER
 from ._scopefiles import write_oom_score_adj
 
 if TYPE_CHECKING:
-    from ._fleet import AsyncFleet
     from ._fleet_monitor import Monitors
     from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
@@ -55,7 +54,6 @@ class AdoptGlue:
         async def _clear_slice_limits(self) -> None: ...
         async def _refuse_running(self, name: str) -> None: ...
         async def slice_cgroup(self) -> Path: ...
-        def _fleet(self) -> AsyncFleet: ...  # ReconcileGlue's
 
     async def adopt(
         self,
@@ -157,7 +155,7 @@ class AdoptGlue:
                 )
         adj = self.agent_oom_score_adj
         await asyncio.to_thread(lambda: [write_oom_score_adj(p, adj) for p in [*pids, *late]])
-        agent = Agent(self._fleet(), name, unit, pid, None)
+        agent = self._roster.new(name, unit, pid, None)
         agent.reap_after = grace
         agent.property_issues = issues
         self._roster.agents[name] = agent

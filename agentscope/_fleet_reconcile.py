@@ -13,17 +13,15 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from . import _claim
-from ._agent import Agent
 from ._errors import AgentExists, RegistryError
 from ._reconcile_plan import Revival
 from ._registry import AgentRecord, LiveScope, in_flight, reconcile
 from ._scopefiles import cgroup_present, read_scopes
 
 if TYPE_CHECKING:
-    from ._fleet import AsyncFleet
     from ._fleet_registry import FleetRegistry, Roster
     from ._manager import ScopeManager
     from ._reaper import Reaper
@@ -47,10 +45,6 @@ class ReconcileGlue:
         _manager: ScopeManager
 
         async def slice_cgroup(self) -> Path: ...
-
-    def _fleet(self) -> AsyncFleet:
-        """This object as the AsyncFleet it is a part of."""
-        return cast("AsyncFleet", self)
 
     async def _live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
@@ -122,14 +116,14 @@ class ReconcileGlue:
                     only_on_change=True,
                 )
                 log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
-            self._roster.agents[rec.name] = Agent._from_record(self._fleet(), rec)
+            self._roster.agents[rec.name] = self._roster.from_record(rec)
             self._roster.unit_names[rec.unit] = rec.name
         if lingering and self.policy != "stop":
             swept = await self._reaper.sweep(lingering)
             for rec in lingering:
                 now = swept[rec.unit][0] if rec.unit in swept else rec
                 if not now.closed:
-                    self._roster.agents[now.name] = Agent._from_record(self._fleet(), now)
+                    self._roster.agents[now.name] = self._roster.from_record(now)
                     self._roster.unit_names[now.unit] = now.name
         elif lingering:  # stopped below with the others; closed as they are
             plan = dataclasses.replace(plan, headless=plan.headless + lingering)
@@ -186,7 +180,7 @@ class ReconcileGlue:
                 # row: report it, and let the fleet open all the same.
                 log.warning("cannot record found agent %s (%s): %s", name, scope.unit, exc)
                 continue
-            self._roster.agents[name] = Agent._from_record(self._fleet(), rec)
+            self._roster.agents[name] = self._roster.from_record(rec)
 
     def _closed_rows(self, units: list[str]) -> list[AgentRecord]:
         """The closed rows of ``units`` (in a worker thread)."""
@@ -216,5 +210,5 @@ class ReconcileGlue:
             row.unit,
             row.state,
         )
-        self._roster.agents[rec.name] = Agent._from_record(self._fleet(), rec)
+        self._roster.agents[rec.name] = self._roster.from_record(rec)
         self._roster.unit_names[rec.unit] = rec.name

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _claim
+from ._agent import Agent
 from ._errors import AgentscopeError, InvalidTransition, RegistryError
 from ._registry import AgentRecord, EventRecord, Registry
 
 if TYPE_CHECKING:
-    from ._agent import Agent
+    from subprocess import Popen
 
 __all__ = ["FleetRegistry", "Roster"]
 
@@ -33,7 +34,14 @@ P = ParamSpec("P")
 
 @dataclass
 class Roster:
-    """The fleet's agents in memory (on the event loop; read from any thread)."""
+    """The fleet's agents in memory (on the event loop; read from any thread).
+
+    It makes the fleet's :class:`._agent.Agent` objects, each with the
+    fleet's ``on_exit`` callback (the fleet records the exits it sees).
+    """
+
+    fleet: str
+    on_exit: Callable[[Agent, int | None], None] | None = None
 
     #: Agent objects by name: launched, adopted, or found at open.
     agents: dict[str, Agent] = field(default_factory=dict)
@@ -43,6 +51,14 @@ class Roster:
     foreign: set[str] = field(default_factory=set)
     #: The terminal ("tmux") of each unit that runs in one.
     terminals: dict[str, str] = field(default_factory=dict)
+
+    def new(self, name: str, unit: str, pid: int, popen: Popen[bytes] | None) -> Agent:
+        """A new agent of this fleet (launched or adopted here); not known until :meth:`add`."""
+        return Agent(self.fleet, name, unit, pid, popen, self.on_exit)
+
+    def from_record(self, rec: AgentRecord) -> Agent:
+        """The agent of a registry row (found at open or in a listing)."""
+        return Agent._from_record(rec, self.terminals.get(rec.unit), self.on_exit)
 
     def add(self, agent: Agent) -> None:
         """Know ``agent`` by its name and its unit."""
