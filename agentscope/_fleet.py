@@ -33,7 +33,7 @@ from ._errors import (
 )
 from ._fleet_adopt import AdoptGlue
 from ._fleet_monitor import Monitors
-from ._fleet_reconcile import ReconcileGlue
+from ._fleet_reconcile import Reconciler
 from ._fleet_recovery import OomRecovery
 from ._fleet_registry import FleetRegistry, Roster
 from ._fleet_tmux import Terminals, TmuxChild
@@ -69,7 +69,7 @@ DEVNULL = subprocess.DEVNULL
 Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(AdoptGlue, ReconcileGlue):
+class AsyncFleet(AdoptGlue):
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -172,6 +172,9 @@ class AsyncFleet(AdoptGlue, ReconcileGlue):
             agent_oom_score_adj=agent_oom_score_adj,
             manager_oom_score_adj=manager_oom_score_adj,
         )
+        self._reconciler = Reconciler(
+            self.name, self.policy, self._manager, self._store, self._roster, self._reaper
+        )
         self._monitors = Monitors(
             self.name,
             self._manager,
@@ -206,7 +209,7 @@ class AsyncFleet(AdoptGlue, ReconcileGlue):
                 raise_own_oom_score_adj(self.manager_oom_score_adj)
             await self._store.open()
             await self._terminals.load()
-            await self._reconcile()
+            await self._reconciler.reconcile()
             await self._recovery.recover()  # kills while no monitor ran, recorded once
         except BaseException:
             await self.aclose()  # a fleet that failed to open holds nothing open
@@ -741,7 +744,7 @@ class AsyncFleet(AdoptGlue, ReconcileGlue):
         """
         self._check_open()
         assert self._store.registry is not None
-        live = await self._live()
+        live = await self._reconciler.live()
         for agent in list(self._roster.agents.values()):
             ended = agent.state in ("exited", "lingering")
             if agent.popen is not None and not ended and not agent.alive():

@@ -1,6 +1,6 @@
 """The fleet's reconciliation with systemd when it opens.
 
-:class:`ReconcileGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin):
+:class:`Reconciler` is a part :class:`._fleet.AsyncFleet` holds:
 the fleet's live scopes in one listing (by Description), and ``open()``'s
 reconciliation of the registry's rows with them: adopt, record what was
 found, close what is gone, reopen a closed row whose scope runs, finish the
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from . import _claim
@@ -26,27 +25,33 @@ if TYPE_CHECKING:
     from ._manager import ScopeManager
     from ._reaper import Reaper
 
-__all__ = ["ReconcileGlue"]
+__all__ = ["Reconciler"]
 
 log = logging.getLogger("agentscope")
 T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class ReconcileGlue:
-    """The reconciling half of AsyncFleet; what it uses of the fleet is declared here."""
+class Reconciler:
+    """The fleet's part that lists its live scopes and reconciles its rows with them at open."""
 
-    if TYPE_CHECKING:
-        _roster: Roster
-        _store: FleetRegistry
-        _reaper: Reaper
-        name: str
-        policy: str
-        _manager: ScopeManager
+    def __init__(
+        self,
+        fleet: str,
+        policy: str,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        roster: Roster,
+        reaper: Reaper,
+    ) -> None:
+        self.name = fleet
+        self.policy = policy
+        self._manager = manager
+        self._store = store
+        self._roster = roster
+        self._reaper = reaper
 
-        async def slice_cgroup(self) -> Path: ...
-
-    async def _live(self) -> dict[str, tuple[str, str]]:
+    async def live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
         live: dict[str, tuple[str, str]] = {}
         for listed in await self._manager.list_scopes():
@@ -57,14 +62,15 @@ class ReconcileGlue:
                 self._roster.foreign.add(listed.unit)
         return live
 
-    async def _reconcile(self) -> None:
+    async def reconcile(self) -> None:
+        """Adopt, record, close, reopen and stop as the registry and the listing say (at open)."""
         assert self._store.registry is not None
         # Rows before units: a row is written before its scope starts, so every
         # row read here whose scope runs is in the listing taken after it (the
         # other order closed launches that finished in between as lost).
         rows = await self._store.call(self._store.registry.agents, self.name)
-        live = await self._live()
-        slice_dir = await self.slice_cgroup()
+        live = await self.live()
+        slice_dir = await self._manager.slice_cgroup()
         # A launch in flight (here or in another process) may show its scope
         # before the child is in it (the start job is still running): leave
         # such rows to their launcher.

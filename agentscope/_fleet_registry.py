@@ -142,7 +142,7 @@ class FleetRegistry:
             return None
         # The unit name cannot say (fleet a-b's agent c and fleet a's agent
         # b-c share it): the registry's row, or the scope's Description in a
-        # listing (_live), says whose agent it is.
+        # listing (Reconciler.live), says whose agent it is.
         registry = self.registry
         if registry is None:
             return None
