@@ -17,13 +17,12 @@ import signal as _signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
-from . import _claim, _fdlimit, _names, _numbers, _scopeprops, _tmux
+from . import _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
 from ._errors import (
-    AgentExists,
     AgentNotFound,
     AgentscopeError,
     InvalidConfig,
@@ -31,21 +30,21 @@ from ._errors import (
     LaunchError,
     RegistryError,
 )
-from ._fleet_adopt import AdoptGlue
+from ._fleet_adopt import Adopter
+from ._fleet_launch import Launcher, Stdio
 from ._fleet_monitor import Monitors
 from ._fleet_reconcile import Reconciler
 from ._fleet_recovery import OomRecovery
 from ._fleet_registry import FleetRegistry, Roster
-from ._fleet_tmux import Terminals, TmuxChild
+from ._fleet_tmux import Terminals
 from ._guardpolicy import GuardConfig
 from ._launchargs import check_argv
 from ._manager import ScopeManager
 from ._monitor import Monitor
-from ._proc import exec_comm, read_stat
+from ._proc import exec_comm
 from ._reaper import DEFAULT_REAP_AFTER, Reaper
 from ._registry import (
     EventRecord,
-    Registry,
     default_registry_path,
     in_flight,
 )
@@ -55,7 +54,6 @@ from ._scopefiles import (
     raise_own_oom_score_adj,
     read_figures,
 )
-from ._spawn import GatedChild, spawn_gated
 from ._systemd import Capabilities, SystemdManager, probe
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
@@ -66,10 +64,9 @@ P = ParamSpec("P")
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
-Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(AdoptGlue):
+class AsyncFleet:
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -138,8 +135,6 @@ class AsyncFleet(AdoptGlue):
         self.manager = _manager.manager
         self.agent_oom_score_adj = agent_oom_score_adj
         self.manager_oom_score_adj = manager_oom_score_adj
-        self._slice_checked = False
-        self._slice_lock = asyncio.Lock()
         self._closed = False
         self.policy = policy
         self.registry_path = Path(
@@ -149,9 +144,6 @@ class AsyncFleet(AdoptGlue):
         self._roster = Roster(self.name, self._note_exit)
         self._store = FleetRegistry(self.name, self.registry_path, self._roster)
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Each launch in flight holds a thread inside Popen until its exec; a
-        # few at a time keep the GIL (and the event loop) free for the rest.
-        self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
         self._recovery = OomRecovery(self.name, self._manager, self._store)
         # tmux agents: the fleet's server on its private socket.
         self._reaper = Reaper(self.name, self._manager, self._store, self._roster, self._tasks)
@@ -183,6 +175,25 @@ class AsyncFleet(AdoptGlue):
             self._reaper,
             self._terminals,
             self._tasks,
+        )
+        self._launcher = Launcher(
+            self.name,
+            self._manager,
+            self._store,
+            self._roster,
+            self._monitors,
+            self._terminals,
+            self._tasks,
+            agent_oom_score_adj=agent_oom_score_adj,
+        )
+        self._adopter = Adopter(
+            self.name,
+            self._manager,
+            self._store,
+            self._roster,
+            self._monitors,
+            self._launcher,
+            agent_oom_score_adj=agent_oom_score_adj,
         )
 
     async def __aenter__(self) -> AsyncFleet:
@@ -389,184 +400,63 @@ class AsyncFleet(AdoptGlue):
                 "a tmux agent's stdin, stdout and stderr are its pane: leave them None "
                 "(read its output with logs(), type into it with send())"
             )
-        await self._monitors.admit(self.admission_wait)
-        if terminal is not None:
-            # Before the pane: a running tmux agent's window would otherwise
-            # make it fail as WindowExists instead of AgentExists.
-            await self._refuse_running(name)
-        else:
-            # The registry's open row is checked when the launch is recorded
-            # (_record_launch): no trip to the registry before the fork.
-            self._refuse_known(name)
-        await self._clear_slice_limits()
-        # Registry writes of this fleet still in flight (an exit just seen)
-        # would otherwise run during the fork and the gate, where they and the
-        # fork slow each other down (the GIL, and copy-on-write faults on every
-        # page they touch while the child shares them): let them finish first.
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        unit = _names.scope_unit_name(self.name, name)
-        async with self._spawn_slots:
-            popen, pid, issues = await self._spawn_in_scope(
-                unit, name, argv, cwd_s, env, stdin, stdout, stderr, controls, terminal, grace
-            )
-        agent = self._roster.new(name, unit, pid, popen)
-        agent.argv = list(argv)
-        agent.terminal = terminal
-        agent.reap_after = grace
-        agent.property_issues = issues
-        self._roster.unit_names[unit] = name
-        launched: dict[str, Any] = {"pid": agent.pid, "argv": list(argv)}
-        if terminal is not None:
-            self._roster.terminals[unit] = terminal
-            launched["terminal"] = terminal
-        try:
-            await self._store.call(self._store.mark_running, unit, launched=launched)
-        finally:
-            # Watched only now: an exit recorded before the row says running
-            # (a command that ends at once) made the move to running fail as
-            # InvalidTransition. Nothing can reap the child meanwhile (it is
-            # not in _agents yet), so the pidfd still finds it, a zombie at worst.
-            self._roster.agents[name] = agent
-            agent._watch_exit()
-        if issues:
-            await self._store.event(name, "properties_not_applied", unit=unit, issues=issues)
-        if _streams and popen is not None:  # the blocking facade reads the plain pipes instead
-            await agent._attach_streams()
-        log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
-        return agent
-
-    async def _spawn_in_scope(
-        self,
-        unit: str,
-        name: str,
-        argv: Sequence[str],
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdin: Stdio,
-        stdout: Stdio,
-        stderr: Stdio,
-        controls: dict[str, tuple[str, Any]],
-        terminal: str | None = None,
-        reap_after: float | None = DEFAULT_REAP_AFTER,
-    ) -> tuple[subprocess.Popen[bytes] | None, int, list[dict[str, Any]]]:
-        """Fork the gated child (or open its tmux pane), record it, make its scope, let it exec.
-
-        Returns the Popen (None for a tmux pane, the tmux server's child),
-        the PID and what systemd did not take of ``controls``.
-        """
-        # This launch's own reference: cleanup must work even if the fleet is
-        # closed meanwhile (a gather of launches cancelled at shutdown).
-        registry = self._store.registry
-        assert registry is not None
-        child: GatedChild | TmuxChild
-        # Each agent keeps a pidfd here: past the soft fd limit, raise it (_fdlimit).
-        _fdlimit.make_room()
-        for attempt in range(2):
-            try:
-                if terminal is not None:
-                    child = await self._terminals.open_pane(unit, name, argv, cwd, env)
-                else:
-                    child = await spawn_gated(
-                        argv,
-                        cwd=cwd,
-                        env=env,
-                        stdin=stdin,
-                        stdout=stdout,
-                        stderr=stderr,
-                        oom_score_adj=self.agent_oom_score_adj,
-                    )
-                break
-            except OSError as exc:
-                if not _fdlimit.out_of_descriptors(exc):
-                    raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
-                # Descriptors nobody counted fill the table: raise the limit and
-                # try once more (nothing was started), else say what to do.
-                if attempt or not _fdlimit.make_room(force=True):
-                    raise _fdlimit.no_room(argv[0], exc) from exc
-        recorded = False
-        try:
-            await self._record_launch(registry, name, unit, child.pid, argv, cwd, reap_after)
-            recorded = True
-            issues = await self._manager.start_scope(unit, name, [child.pid], controls)
-        except BaseException as exc:
-            await child.abort()
-            if recorded:
-                try:
-                    await asyncio.to_thread(registry.delete, unit)
-                except RegistryError as err:  # closed meanwhile: reconciliation closes the row
-                    log.debug("could not forget %s: %s", unit, err)
-            if _fdlimit.out_of_descriptors(exc):  # the pidfd systemd was to get
-                raise _fdlimit.no_room(argv[0], exc) from exc
-            raise
-        try:
-            popen = await child.release()
-        except (OSError, LaunchError) as exc:
-            # The exec failed inside the scope: the scope ends with its only process.
-            await self._store.call(registry.set_state, unit, "failed")
-            await self._store.event(name, "failed", unit=unit, error=str(exc))
-            raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
-        return popen, child.pid, issues
-
-    async def _record_launch(
-        self,
-        registry: Registry,
-        name: str,
-        unit: str,
-        pid: int,
-        argv: Sequence[str],
-        cwd: str | None,
-        reap_after: float | None,
-    ) -> None:
-        """Record the launch (state starting) before its scope exists.
-
-        The name is claimed by the one rule of every launch path
-        (:func:`._claim.claim`): another launch of the same name, in this
-        process or another, fails here with nothing started; a stale row of
-        the name (its scope gone, its launcher not at work) is closed, and the
-        launch recorded after all.
-        """
-        stat = await asyncio.to_thread(read_stat, pid)
-        await self._store.call(
-            _claim.claim,
-            registry,
-            self.name,
+        return await self._launcher.launch(
             name,
-            unit,
-            pid,
-            stat.start_time if stat else 0,
-            list(argv),
-            cwd or os.getcwd(),
-            slice_dir=await self.slice_cgroup(),
-            close=self._store.close_row,
-            reap_after=reap_after,
+            argv,
+            cwd_s,
+            env,
+            (stdin, stdout, stderr),
+            controls,
+            terminal,
+            grace,
+            admission_wait=self.admission_wait,
+            streams=_streams,
         )
 
-    def _refuse_known(self, name: str) -> None:
-        known = self._roster.agents.get(name)
-        if known is not None and known.alive() and known.state != "exited":
-            raise AgentExists(self.name, name, known.unit)
+    async def adopt(
+        self,
+        pid: int,
+        name: str,
+        *,
+        memory_max: int | None = None,
+        tasks_max: int | None = None,
+        cpu_weight: int | None = None,
+        io_weight: int | None = None,
+        properties: Mapping[str, str | int] | None = None,
+        reap_after: float | str = DEFAULT_REAP_AFTER,
+    ) -> Agent:
+        """Move a running process and all its descendants into a new agent scope.
 
-    async def _refuse_running(self, name: str) -> None:
-        # The registry is the fleet's memory across processes: its open row
-        # names the running agent, so no listing of systemd's units is needed
-        # (ListUnitsByPatterns costs systemd O(units) per launch).
-        self._refuse_known(name)
-        assert self._store.registry is not None
-        slice_dir = await self.slice_cgroup()
-        held = await self._store.call(
-            _claim.holder, self._store.registry, self.name, name, slice_dir, self._store.close_row
+        ``memory_max`` (bytes), the other resource controls and
+        ``reap_after`` are as for :meth:`launch`; ``pid`` is the main process.
+
+        Some processes are never adopted, since their whole tree would move
+        into the agent's scope (its cap, its stop, its reaper): PID 1, a
+        kernel thread, an ancestor of this process (the manager would move
+        with it), and the main process of a systemd service. This process
+        itself may be adopted: it then becomes the agent, as ``agentscope
+        exec`` does before it execs its command.
+
+        Raises:
+            InvalidName, InvalidConfig (also: a process that is never
+            adopted, before anything is created), AgentExists, LaunchError
+            (no such process), BusError, HostUnderPressure (as for
+            :meth:`launch`).
+        """
+        self._check_open()
+        name = _names.validate_name("agent", name)
+        pid = await self._adopter.adoptable(pid)
+        controls = _scopeprops.build(
+            memory_max=memory_max,
+            tasks_max=tasks_max,
+            cpu_weight=cpu_weight,
+            io_weight=io_weight,
+            properties=properties,
         )
-        if held is not None:
-            raise AgentExists(self.name, name, held.unit)
-
-    async def _clear_slice_limits(self) -> None:
-        if self._slice_checked:
-            return
-        async with self._slice_lock:
-            if not self._slice_checked:
-                await self.clear_slice_limits()
-                self._slice_checked = True
+        grace = _scopeprops.parse_reap_after(reap_after)
+        return await self._adopter.adopt(
+            pid, name, controls, grace, admission_wait=self.admission_wait
+        )
 
     async def clear_slice_limits(self) -> dict[str, int]:
         """Clear any MemoryHigh/MemoryMax/MemorySwapMax on the agents slice, until reboot.
@@ -574,10 +464,7 @@ class AsyncFleet(AdoptGlue):
         A MemoryHigh there throttles every agent at once. Every launch does
         this once per fleet; returns what was cleared (empty: nothing was set).
         """
-        stale = await self._manager.clear_slice_limits()
-        if stale and self._store.registry is not None:
-            await self._store.event(None, "limits_cleared", slice=self.slice, limits=stale)
-        return stale
+        return await self._launcher.clear_slice_limits()
 
     async def slice_limits(self) -> dict[str, int | None]:
         """The agents slice's MemoryHigh/MemoryMax/MemorySwapMax; None means infinity."""

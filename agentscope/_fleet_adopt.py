@@ -1,7 +1,8 @@
 """The fleet's adopt: a running process and its descendants moved into a new scope.
 
-:class:`AdoptGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin). The
-same checks and name claim as a launch, then ``StartTransientUnit`` with the
+:class:`Adopter` is a part :class:`._fleet.AsyncFleet` holds. The same
+checks and name claim as a launch (through the fleet's :class:`._fleet_launch.Launcher`),
+then the manager's ``start_scope`` with the
 process tree's PIDs; children forked meanwhile are moved after it
 (``_escape.move_into``), and every process gets the agents' oom_score_adj.
 """
@@ -11,26 +12,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import psutil
 
-from . import _claim, _fdlimit, _names, _numbers, _scopeprops
+from . import _claim, _fdlimit, _names, _numbers
 from ._agent import Agent
 from ._errors import InvalidConfig, LaunchError
 from ._escape import move_into
 from ._proc import ProcStat, read_cgroup, read_stat
-from ._reaper import DEFAULT_REAP_AFTER
 from ._scopefiles import write_oom_score_adj
 
 if TYPE_CHECKING:
+    from ._agent import Agent
+    from ._fleet_launch import Launcher
     from ._fleet_monitor import Monitors
     from ._fleet_registry import FleetRegistry, Roster
-    from ._manager import ScopeManager
+    from ._manager import Controls, ScopeManager
 
-__all__ = ["AdoptGlue"]
+__all__ = ["Adopter"]
 
 log = logging.getLogger("agentscope")
 
@@ -38,71 +38,45 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class AdoptGlue:
-    """The adopting half of AsyncFleet; what it uses of the fleet is declared here."""
+class Adopter:
+    """The fleet's adopt (see the module's docstring); one per fleet object."""
 
-    if TYPE_CHECKING:
-        _roster: Roster
-        _store: FleetRegistry
-        _monitors: Monitors
-        admission_wait: float
-        name: str
-        agent_oom_score_adj: int
-        _manager: ScopeManager
-
-        def _check_open(self) -> None: ...
-        async def _clear_slice_limits(self) -> None: ...
-        async def _refuse_running(self, name: str) -> None: ...
-        async def slice_cgroup(self) -> Path: ...
+    def __init__(
+        self,
+        fleet: str,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        roster: Roster,
+        monitors: Monitors,
+        launcher: Launcher,
+        *,
+        agent_oom_score_adj: int,
+    ) -> None:
+        self.name = fleet
+        self._manager = manager
+        self._store = store
+        self._roster = roster
+        self._monitors = monitors
+        self._launcher = launcher
+        self.agent_oom_score_adj = agent_oom_score_adj
 
     async def adopt(
         self,
         pid: int,
         name: str,
+        controls: Controls,
+        grace: float | None,
         *,
-        memory_max: int | None = None,
-        tasks_max: int | None = None,
-        cpu_weight: int | None = None,
-        io_weight: int | None = None,
-        properties: Mapping[str, str | int] | None = None,
-        reap_after: float | str = DEFAULT_REAP_AFTER,
+        admission_wait: float,
     ) -> Agent:
-        """Move a running process and all its descendants into a new agent scope.
-
-        ``memory_max`` (bytes), the other resource controls and
-        ``reap_after`` are as for :meth:`launch`; ``pid`` is the main process.
-
-        Some processes are never adopted, since their whole tree would move
-        into the agent's scope (its cap, its stop, its reaper): PID 1, a
-        kernel thread, an ancestor of this process (the manager would move
-        with it), and the main process of a systemd service. This process
-        itself may be adopted: it then becomes the agent, as ``agentscope
-        exec`` does before it execs its command.
-
-        Raises:
-            InvalidName, InvalidConfig (also: a process that is never
-            adopted, before anything is created), AgentExists, LaunchError
-            (no such process), BusError, HostUnderPressure (as for
-            :meth:`launch`).
-        """
-        self._check_open()
-        name = _names.validate_name("agent", name)
-        pid = await self._adoptable(pid)
-        controls = _scopeprops.build(
-            memory_max=memory_max,
-            tasks_max=tasks_max,
-            cpu_weight=cpu_weight,
-            io_weight=io_weight,
-            properties=properties,
-        )
-        grace = _scopeprops.parse_reap_after(reap_after)
+        """See :meth:`.AsyncFleet.adopt` (its arguments checked, ``pid`` by :meth:`adoptable`)."""
         try:  # a walk of /proc: off the loop, as every read of many files
             root, pids = await asyncio.to_thread(_process_tree, pid)
         except psutil.NoSuchProcess as exc:
             raise LaunchError(f"no process with pid {pid} to adopt") from exc
-        await self._monitors.admit(self.admission_wait)
-        await self._refuse_running(name)
-        await self._clear_slice_limits()
+        await self._monitors.admit(admission_wait)
+        await self._launcher.refuse_running(name)
+        await self._launcher.clear_slice_limits_once()
         unit = _names.scope_unit_name(self.name, name)
         assert self._store.registry is not None
         stat, argv, cwd = await asyncio.to_thread(_identity, root)
@@ -117,7 +91,7 @@ class AdoptGlue:
             stat.start_time if stat else 0,
             argv,
             cwd,
-            slice_dir=await self.slice_cgroup(),
+            slice_dir=await self._manager.slice_cgroup(),
             close=self._store.close_row,
             reap_after=grace,
         )
@@ -141,7 +115,7 @@ class AdoptGlue:
                 unit,
                 late,
                 self._manager.attach,
-                await self.slice_cgroup(),
+                await self._manager.slice_cgroup(),
                 cgroup_root=self._manager.cgroup_root,
             )
             stuck = {p: why for p, why in moved.items() if why is not None}
@@ -164,7 +138,7 @@ class AdoptGlue:
             await self._store.event(name, "properties_not_applied", unit=unit, issues=issues)
         return agent
 
-    async def _adoptable(self, pid: object) -> int:
+    async def adoptable(self, pid: object) -> int:
         """``pid`` if it may be adopted; InvalidConfig naming why not (#31)."""
         allowed = (
             "the pid of a process of yours that is not PID 1, a kernel thread, an "

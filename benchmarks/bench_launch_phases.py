@@ -65,7 +65,7 @@ def _read_child_stamps() -> None:
 
 
 def _instrument_package(pkg: types.ModuleType) -> None:
-    fleet_mod = importlib.import_module(f"{pkg.__name__}._fleet")
+    fleet_mod = importlib.import_module(f"{pkg.__name__}._fleet_launch")
     spawn_mod = importlib.import_module(f"{pkg.__name__}._spawn")
     orig_spawn = fleet_mod.spawn_gated
 
@@ -109,14 +109,15 @@ def _instrument_package(pkg: types.ModuleType) -> None:
 
     spawn_mod._gate = gate
 
-    orig_reap = fleet_mod.Agent._reap
+    agent_cls = importlib.import_module(f"{pkg.__name__}._agent").Agent
+    orig_reap = agent_cls._reap
 
     def reap(self: Any) -> int | None:
         _mark("exit:seen")
         result: int | None = orig_reap(self)
         return result
 
-    fleet_mod.Agent._reap = reap
+    agent_cls._reap = reap
 
 
 def _instrument_fleet(fleet: Any) -> None:
