@@ -1,11 +1,13 @@
 """The asyncio core: a fleet of agents, each in its own transient scope.
 
-Launch, in order: validate everything (names, binary, cwd, env) before any
-scope exists; clear stale limits on the agents slice (once); fork a child
-that waits at a gate (``_spawn``); ``StartTransientUnit`` with the child's
-PID (or a PIDFD on systemd 255+) and wait for the start job; then let the
-child set oom_score_adj and exec. Any failure on the way aborts the child
-before it execs, so nothing runs outside its scope and nothing is left over.
+:class:`AsyncFleet` holds its parts, each an object that owns its state:
+the manager of its scopes (:mod:`._manager`, systemd's in :mod:`._systemd`),
+its registry adapter and roster (:mod:`._fleet_registry`), the reaper
+(:mod:`._reaper`), the OOM recovery (:mod:`._fleet_recovery`), the terminals
+(:mod:`._fleet_tmux`), the monitors (:mod:`._fleet_monitor`), the
+reconciler (:mod:`._fleet_reconcile`), the launcher (:mod:`._fleet_launch`)
+and the adopter (:mod:`._fleet_adopt`). Each public method checks its
+arguments here, before anything exists, and delegates to one part.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import signal as _signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from . import _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
@@ -59,8 +61,6 @@ from ._systemd import Capabilities, SystemdManager, probe
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
 
 log = logging.getLogger("agentscope")
-T = TypeVar("T")
-P = ParamSpec("P")
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["Adopter"]
 
 log = logging.getLogger("agentscope")
-
-T = TypeVar("T")
-P = ParamSpec("P")
 
 
 class Adopter:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from . import _tmux
 from ._contract import event_parts
@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["Monitors"]
 
 log = logging.getLogger("agentscope")
-
-T = TypeVar("T")
-P = ParamSpec("P")
 
 
 class Monitors:

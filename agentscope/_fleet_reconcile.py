@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 from . import _claim
 from ._errors import AgentExists, RegistryError
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["Reconciler"]
 
 log = logging.getLogger("agentscope")
-T = TypeVar("T")
-P = ParamSpec("P")
 
 
 class Reconciler:

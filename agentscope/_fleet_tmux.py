@@ -16,7 +16,7 @@ import signal as _signal
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 from . import _tmux
 from ._errors import BusError, TmuxError
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["Terminals", "TmuxChild"]
 
 log = logging.getLogger("agentscope")
-T = TypeVar("T")
-P = ParamSpec("P")
 DEVNULL = subprocess.DEVNULL
 
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._errors import AgentscopeError, InvalidTransition, RegistryError
 from ._proc import PROC_ROOT, read_stat, read_statm_rss
@@ -52,8 +52,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentscope")
-T = TypeVar("T")
-P = ParamSpec("P")
 
 MAX_NAMED = 64
 """Leftovers named in one event at most (the count covers them all)."""
