@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._errors import AgentscopeError as AgentscopeError
     from ._errors import BusError as BusError
     from ._errors import HostUnderPressure as HostUnderPressure
+    from ._errors import InstallError as InstallError
     from ._errors import InvalidConfig as InvalidConfig
     from ._errors import InvalidName as InvalidName
     from ._errors import LaunchError as LaunchError
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from ._errors import RegistryError as RegistryError
     from ._errors import SystemdTimeout as SystemdTimeout
     from ._errors import SystemdUnavailable as SystemdUnavailable
+    from ._errors import TmuxError as TmuxError
+    from ._errors import TmuxUnavailable as TmuxUnavailable
+    from ._errors import WindowExists as WindowExists
     from ._events import AgentExited as AgentExited
     from ._events import Escaped as Escaped
     from ._events import LimitFound as LimitFound
@@ -41,7 +45,6 @@ if TYPE_CHECKING:
     from ._guardpolicy import GuardConfig as GuardConfig
     from ._guardpolicy import GuardHeld as GuardHeld
     from ._guardpolicy import GuardKill as GuardKill
-    from ._install import InstallError as InstallError
     from ._monitor import Monitor as Monitor
     from ._names import DEFAULT_SLICE as DEFAULT_SLICE
     from ._oomd import OomdKill as OomdKill
@@ -53,9 +56,6 @@ if TYPE_CHECKING:
     from ._report import build_report as build_report
     from ._systemd import Capabilities as Capabilities
     from ._systemd import probe as probe
-    from ._tmux import TmuxError as TmuxError
-    from ._tmux import TmuxUnavailable as TmuxUnavailable
-    from ._tmux import WindowExists as WindowExists
 
 del TYPE_CHECKING
 
@@ -93,7 +93,7 @@ _LAZY = {
     "GuardConfig": "._guardpolicy",
     "GuardHeld": "._guardpolicy",
     "GuardKill": "._guardpolicy",
-    "InstallError": "._install",
+    "InstallError": "._errors",
     "AgentExited": "._events",
     "Escaped": "._events",
     "AgentMemory": "._report",
@@ -109,9 +109,9 @@ _LAZY = {
     "DEFAULT_SLICE": "._names",
     "EventRecord": "._registry",
     "default_registry_path": "._registry",
-    "TmuxError": "._tmux",
-    "TmuxUnavailable": "._tmux",
-    "WindowExists": "._tmux",
+    "TmuxError": "._errors",
+    "TmuxUnavailable": "._errors",
+    "WindowExists": "._errors",
 }
 
 __all__ = [

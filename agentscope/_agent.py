@@ -1,7 +1,8 @@
 """The Agent object: one launched (or adopted) agent, its streams and its exit.
 
-The fleet (:mod:`._fleet`) makes them; an agent tells its fleet when its
-launched child exits (``_note_exit``).
+The fleet's roster (:class:`._fleet_registry.Roster`) makes them; an agent
+tells its fleet when its launched child exits through the ``on_exit``
+callback it was made with, and holds nothing else of the fleet.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ._registry import AgentRecord
 from ._scopeprops import DEFAULT_REAP_AFTER
 
 if TYPE_CHECKING:
-    from ._fleet import AsyncFleet
+    from collections.abc import Callable
 
 __all__ = ["Agent"]
 
@@ -39,13 +40,16 @@ class Agent:
 
     def __init__(
         self,
-        fleet: AsyncFleet,
+        fleet: str,
         name: str,
         unit: str,
         pid: int,
         popen: subprocess.Popen[bytes] | None,
+        on_exit: Callable[[Agent, int | None], None] | None = None,
     ) -> None:
+        #: the name of its fleet
         self.fleet = fleet
+        self._on_exit = on_exit
         self.name = name
         self.unit = unit
         self.pid = pid
@@ -80,8 +84,13 @@ class Agent:
         return f"<Agent {self.name} {self.state} pid={self.pid} unit={self.unit}>"
 
     @classmethod
-    def _from_record(cls, fleet: AsyncFleet, rec: AgentRecord) -> Agent:
-        agent = cls(fleet, rec.name, rec.unit, rec.pid, None)
+    def _from_record(
+        cls,
+        rec: AgentRecord,
+        terminal: str | None = None,
+        on_exit: Callable[[Agent, int | None], None] | None = None,
+    ) -> Agent:
+        agent = cls(rec.fleet, rec.name, rec.unit, rec.pid, None, on_exit)
         agent.started = rec.created
         agent.state = rec.state
         agent.returncode = rec.exit_status
@@ -89,7 +98,7 @@ class Agent:
         agent.memory_current = rec.memory_current
         agent.memory_peak = rec.memory_peak
         agent.argv = list(rec.argv)
-        agent.terminal = fleet._terminals.get(rec.unit)
+        agent.terminal = terminal
         agent.reap_after = rec.reap_after
         if rec.lingering is not None and not rec.closed and rec.state != "stopping":
             agent.state = "lingering"
@@ -99,7 +108,7 @@ class Agent:
         """The agent as JSON-ready data (what ``agentscope ls --json`` prints)."""
         return {
             "name": self.name,
-            "fleet": self.fleet.name,
+            "fleet": self.fleet,
             "unit": self.unit,
             "pid": self.pid,
             "state": self.state,
@@ -170,8 +179,8 @@ class Agent:
             status = self._reap()
             fut.set_result(status)
             # A pane's process is the tmux server's child: no status, but the exit is seen.
-            if self.popen is not None or self.terminal is not None:
-                self.fleet._note_exit(self, status)
+            if self._on_exit is not None and (self.popen is not None or self.terminal is not None):
+                self._on_exit(self, status)
 
     async def _poll_exit(self) -> None:
         # No event to wait on without a pidfd: a poll is the fallback.

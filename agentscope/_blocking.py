@@ -12,6 +12,7 @@ import os
 import signal as _signal
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from . import _names, _numbers
@@ -34,23 +35,37 @@ Stdio = int | IO[Any] | None
 class _LoopThread:
     """An event loop running in a daemon thread of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="agentscope-loop", daemon=True
         )
         self._thread.start()
+        self._lock = threading.Lock()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for it.
+
+        Raises:
+            AgentscopeError: the fleet was closed (its loop is gone), or this
+                is the loop's own thread (the call would wait for itself).
+        """
         if threading.current_thread() is self._thread:
             coro.close()
             raise AgentscopeError("a blocking Fleet method was called from its own loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        with self._lock:  # not closed between this look and the submission
+            if self.loop.is_closed():
+                coro.close()
+                raise AgentscopeError(f"fleet {self.name!r} is closed; open a new Fleet")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result()
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
-        self.loop.close()
+        with self._lock:
+            self.loop.close()
 
 
 class BlockingAgent:
@@ -156,7 +171,7 @@ class Fleet:
         _bus: SystemdBus | None = None,
         admission_wait: float = 0.0,
     ) -> None:
-        self._portal = _LoopThread()
+        self._portal = _LoopThread(name)
         try:
             self._fleet = self._portal.call(
                 _make(
@@ -197,10 +212,22 @@ class Fleet:
         self.close()
 
     def close(self) -> None:
-        """Close the connection and the loop thread. Agents keep running."""
+        """Close the connection and the loop thread. Agents keep running.
+
+        Closing twice is harmless; any other call after it raises
+        :class:`AgentscopeError` (the fleet is closed).
+        """
         if self._portal.loop.is_running():
             self._portal.call(self._fleet.aclose())
             self._portal.stop()
+
+    def slice_cgroup(self) -> Path:
+        """See :meth:`AsyncFleet.slice_cgroup`."""
+        return self._portal.call(self._fleet.slice_cgroup())
+
+    def unit_agent(self, unit: str) -> str | None:
+        """See :meth:`AsyncFleet.unit_agent` (thread-safe: no trip to the loop)."""
+        return self._fleet.unit_agent(unit)
 
     def launch(
         self,

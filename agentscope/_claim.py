@@ -28,9 +28,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ._errors import AgentExists
+from ._errors import AgentExists, InvalidTransition
 from ._reconcile_plan import stale
-from ._records import AgentRecord, AgentState, InvalidTransition
+from ._records import AgentRecord, AgentState
 from ._scopeprops import DEFAULT_REAP_AFTER
 
 if TYPE_CHECKING:  # _registry imports _spool_intake, which claims names here

@@ -1,19 +1,34 @@
-"""The errors agentscope raises.
+"""The errors agentscope raises: every public one is defined here.
 
 Every error is an :class:`AgentscopeError`. Subclasses exist only where a
-caller can act differently on them::
+caller can act differently on them (tests/test_api.py checks this drawing
+against the classes)::
 
     AgentscopeError
-    ├── InvalidName          a fleet or agent name that systemd or we refuse
-    ├── InvalidConfig        a setting out of its range (names the field and the range)
-    ├── LaunchError          the agent could not be started (binary, cwd, env, exec)
-    │   └── HostUnderPressure  refused: the guard holds the host short of memory
-    ├── AgentNotFound        no running agent of that name in this fleet
-    ├── AgentExists          an agent of that name is already running
-    ├── SystemdUnavailable   no systemd manager reachable on the bus we tried
-    ├── BusError             systemd refused a D-Bus call (keeps its error name)
-    └── RegistryError        the registry file cannot be used (names the file)
-        └── RegistryCorrupt  not a database, or a damaged one: move it aside
+    ├── InvalidName              a fleet or agent name that systemd or we refuse
+    ├── InvalidConfig            an argument or setting out of its range (names it and the range)
+    ├── LaunchError              the agent could not be started (argv, binary, cwd, env, exec)
+    │   ├── HostUnderPressure    not now: the guard holds the host short of memory
+    │   └── TmuxError            a tmux agent could not be started or reached
+    │       ├── TmuxUnavailable  tmux, libtmux or bash is not installed
+    │       └── WindowExists     a window of that name is open in the fleet's session
+    ├── AgentNotFound            no running agent of that name in this fleet
+    ├── AgentExists              an agent of that name is already running
+    ├── SystemdUnavailable       no systemd manager reachable on the bus we tried
+    │   └── SystemdTimeout       one was reached but did not answer in time
+    ├── BusError                 systemd refused a D-Bus call (keeps its error name)
+    ├── RegistryError            the registry file cannot be used (names the file)
+    │   ├── RegistryCorrupt      not a database, or a damaged one: move it aside
+    │   ├── UnitNotFound         no row of the registry has that unit
+    │   └── InvalidTransition    a state change the agents' lifecycle does not allow
+    └── InstallError             install or uninstall cannot go ahead; nothing changed
+        └── UntrustedExecutable  root would run a file another user could change
+
+Nothing else is raised on purpose but the standard ``OSError`` of a file a
+caller named. The command line turns each into an exit code in one place
+(``cli/_errors.py``): a ``HostUnderPressure`` or a ``TmuxError`` is a
+condition of the host, not bad input, so it exits 1 where the other
+``LaunchError``s exit 2.
 """
 
 from __future__ import annotations
@@ -31,12 +46,20 @@ __all__ = [
     "AgentscopeError",
     "BusError",
     "HostUnderPressure",
+    "InstallError",
     "InvalidConfig",
     "InvalidName",
+    "InvalidTransition",
     "LaunchError",
     "RegistryCorrupt",
     "RegistryError",
+    "SystemdTimeout",
     "SystemdUnavailable",
+    "TmuxError",
+    "TmuxUnavailable",
+    "UnitNotFound",
+    "UntrustedExecutable",
+    "WindowExists",
 ]
 
 
@@ -104,6 +127,35 @@ class HostUnderPressure(LaunchError):
             f"the host is under memory pressure (MemAvailable {mem_available_percent:.1f}%, "
             f"SwapFree {swap_free_percent:.1f}%, {psi}; waited {waited:.1f} s): no agent "
             "was started; retry later, stop an agent, or pass a longer admission_wait"
+        )
+
+
+class TmuxError(LaunchError):
+    """A tmux agent could not be started or reached; the message says why and what to do.
+
+    Raised before anything exists for bad input (a window name taken, the
+    socket directory not writable), so no scope or window is left behind.
+    """
+
+
+class TmuxUnavailable(TmuxError):
+    """tmux or libtmux is not installed.
+
+    ``apt install tmux``; ``pip install 'agentscope-systemd[tmux]'`` for libtmux.
+    """
+
+
+class WindowExists(TmuxError):
+    """A window of that name is already open in the fleet's tmux session."""
+
+    def __init__(self, fleet: str, name: str, window: str, socket: Path) -> None:
+        self.fleet = fleet
+        self.name = name
+        self.window = window
+        super().__init__(
+            f"a tmux window named {name!r} ({window}) is already open in fleet {fleet!r}'s "
+            f"session; close it (tmux -S {socket} kill-window -t {window}) or pick another "
+            "agent name"
         )
 
 
@@ -225,4 +277,74 @@ class RegistryCorrupt(RegistryError):
             f"the agentscope registry {path} is unreadable ({reason}); move it aside: "
             f"mv {quoted} {shlex.quote(str(path) + '.corrupt')}; "
             "agentscope will rebuild it from what systemd still runs",
+        )
+
+
+class UnitNotFound(RegistryError, LookupError):
+    """No row of the registry has that unit name."""
+
+    def __init__(self, path: os.PathLike[str] | str, unit: str) -> None:
+        self.unit = unit
+        super().__init__(
+            path, f"no agent with unit {unit!r} in the registry {path}; list agents to see theirs"
+        )
+
+
+class InvalidTransition(RegistryError):
+    """A state change the lifecycle does not allow, e.g. reopening a closed row.
+
+    ``current`` is the state stored, ``requested`` the one refused, ``closed``
+    whether ``current`` is one a row ends in (``_records.CLOSED_STATES``). The
+    row is left as it was; re-read it to see who closed it and why.
+    """
+
+    def __init__(
+        self,
+        path: os.PathLike[str] | str,
+        unit: str,
+        current: str,
+        requested: str,
+        *,
+        closed: bool = False,
+    ) -> None:
+        self.unit = unit
+        self.current = current
+        self.requested = requested
+        why = "a closed agent is not reopened so" if closed else "not allowed"
+        super().__init__(
+            path, f"cannot move {unit} from {current!r} to {requested!r}: {why}; re-read the agent"
+        )
+
+
+class InstallError(AgentscopeError):
+    """Install or uninstall cannot go ahead; nothing was changed.
+
+    ``paths`` are the files in the way, ``reason`` why.
+    """
+
+    def __init__(self, reason: str, paths: list[str], hint: str) -> None:
+        self.reason = reason
+        self.paths = paths
+        self.hint = hint
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {', '.join(self.paths)}; {self.hint}"
+
+
+class UntrustedExecutable(InstallError):
+    """A system install would make root run a file another user could change; nothing was written.
+
+    ``paths`` say which file and why (its owner, a writable directory on its
+    way, its ``#!`` interpreter's).
+    """
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__(
+            "install --system would make root run a file that a user other than root could change",
+            paths,
+            "install agentscope where only root can write (as root: python3 -m venv "
+            "/opt/agentscope && /opt/agentscope/bin/pip install agentscope-systemd) and "
+            "run that one's `agentscope install --system`, or use install --user for your "
+            "own manager",
         )

@@ -1,11 +1,13 @@
 """The asyncio core: a fleet of agents, each in its own transient scope.
 
-Launch, in order: validate everything (names, binary, cwd, env) before any
-scope exists; clear stale limits on the agents slice (once); fork a child
-that waits at a gate (``_spawn``); ``StartTransientUnit`` with the child's
-PID (or a PIDFD on systemd 255+) and wait for the start job; then let the
-child set oom_score_adj and exec. Any failure on the way aborts the child
-before it execs, so nothing runs outside its scope and nothing is left over.
+:class:`AsyncFleet` holds its parts, each an object that owns its state:
+the manager of its scopes (:mod:`._manager`, systemd's in :mod:`._systemd`),
+its registry adapter and roster (:mod:`._fleet_registry`), the reaper
+(:mod:`._reaper`), the OOM recovery (:mod:`._fleet_recovery`), the terminals
+(:mod:`._fleet_tmux`), the monitors (:mod:`._fleet_monitor`), the
+reconciler (:mod:`._fleet_reconcile`), the launcher (:mod:`._fleet_launch`)
+and the adopter (:mod:`._fleet_adopt`). Each public method checks its
+arguments here, before anything exists, and delegates to one part.
 """
 
 from __future__ import annotations
@@ -15,59 +17,56 @@ import logging
 import os
 import signal as _signal
 import subprocess
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, ParamSpec, TypeVar
+from typing import Any
 
-from . import _claim, _fdlimit, _names, _numbers, _scope, _scopeprops, _tmux
+from . import _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
 from ._errors import (
-    AgentExists,
     AgentNotFound,
     AgentscopeError,
+    InvalidConfig,
+    InvalidTransition,
     LaunchError,
     RegistryError,
 )
-from ._fleet_adopt import AdoptGlue
-from ._fleet_monitor import MonitorGlue
-from ._fleet_reconcile import ReconcileGlue
-from ._fleet_recovery import RecoveryGlue
-from ._fleet_registry import RegistryGlue
-from ._fleet_tmux import TmuxChild, TmuxGlue
-from ._launchargs import check_argv, check_memory_max
+from ._fleet_adopt import Adopter
+from ._fleet_launch import Launcher, Stdio
+from ._fleet_monitor import Monitors
+from ._fleet_reconcile import Reconciler
+from ._fleet_recovery import OomRecovery
+from ._fleet_registry import FleetRegistry, Roster
+from ._fleet_tmux import Terminals
+from ._guardpolicy import GuardConfig
+from ._launchargs import check_argv
+from ._manager import ScopeManager
 from ._monitor import Monitor
-from ._proc import exec_comm, read_stat
-from ._reaper import DEFAULT_REAP_AFTER, ReapGlue
+from ._proc import exec_comm
+from ._reaper import DEFAULT_REAP_AFTER, Reaper
 from ._registry import (
-    InvalidTransition,
-    Registry,
+    EventRecord,
     default_registry_path,
     in_flight,
 )
+from ._report import MemoryReport
 from ._scopefiles import (
     cgroup_present,
     raise_own_oom_score_adj,
     read_figures,
 )
-from ._spawn import GatedChild, spawn_gated
-from ._systemd import SLICE_IFACE, Capabilities, Scopes, probe
+from ._systemd import Capabilities, SystemdManager, probe
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
 
 log = logging.getLogger("agentscope")
-T = TypeVar("T")
-P = ParamSpec("P")
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
-Stdio = int | IO[Any] | None
 
 
-class AsyncFleet(
-    AdoptGlue, MonitorGlue, ReconcileGlue, RecoveryGlue, RegistryGlue, TmuxGlue, ReapGlue
-):
+class AsyncFleet:
     """A fleet of agents on one systemd manager; the asyncio core.
 
     Use it as ``async with AsyncFleet("default") as fleet``. Agents outlive
@@ -83,7 +82,8 @@ class AsyncFleet(
         InvalidName: a bad fleet name.
         InvalidConfig: a number out of its range (``agent_oom_score_adj`` and
             ``manager_oom_score_adj`` -1000..1000, ``admission_wait``
-            0..86400 s), before anything is created.
+            0..86400 s) or a ``policy`` not ``adopt`` nor ``stop``, before
+            anything is created.
         SystemdUnavailable: (on enter) no manager reachable.
     """
 
@@ -101,9 +101,10 @@ class AsyncFleet(
         tmux_dir: str | os.PathLike[str] | None = None,
         _bus: SystemdBus | None = None,
         admission_wait: float = 0.0,
+        _manager: ScopeManager | None = None,
     ) -> None:
         if policy not in ("adopt", "stop"):
-            raise AgentscopeError(f"policy must be 'adopt' or 'stop', not {policy!r}")
+            raise InvalidConfig("policy", policy, "'adopt' or 'stop'", problem="is not allowed")
         # Every number checked here, before any bus or registry exists: a bad
         # oom_score_adj used to fail only in the launch gate, after the scope.
         self.admission_wait = _numbers.real(
@@ -123,46 +124,77 @@ class AsyncFleet(
             )
         self.name = _names.validate_name("fleet", name)
         self.slice = _names.validate_slice(slice)
-        # _bus is the tests' seam (tests/fakesystemd.py): a SystemdBus that
-        # answers for the manager, over a cgroup tree at its cgroup_root.
-        self._bus = _bus if _bus is not None else SystemdBus(manager, env=env)
-        self.manager = self._bus.manager
-        self._scopes = Scopes(self._bus, self.name, self.slice)
+        # Everything asked of systemd goes through this one object (_manager.py).
+        # The tests' seams: _bus, a SystemdBus that answers for the manager
+        # over a cgroup tree at its cgroup_root (tests/fakesystemd.py), or
+        # _manager, another implementation of the interface.
+        if _manager is None:
+            bus = _bus if _bus is not None else SystemdBus(manager, env=env)
+            _manager = SystemdManager(bus, self.name, self.slice)
+        self._manager: ScopeManager = _manager
+        self.manager = _manager.manager
         self.agent_oom_score_adj = agent_oom_score_adj
         self.manager_oom_score_adj = manager_oom_score_adj
-        self._agents: dict[str, Agent] = {}
-        self._slice_checked = False
-        self._slice_lock = asyncio.Lock()
         self._closed = False
         self.policy = policy
         self.registry_path = Path(
             registry if registry is not None else default_registry_path(self.manager)
         )
-        self._registry: Registry | None = None
-        self._slice_cgroup: Path | None = None
+        # The parts the fleet holds: its agents in memory, its registry.
+        self._roster = Roster(self.name, self._note_exit)
+        self._store = FleetRegistry(self.name, self.registry_path, self._roster)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._unit_names: dict[str, str] = {}
-        # Units whose name starts like ours but that belong to another fleet.
-        self._foreign: set[str] = set()
-        # Each launch in flight holds a thread inside Popen until its exec; a
-        # few at a time keep the GIL (and the event loop) free for the rest.
-        self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
-        self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
-        self._init_recovery()
-        # tmux agents: their units, and the fleet's server on its private socket.
-        self._terminals: dict[str, str] = {}
-        self._tmux = _tmux.TmuxServer(
+        self._recovery = OomRecovery(self.name, self._manager, self._store)
+        # tmux agents: the fleet's server on its private socket.
+        self._reaper = Reaper(self.name, self._manager, self._store, self._roster, self._tasks)
+        tmux = _tmux.TmuxServer(
             self.name,
             Path(tmux_dir)
             if tmux_dir is not None
             else _tmux.socket_dir(_tmux.runtime_dir(self.manager, env), self.name),
         )
-        self._tmux_lock = asyncio.Lock()
-        # Lingering agents' reaps due while this fleet is open (_reaper.py).
-        self._reap_timers: dict[str, asyncio.TimerHandle] = {}
-        # unit -> time.monotonic() when this fleet first saw it lingering (_reaper).
-        self._linger_seen: dict[str, float] = {}
-        self._last_sweep = 0.0
+        self._terminals = Terminals(
+            self.name,
+            tmux,
+            self._manager,
+            self._store,
+            self._roster,
+            self._reaper,
+            self._resolve,
+            agent_oom_score_adj=agent_oom_score_adj,
+            manager_oom_score_adj=manager_oom_score_adj,
+        )
+        self._reconciler = Reconciler(
+            self.name, self.policy, self._manager, self._store, self._roster, self._reaper
+        )
+        self._monitors = Monitors(
+            self.name,
+            self._manager,
+            self._store,
+            self._recovery,
+            self._reaper,
+            self._terminals,
+            self._tasks,
+        )
+        self._launcher = Launcher(
+            self.name,
+            self._manager,
+            self._store,
+            self._roster,
+            self._monitors,
+            self._terminals,
+            self._tasks,
+            agent_oom_score_adj=agent_oom_score_adj,
+        )
+        self._adopter = Adopter(
+            self.name,
+            self._manager,
+            self._store,
+            self._roster,
+            self._monitors,
+            self._launcher,
+            agent_oom_score_adj=agent_oom_score_adj,
+        )
 
     async def __aenter__(self) -> AsyncFleet:
         await self.open()
@@ -182,14 +214,14 @@ class AsyncFleet(
         Raises:
             SystemdUnavailable, RegistryError.
         """
-        await self._bus.connect()
+        await self._manager.connect()
         try:
             if self.manager_oom_score_adj is not None:
                 raise_own_oom_score_adj(self.manager_oom_score_adj)
-            self._registry = await asyncio.to_thread(Registry, self.registry_path)
-            await self._load_terminals()
-            await self._reconcile()
-            await self._recover_oom()  # kills while no monitor ran, recorded once
+            await self._store.open()
+            await self._terminals.load()
+            await self._reconciler.reconcile()
+            await self._recovery.recover()  # kills while no monitor ran, recorded once
         except BaseException:
             await self.aclose()  # a fleet that failed to open holds nothing open
             raise
@@ -197,15 +229,13 @@ class AsyncFleet(
     async def aclose(self) -> None:
         """Close the connection and the registry. Agents keep running."""
         self._closed = True
-        self._cancel_reaps()  # due ones are done by the next open or monitor
+        self._reaper.close()  # due ones are done by the next open or monitor
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
-        for agent in self._agents.values():
+        for agent in self._roster.agents.values():
             agent._unwatch()  # its pidfd: one per agent for the life of the process otherwise
-        self._bus.close()
-        if self._registry is not None:
-            await asyncio.to_thread(self._registry.close)
-            self._registry = None
+        self._manager.close()
+        await self._store.close()
 
     def _note_exit(self, agent: Agent, status: int | None) -> None:
         """A launched child was reaped: record it (from the pidfd callback)."""
@@ -214,15 +244,13 @@ class AsyncFleet(
         task.add_done_callback(self._tasks.discard)
 
     async def _record_exit(self, agent: Agent, status: int | None) -> None:
-        for mon in list(self._monitors):
-            mon.note_exit(
-                agent.unit, agent.pid, status, exec_comm(agent.argv[0]) if agent.argv else None
-            )
-        if self._registry is None:
+        comm = exec_comm(agent.argv[0]) if agent.argv else None
+        self._monitors.note_exit(agent.unit, agent.pid, status, comm)
+        if self._store.registry is None:
             return
-        registry = self._registry
+        registry = self._store.registry
         try:
-            if await self._main_exited(agent.unit, agent.pid, status):
+            if await self._reaper.main_exited(agent.unit, agent.pid, status):
                 agent.state = "lingering"  # its scope holds processes: see _reaper
                 return
         except (RegistryError, OSError) as exc:
@@ -231,7 +259,7 @@ class AsyncFleet(
 
         detail = {"unit": agent.unit, "pid": agent.pid, "status": status}
         try:
-            await self._db(
+            await self._store.call(
                 registry.set_state,
                 agent.unit,
                 "exited",
@@ -244,37 +272,59 @@ class AsyncFleet(
         except RegistryError as exc:
             log.warning("could not record the exit of %s: %s", agent.name, exc)
 
-    async def slice_cgroup(self) -> Path:
-        """The agents slice's cgroup directory, as systemd reports it."""
-        if self._slice_cgroup is None:
-            path = await self._bus.unit_path(self.slice)
-            cg = await self._bus.get_property(path, SLICE_IFACE, "ControlGroup")
-            if not cg:  # not realized yet: where systemd will put it
-                # Not cached: the real path is known once the slice is realized.
-                return self._expected_slice_cgroup()
-            else:
-                self._slice_cgroup = self._bus.cgroup_root / str(cg).lstrip("/")
-        return self._slice_cgroup
+    async def events(
+        self,
+        *,
+        agent: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        kind: str | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+        last: int | None = None,
+    ) -> list[EventRecord]:
+        """The fleet's recorded events, oldest first (``after_id`` for following,
+        ``last`` for the newest few); see :meth:`Registry.events`."""
+        self._check_open()
+        return await self._store.events(
+            agent=agent,
+            since=since,
+            until=until,
+            kind=kind,
+            after_id=after_id,
+            limit=limit,
+            last=last,
+        )
 
-    def _expected_slice_cgroup(self) -> Path:
-        """Where the manager puts the agents slice: dashes in its name are the hierarchy."""
-        root = str(self._bus.cgroup_root)
-        return Path(_scope.slice_cgroup(self.manager, self.slice, root=root))
+    async def gc(self, retention_seconds: float = 7 * 86400) -> int:
+        """Prune this fleet's exited agents older than the retention, and their events."""
+        retention_seconds = _numbers.real(
+            "retention_seconds", retention_seconds, low=0, high=100 * 365.25 * 86400
+        )
+        self._check_open()
+        return await self._store.gc(retention_seconds)
+
+    async def slice_cgroup(self) -> Path:
+        """The agents slice's cgroup directory, as systemd reports it.
+
+        Before the slice's first scope, where systemd will put it.
+        """
+        return await self._manager.slice_cgroup()
 
     @property
     def systemd_version(self) -> str:
         """The manager's systemd version string, as it reports it ("" before open)."""
-        return self._bus.version
+        return self._manager.version
 
     @property
     def bus_address(self) -> str:
         """The D-Bus address the fleet reached its manager at ("" before open)."""
-        return self._bus.address
+        return self._manager.address
 
     def _check_open(self) -> None:
         if self._closed:
             raise AgentscopeError(f"fleet {self.name!r} is closed; open a new one")
-        if self._registry is None:
+        if self._store.registry is None:
             raise AgentscopeError(
                 f"fleet {self.name!r} is not open: use 'async with AsyncFleet(...)' or open()"
             )
@@ -321,8 +371,10 @@ class AsyncFleet(
         stay None.
 
         Raises:
-            InvalidConfig: a resource control or ``reap_after`` out of range,
-                or a property not on the list (nothing was started).
+            InvalidConfig: a resource control (``memory_max`` and
+                ``tasks_max`` alike) or ``reap_after`` out of range, a property
+                not on the list, a ``terminal`` not None nor ``"tmux"``
+                (nothing was started).
             InvalidName, LaunchError, AgentExists, BusError, SystemdUnavailable,
             HostUnderPressure (the guard sees the host short: nothing was started),
             TmuxError (tmux missing, its directory not writable, the window
@@ -333,7 +385,6 @@ class AsyncFleet(
         cwd_s = os.fspath(cwd) if cwd is not None else None
         # PATH lookups and stat()s: off the loop.
         await asyncio.to_thread(check_argv, argv, env, cwd_s)
-        check_memory_max(memory_max)
         controls = _scopeprops.build(
             memory_max=memory_max,
             tasks_max=tasks_max,
@@ -343,190 +394,69 @@ class AsyncFleet(
         )
         grace = _scopeprops.parse_reap_after(reap_after)
         if terminal not in (None, "tmux"):
-            raise LaunchError(f"terminal must be None or 'tmux', not {terminal!r}")
+            raise InvalidConfig("terminal", terminal, "None or 'tmux'", problem="is not allowed")
         if terminal is not None and (stdin, stdout, stderr) != (None, None, None):
             raise LaunchError(
                 "a tmux agent's stdin, stdout and stderr are its pane: leave them None "
                 "(read its output with logs(), type into it with send())"
             )
-        await self._admit()
-        if terminal is not None:
-            # Before the pane: a running tmux agent's window would otherwise
-            # make it fail as WindowExists instead of AgentExists.
-            await self._refuse_running(name)
-        else:
-            # The registry's open row is checked when the launch is recorded
-            # (_record_launch): no trip to the registry before the fork.
-            self._refuse_known(name)
-        await self._clear_slice_limits()
-        # Registry writes of this fleet still in flight (an exit just seen)
-        # would otherwise run during the fork and the gate, where they and the
-        # fork slow each other down (the GIL, and copy-on-write faults on every
-        # page they touch while the child shares them): let them finish first.
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        unit = _names.scope_unit_name(self.name, name)
-        async with self._spawn_slots:
-            popen, pid, issues = await self._spawn_in_scope(
-                unit, name, argv, cwd_s, env, stdin, stdout, stderr, controls, terminal, grace
-            )
-        agent = Agent(self, name, unit, pid, popen)
-        agent.argv = list(argv)
-        agent.terminal = terminal
-        agent.reap_after = grace
-        agent.property_issues = issues
-        self._unit_names[unit] = name
-        launched: dict[str, Any] = {"pid": agent.pid, "argv": list(argv)}
-        if terminal is not None:
-            self._terminals[unit] = terminal
-            launched["terminal"] = terminal
-        try:
-            await self._db(self._mark_running, unit, launched=launched)
-        finally:
-            # Watched only now: an exit recorded before the row says running
-            # (a command that ends at once) made the move to running fail as
-            # InvalidTransition. Nothing can reap the child meanwhile (it is
-            # not in _agents yet), so the pidfd still finds it, a zombie at worst.
-            self._agents[name] = agent
-            agent._watch_exit()
-        if issues:
-            await self._event(name, "properties_not_applied", unit=unit, issues=issues)
-        if _streams and popen is not None:  # the blocking facade reads the plain pipes instead
-            await agent._attach_streams()
-        log.debug("launched %s as %s (pid %d)", name, unit, agent.pid)
-        return agent
-
-    async def _spawn_in_scope(
-        self,
-        unit: str,
-        name: str,
-        argv: Sequence[str],
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdin: Stdio,
-        stdout: Stdio,
-        stderr: Stdio,
-        controls: dict[str, tuple[str, Any]],
-        terminal: str | None = None,
-        reap_after: float | None = DEFAULT_REAP_AFTER,
-    ) -> tuple[subprocess.Popen[bytes] | None, int, list[dict[str, Any]]]:
-        """Fork the gated child (or open its tmux pane), record it, make its scope, let it exec.
-
-        Returns the Popen (None for a tmux pane, the tmux server's child),
-        the PID and what systemd did not take of ``controls``.
-        """
-        # This launch's own reference: cleanup must work even if the fleet is
-        # closed meanwhile (a gather of launches cancelled at shutdown).
-        registry = self._registry
-        assert registry is not None
-        child: GatedChild | TmuxChild
-        # Each agent keeps a pidfd here: past the soft fd limit, raise it (_fdlimit).
-        _fdlimit.make_room()
-        for attempt in range(2):
-            try:
-                if terminal is not None:
-                    child = await self._open_pane(unit, name, argv, cwd, env)
-                else:
-                    child = await spawn_gated(
-                        argv,
-                        cwd=cwd,
-                        env=env,
-                        stdin=stdin,
-                        stdout=stdout,
-                        stderr=stderr,
-                        oom_score_adj=self.agent_oom_score_adj,
-                    )
-                break
-            except OSError as exc:
-                if not _fdlimit.out_of_descriptors(exc):
-                    raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
-                # Descriptors nobody counted fill the table: raise the limit and
-                # try once more (nothing was started), else say what to do.
-                if attempt or not _fdlimit.make_room(force=True):
-                    raise _fdlimit.no_room(argv[0], exc) from exc
-        recorded = False
-        try:
-            await self._record_launch(registry, name, unit, child.pid, argv, cwd, reap_after)
-            recorded = True
-            issues = await self._scopes.start_scope(unit, name, [child.pid], controls)
-        except BaseException as exc:
-            await child.abort()
-            if recorded:
-                try:
-                    await asyncio.to_thread(registry.delete, unit)
-                except RegistryError as err:  # closed meanwhile: reconciliation closes the row
-                    log.debug("could not forget %s: %s", unit, err)
-            if _fdlimit.out_of_descriptors(exc):  # the pidfd systemd was to get
-                raise _fdlimit.no_room(argv[0], exc) from exc
-            raise
-        try:
-            popen = await child.release()
-        except (OSError, LaunchError) as exc:
-            # The exec failed inside the scope: the scope ends with its only process.
-            await self._db(registry.set_state, unit, "failed")
-            await self._event(name, "failed", unit=unit, error=str(exc))
-            raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
-        return popen, child.pid, issues
-
-    async def _record_launch(
-        self,
-        registry: Registry,
-        name: str,
-        unit: str,
-        pid: int,
-        argv: Sequence[str],
-        cwd: str | None,
-        reap_after: float | None,
-    ) -> None:
-        """Record the launch (state starting) before its scope exists.
-
-        The name is claimed by the one rule of every launch path
-        (:func:`._claim.claim`): another launch of the same name, in this
-        process or another, fails here with nothing started; a stale row of
-        the name (its scope gone, its launcher not at work) is closed, and the
-        launch recorded after all.
-        """
-        stat = await asyncio.to_thread(read_stat, pid)
-        await self._db(
-            _claim.claim,
-            registry,
-            self.name,
+        return await self._launcher.launch(
             name,
-            unit,
-            pid,
-            stat.start_time if stat else 0,
-            list(argv),
-            cwd or os.getcwd(),
-            slice_dir=await self.slice_cgroup(),
-            close=self._close_row,
-            reap_after=reap_after,
+            argv,
+            cwd_s,
+            env,
+            (stdin, stdout, stderr),
+            controls,
+            terminal,
+            grace,
+            admission_wait=self.admission_wait,
+            streams=_streams,
         )
 
-    def _refuse_known(self, name: str) -> None:
-        known = self._agents.get(name)
-        if known is not None and known.alive() and known.state != "exited":
-            raise AgentExists(self.name, name, known.unit)
+    async def adopt(
+        self,
+        pid: int,
+        name: str,
+        *,
+        memory_max: int | None = None,
+        tasks_max: int | None = None,
+        cpu_weight: int | None = None,
+        io_weight: int | None = None,
+        properties: Mapping[str, str | int] | None = None,
+        reap_after: float | str = DEFAULT_REAP_AFTER,
+    ) -> Agent:
+        """Move a running process and all its descendants into a new agent scope.
 
-    async def _refuse_running(self, name: str) -> None:
-        # The registry is the fleet's memory across processes: its open row
-        # names the running agent, so no listing of systemd's units is needed
-        # (ListUnitsByPatterns costs systemd O(units) per launch).
-        self._refuse_known(name)
-        assert self._registry is not None
-        slice_dir = await self.slice_cgroup()
-        held = await self._db(
-            _claim.holder, self._registry, self.name, name, slice_dir, self._close_row
+        ``memory_max`` (bytes), the other resource controls and
+        ``reap_after`` are as for :meth:`launch`; ``pid`` is the main process.
+
+        Some processes are never adopted, since their whole tree would move
+        into the agent's scope (its cap, its stop, its reaper): PID 1, a
+        kernel thread, an ancestor of this process (the manager would move
+        with it), and the main process of a systemd service. This process
+        itself may be adopted: it then becomes the agent, as ``agentscope
+        exec`` does before it execs its command.
+
+        Raises:
+            InvalidName, InvalidConfig (also: a process that is never
+            adopted, before anything is created), AgentExists, LaunchError
+            (no such process), BusError, HostUnderPressure (as for
+            :meth:`launch`).
+        """
+        self._check_open()
+        name = _names.validate_name("agent", name)
+        pid = await self._adopter.adoptable(pid)
+        controls = _scopeprops.build(
+            memory_max=memory_max,
+            tasks_max=tasks_max,
+            cpu_weight=cpu_weight,
+            io_weight=io_weight,
+            properties=properties,
         )
-        if held is not None:
-            raise AgentExists(self.name, name, held.unit)
-
-    async def _clear_slice_limits(self) -> None:
-        if self._slice_checked:
-            return
-        async with self._slice_lock:
-            if not self._slice_checked:
-                await self.clear_slice_limits()
-                self._slice_checked = True
+        grace = _scopeprops.parse_reap_after(reap_after)
+        return await self._adopter.adopt(
+            pid, name, controls, grace, admission_wait=self.admission_wait
+        )
 
     async def clear_slice_limits(self) -> dict[str, int]:
         """Clear any MemoryHigh/MemoryMax/MemorySwapMax on the agents slice, until reboot.
@@ -534,38 +464,23 @@ class AsyncFleet(
         A MemoryHigh there throttles every agent at once. Every launch does
         this once per fleet; returns what was cleared (empty: nothing was set).
         """
-        limits = await self.slice_limits()
-        stale = {k: v for k, v in limits.items() if v is not None}
-        if stale:
-            await self._scopes.clear_limits(stale)
-            log.warning(
-                "cleared stale limits on %s until reboot: %s (a MemoryHigh there "
-                "throttles every agent at once; find where they were set with "
-                "systemctl %scat %s)",
-                self.slice,
-                ", ".join(f"{k}={v}" for k, v in stale.items()),
-                "--user " if self.manager == "user" else "",
-                self.slice,
-            )
-            if self._registry is not None:
-                await self._event(None, "limits_cleared", slice=self.slice, limits=stale)
-        return stale
+        return await self._launcher.clear_slice_limits()
 
     async def slice_limits(self) -> dict[str, int | None]:
         """The agents slice's MemoryHigh/MemoryMax/MemorySwapMax; None means infinity."""
-        return await self._scopes.slice_limits()
+        return await self._manager.slice_limits()
 
     # -- control ----------------------------------------------------------
 
     async def _resolve(self, name: str) -> str:
         """The unit of a running agent of this fleet, known here or in systemd."""
         _names.validate_name("agent", name)
-        agent = self._agents.get(name)
+        agent = self._roster.agents.get(name)
         if agent is not None and agent.state not in _CLOSED and agent.alive():
             return agent.unit
-        for unit, desc, *_ in await self._scopes.list_units(name):
-            if _names.parse_description(desc) == (self.name, name):
-                return str(unit)
+        for listed in await self._manager.list_scopes(name):
+            if listed.owner == (self.name, name):
+                return listed.unit
         raise AgentNotFound(self.name, name)
 
     async def stop(self, name: str, timeout: float = 10) -> None:
@@ -580,24 +495,25 @@ class AsyncFleet(
         timeout = _numbers.real("timeout", timeout, low=0, high=86400)
         self._check_open()
         unit = await self._resolve(name)
-        result = await self._scopes.stop_unit(unit, timeout)
+        result = await self._manager.stop_unit(unit, timeout)
         if result != "done":
             # Not stopped: its row stays as it is, and says what was tried.
-            await self._event(name, "stop_failed", unit=unit, result=result)
-            user = "--user " if self.manager == "user" else ""
+            await self._store.event(name, "stop_failed", unit=unit, result=result)
             raise AgentscopeError(
                 f"the stop job of {unit} ended {result!r}: agent {name!r} may still run; "
-                f"see systemctl {user}status {unit}, then stop it again"
+                f"see {self._manager.status_command(unit)}, then stop it again"
             )
-        agent = self._agents.get(name)
+        agent = self._roster.agents.get(name)
         if agent is not None and (agent.popen is not None or agent.terminal is not None):
             await agent.wait()  # its exit watcher records the exit
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        assert self._registry is not None
-        rec = await self._db(self._registry.by_unit, unit)
+        assert self._store.registry is not None
+        rec = await self._store.call(self._store.registry.by_unit, unit)
         if rec is not None and not rec.closed:  # not seen exiting here, or lingering
-            await self._db(self._registry.set_state, unit, "exited", exit_status=rec.exit_status)
-        await self._event(name, "stopped", unit=unit)
+            await self._store.call(
+                self._store.registry.set_state, unit, "exited", exit_status=rec.exit_status
+            )
+        await self._store.event(name, "stopped", unit=unit)
 
     async def kill(self, name: str, signal: int = _signal.SIGTERM) -> None:
         """Send ``signal`` to every process of the agent's scope.
@@ -611,22 +527,99 @@ class AsyncFleet(
         )
         self._check_open()
         unit = await self._resolve(name)
-        await self._scopes.kill_unit(unit, signal)
-        await self._event(name, "signalled", unit=unit, signal=int(signal))
+        await self._manager.kill_unit(unit, signal)
+        await self._store.event(name, "signalled", unit=unit, signal=int(signal))
 
     async def freeze(self, name: str) -> None:
         """Freeze every process of the agent (cgroup freezer; systemd 246+)."""
         self._check_open()
         unit = await self._resolve(name)
-        await self._bus.call("FreezeUnit", "s", [unit])
-        await self._event(name, "frozen", unit=unit)
+        await self._manager.freeze_unit(unit)
+        await self._store.event(name, "frozen", unit=unit)
 
     async def thaw(self, name: str) -> None:
         """Thaw a frozen agent."""
         self._check_open()
         unit = await self._resolve(name)
-        await self._bus.call("ThawUnit", "s", [unit])
-        await self._event(name, "thawed", unit=unit)
+        await self._manager.thaw_unit(unit)
+        await self._store.event(name, "thawed", unit=unit)
+
+    def unit_agent(self, unit: str) -> str | None:
+        """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
+        return self._store.unit_agent(unit)
+
+    def monitor(
+        self,
+        interval: float = 2.0,
+        top: int = 10,
+        *,
+        guard: bool | GuardConfig = False,
+        reclaim_escaped: bool = False,
+        **options: Any,
+    ) -> Monitor:
+        """A memory monitor for this fleet: ``async with fleet.monitor() as m: async for e in m``.
+
+        Events (OOM kills, throttling, pressure, exits, limits found, guard
+        kills) are also recorded in the registry. ``guard`` (True or a
+        :class:`GuardConfig`) runs the memory guard with the monitor
+        (docs/guard.md); it never kills this process or the fleet's tmux
+        server, and while it sees the host short, :meth:`launch` and
+        :meth:`adopt` wait ``admission_wait`` seconds, then raise
+        :class:`HostUnderPressure`. An agent's descendant that lives outside
+        its scope is reported once as an ``escaped`` event; with
+        ``reclaim_escaped`` the monitor first moves it back into the agent's
+        scope (``AttachProcessesToUnit``) and the event says whether that
+        worked (docs/escapes.md). ``options`` go to :class:`Monitor`.
+        """
+        self._check_open()
+        return self._monitors.monitor(
+            interval, top, guard=guard, reclaim_escaped=reclaim_escaped, **options
+        )
+
+    async def report(self, top: int = 10) -> MemoryReport:
+        """A memory report now: host, PSI, every agent, the top processes with their agent."""
+        top = _numbers.whole("top", top, low=0, high=10_000)
+        self._check_open()
+        return await self._monitors.report(top)
+
+    async def logs(self, name: str, lines: int = 100) -> list[str]:
+        """The last ``lines`` lines of a tmux agent's window (its history included).
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        lines = _numbers.whole("lines", lines, low=0, high=10_000_000)
+        self._check_open()
+        return await self._terminals.logs(name, lines)
+
+    async def send(self, name: str, text: str, *, enter: bool = False) -> None:
+        """Type ``text`` into a tmux agent's window, then Enter if ``enter``.
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        self._check_open()
+        await self._terminals.send(name, text, enter)
+
+    async def attach_command(self, name: str, *, read_only: bool = False) -> list[str]:
+        """The command line that attaches a terminal to a tmux agent's window.
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        self._check_open()
+        return await self._terminals.attach_command(name, read_only)
+
+    async def attach(self, name: str, *, read_only: bool = False) -> int:
+        """Attach this process's terminal to a tmux agent's window until it detaches.
+
+        Returns the tmux client's exit status (non-zero without a terminal).
+
+        Raises:
+            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
+        """
+        self._check_open()
+        return await self._terminals.attach(name, read_only)
 
     async def agents(self, *, all: bool = False) -> list[Agent]:
         """The fleet's agents, in launch order: running ones, or ``all`` with exited ones.
@@ -637,29 +630,29 @@ class AsyncFleet(
         processes are included (without a Popen).
         """
         self._check_open()
-        assert self._registry is not None
-        live = await self._live()
-        for agent in list(self._agents.values()):
+        assert self._store.registry is not None
+        live = await self._reconciler.live()
+        for agent in list(self._roster.agents.values()):
             ended = agent.state in ("exited", "lingering")
             if agent.popen is not None and not ended and not agent.alive():
                 await self._record_exit(agent, agent.popen.returncode)
-        rows = await self._db(self._registry.agents, self.name, include_closed=all)
+        rows = await self._store.call(self._store.registry.agents, self.name, include_closed=all)
         # Main processes that ended unseen (exec'd, adopted, another
         # manager's): their leftovers linger, or are reaped when due.
-        swept = await self._sweep([r for r in rows if r.unit in live])
+        swept = await self._reaper.sweep([r for r in rows if r.unit in live])
         rows = [swept[r.unit][0] if r.unit in swept else r for r in rows]
         # A lingering tmux agent's window is gone with its main process:
         # its leftovers are the reaper's (reap_after), not killed here.
         windowed = [
             r
             for r in rows
-            if r.unit in self._terminals
+            if r.unit in self._roster.terminals
             and r.unit in live
             and r.state not in _CLOSED
             and r.lingering is None
         ]
         if windowed:
-            closed = await self._close_windowless(windowed)
+            closed = await self._terminals.close_windowless(windowed)
             rows = [closed.get(r.unit, r) for r in rows]
         slice_dir = await self.slice_cgroup()
         unseen = [r for r in rows if not r.closed and r.unit not in live]
@@ -676,13 +669,13 @@ class AsyncFleet(
             if not rec.closed and rec.unit not in live:
                 if rec.unit in flying:
                     continue
-                rec = await self._close_gone(rec)
-            known = self._agents.get(rec.name)
+                rec = await self._store.close_gone(rec)
+            known = self._roster.agents.get(rec.name)
             if known is not None and known.unit == rec.unit:
                 agent = known
                 agent.state = rec.state
             else:
-                agent = Agent._from_record(self, rec)
+                agent = self._roster.from_record(rec)
             if not rec.closed:
                 agent.state = "stopping" if live[rec.unit][1] == "deactivating" else rec.state
                 if rec.lingering is not None and agent.state == "running":

@@ -1,7 +1,8 @@
 """The fleet's adopt: a running process and its descendants moved into a new scope.
 
-:class:`AdoptGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin). The
-same checks and name claim as a launch, then ``StartTransientUnit`` with the
+:class:`Adopter` is a part :class:`._fleet.AsyncFleet` holds. The same
+checks and name claim as a launch (through the fleet's :class:`._fleet_launch.Launcher`),
+then the manager's ``start_scope`` with the
 process tree's PIDs; children forked meanwhile are moved after it
 (``_escape.move_into``), and every process gets the agents' oom_score_adj.
 """
@@ -11,116 +12,75 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 import psutil
 
-from . import _claim, _fdlimit, _names, _numbers, _scopeprops
+from . import _claim, _fdlimit, _names, _numbers
 from ._agent import Agent
-from ._bus import SystemdBus
-from ._errors import AgentscopeError, InvalidConfig, LaunchError
-from ._escape import move_into, unit_of_cgroup
-from ._launchargs import check_memory_max
+from ._errors import InvalidConfig, LaunchError
+from ._escape import move_into
 from ._proc import ProcStat, read_cgroup, read_stat
-from ._reaper import DEFAULT_REAP_AFTER
-from ._registry import AgentRecord, Registry
 from ._scopefiles import write_oom_score_adj
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from ._agent import Agent
+    from ._fleet_launch import Launcher
+    from ._fleet_monitor import Monitors
+    from ._fleet_registry import FleetRegistry, Roster
+    from ._manager import Controls, ScopeManager
 
-    from ._fleet import AsyncFleet
-    from ._systemd import Scopes
-
-__all__ = ["AdoptGlue"]
+__all__ = ["Adopter"]
 
 log = logging.getLogger("agentscope")
 
-T = TypeVar("T")
-P = ParamSpec("P")
 
+class Adopter:
+    """The fleet's adopt (see the module's docstring); one per fleet object."""
 
-class AdoptGlue:
-    """The adopting half of AsyncFleet; what it uses of the fleet is declared here."""
-
-    if TYPE_CHECKING:
-        name: str
-        agent_oom_score_adj: int
-        _agents: dict[str, Agent]
-        _bus: SystemdBus
-        _registry: Registry | None
-        _scopes: Scopes
-        _unit_names: dict[str, str]
-
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
-        def _check_open(self) -> None: ...
-        async def _admit(self) -> None: ...
-        async def _attach(self, unit: str, pids: Sequence[int]) -> None: ...
-        async def _clear_slice_limits(self) -> None: ...
-        async def _refuse_running(self, name: str) -> None: ...
-        def _close_row(self, rec: AgentRecord) -> AgentRecord: ...
-        def _mark_running(self, unit: str, **event: dict[str, Any]) -> None: ...
-        async def slice_cgroup(self) -> Path: ...
-        def _fleet(self) -> AsyncFleet: ...  # ReconcileGlue's
+    def __init__(
+        self,
+        fleet: str,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        roster: Roster,
+        monitors: Monitors,
+        launcher: Launcher,
+        *,
+        agent_oom_score_adj: int,
+    ) -> None:
+        self.name = fleet
+        self._manager = manager
+        self._store = store
+        self._roster = roster
+        self._monitors = monitors
+        self._launcher = launcher
+        self.agent_oom_score_adj = agent_oom_score_adj
 
     async def adopt(
         self,
         pid: int,
         name: str,
+        controls: Controls,
+        grace: float | None,
         *,
-        memory_max: int | None = None,
-        tasks_max: int | None = None,
-        cpu_weight: int | None = None,
-        io_weight: int | None = None,
-        properties: Mapping[str, str | int] | None = None,
-        reap_after: float | str = DEFAULT_REAP_AFTER,
+        admission_wait: float,
     ) -> Agent:
-        """Move a running process and all its descendants into a new agent scope.
-
-        ``memory_max`` (bytes), the other resource controls and
-        ``reap_after`` are as for :meth:`launch`; ``pid`` is the main process.
-
-        Some processes are never adopted, since their whole tree would move
-        into the agent's scope (its cap, its stop, its reaper): PID 1, a
-        kernel thread, an ancestor of this process (the manager would move
-        with it), and the main process of a systemd service. This process
-        itself may be adopted: it then becomes the agent, as ``agentscope
-        exec`` does before it execs its command.
-
-        Raises:
-            InvalidName, InvalidConfig (also: a process that is never
-            adopted, before anything is created), AgentExists, LaunchError
-            (no such process), BusError, HostUnderPressure (as for
-            :meth:`launch`).
-        """
-        self._check_open()
-        name = _names.validate_name("agent", name)
-        pid = await self._adoptable(pid)
-        controls = _scopeprops.build(
-            memory_max=check_memory_max(memory_max),
-            tasks_max=tasks_max,
-            cpu_weight=cpu_weight,
-            io_weight=io_weight,
-            properties=properties,
-        )
-        grace = _scopeprops.parse_reap_after(reap_after)
+        """See :meth:`.AsyncFleet.adopt` (its arguments checked, ``pid`` by :meth:`adoptable`)."""
         try:  # a walk of /proc: off the loop, as every read of many files
             root, pids = await asyncio.to_thread(_process_tree, pid)
         except psutil.NoSuchProcess as exc:
             raise LaunchError(f"no process with pid {pid} to adopt") from exc
-        await self._admit()
-        await self._refuse_running(name)
-        await self._clear_slice_limits()
+        await self._monitors.admit(admission_wait)
+        await self._launcher.refuse_running(name)
+        await self._launcher.clear_slice_limits_once()
         unit = _names.scope_unit_name(self.name, name)
-        assert self._registry is not None
+        assert self._store.registry is not None
         stat, argv, cwd = await asyncio.to_thread(_identity, root)
         _fdlimit.make_room(len(pids) + _fdlimit.LAUNCH_FDS)  # a pidfd each for systemd
-        await self._db(
+        await self._store.call(
             _claim.claim,
-            self._registry,
+            self._store.registry,
             self.name,
             name,
             unit,
@@ -128,16 +88,16 @@ class AdoptGlue:
             stat.start_time if stat else 0,
             argv,
             cwd,
-            slice_dir=await self.slice_cgroup(),
-            close=self._close_row,
+            slice_dir=await self._manager.slice_cgroup(),
+            close=self._store.close_row,
             reap_after=grace,
         )
         try:
-            issues = await self._scopes.start_scope(unit, name, pids, controls)
+            issues = await self._manager.start_scope(unit, name, pids, controls)
         except BaseException:
-            await self._db(self._registry.delete, unit)
+            await self._store.call(self._store.registry.delete, unit)
             raise
-        await self._db(self._mark_running, unit, adopted={"pid": pid, "pids": pids})
+        await self._store.call(self._store.mark_running, unit, adopted={"pid": pid, "pids": pids})
         # Children forked while the scope was being made: move them too.
         try:
             _root, now = await asyncio.to_thread(_process_tree, pid)
@@ -151,9 +111,9 @@ class AdoptGlue:
             moved = await move_into(
                 unit,
                 late,
-                self._attach,
-                await self.slice_cgroup(),
-                cgroup_root=self._bus.cgroup_root,
+                self._manager.attach,
+                await self._manager.slice_cgroup(),
+                cgroup_root=self._manager.cgroup_root,
             )
             stuck = {p: why for p, why in moved.items() if why is not None}
             if stuck:
@@ -166,16 +126,16 @@ class AdoptGlue:
                 )
         adj = self.agent_oom_score_adj
         await asyncio.to_thread(lambda: [write_oom_score_adj(p, adj) for p in [*pids, *late]])
-        agent = Agent(self._fleet(), name, unit, pid, None)
+        agent = self._roster.new(name, unit, pid, None)
         agent.reap_after = grace
         agent.property_issues = issues
-        self._agents[name] = agent
-        self._unit_names[unit] = name
+        self._roster.agents[name] = agent
+        self._roster.unit_names[unit] = name
         if issues:
-            await self._event(name, "properties_not_applied", unit=unit, issues=issues)
+            await self._store.event(name, "properties_not_applied", unit=unit, issues=issues)
         return agent
 
-    async def _adoptable(self, pid: object) -> int:
+    async def adoptable(self, pid: object) -> int:
         """``pid`` if it may be adopted; InvalidConfig naming why not (#31)."""
         allowed = (
             "the pid of a process of yours that is not PID 1, a kernel thread, an "
@@ -192,15 +152,8 @@ class AdoptGlue:
     async def _service_main(self, pid: int) -> str | None:
         """Why ``pid`` is a systemd service's main process (systemd's MainPID), or None."""
         cgroup = await asyncio.to_thread(read_cgroup, pid)
-        unit = unit_of_cgroup(cgroup) if cgroup is not None else None
-        if unit is None or not unit.endswith(".service"):
-            return None
-        try:
-            (path,) = await self._bus.call("GetUnit", "s", [unit])
-            main = await self._bus.get_property(path, _SERVICE, "MainPID")
-        except AgentscopeError:
-            return None  # not known to this manager: it cannot be its main process
-        if main != pid:
+        unit = self._manager.unit_of_cgroup(cgroup) if cgroup is not None else None
+        if unit is None or await self._manager.main_pid(unit) != pid:
             return None
         return (
             f"it is the main process of {unit}; adopting it would take the service's "
@@ -210,7 +163,6 @@ class AdoptGlue:
 
 _PID_MAX = 4 * 1024 * 1024  # the kernel's PID_MAX_LIMIT
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h
-_SERVICE = "org.freedesktop.systemd1.Service"
 
 
 def _never_adopted(pid: int) -> str | None:

@@ -1,10 +1,10 @@
-"""The fleet's monitor part: naming its agents' units, its monitors, reports.
+"""The fleet's monitors: each monitor it makes, their events recorded, reports.
 
-:class:`MonitorGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin):
-``unit_agent`` (whose agent a unit is, for the monitor's and the report's
-attribution), ``monitor()`` with its guard, escape reclaim, OOM recovery and
-leftover sweep wired in, admission control, ``report()``, and recording the
-monitor's events in the registry.
+:class:`Monitors` is a part :class:`._fleet.AsyncFleet` holds:
+``monitor()`` with its guard, escape reclaim, OOM recovery and leftover
+sweep wired in, admission control, ``report()``, and recording the
+monitor's events in the registry. Whose agent a unit is
+(``unit_agent``) is the registry adapter's (:mod:`._fleet_registry`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+import weakref
+from typing import TYPE_CHECKING, Any
 
-from . import _numbers, _tmux
-from ._bus import SystemdBus
+from . import _tmux
 from ._contract import event_parts
-from ._errors import AgentscopeError, RegistryError
+from ._errors import RegistryError
 from ._events import AgentExited, OomKill
 from ._events import Event as MonitorEvent
 from ._events import Pressure as MonitorPressure
@@ -27,82 +25,48 @@ from ._guard import admit
 from ._guardpolicy import GuardConfig, GuardKill
 from ._monitor import Monitor
 from ._recovery import Baseline
-from ._registry import AgentRecord, Registry
 from ._report import MemoryReport, build_report
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from ._fleet_recovery import OomRecovery
+    from ._fleet_registry import FleetRegistry
+    from ._fleet_tmux import Terminals
+    from ._manager import ScopeManager
+    from ._reaper import Reaper
 
-    from ._tmux import TmuxServer
-
-__all__ = ["MonitorGlue"]
+__all__ = ["Monitors"]
 
 log = logging.getLogger("agentscope")
 
-T = TypeVar("T")
-P = ParamSpec("P")
 
+class Monitors:
+    """The fleet's monitors: made with the fleet's parts wired in, their events recorded.
 
-class MonitorGlue:
-    """The monitoring half of AsyncFleet; what it uses of the fleet is declared here."""
+    Held by the fleet: :meth:`monitor` makes one (``AsyncFleet.monitor``),
+    :meth:`admit` is a launch's admission control, :meth:`note_exit` tells
+    every monitor of an exit the fleet saw, :meth:`report` is
+    ``AsyncFleet.report``.
+    """
 
-    if TYPE_CHECKING:
-        name: str
-        manager: str
-        admission_wait: float
-        _bus: SystemdBus
-        _closed: bool
-        _foreign: set[str]
-        _last_sweep: float
-        _monitors: Any
-        _registry: Registry | None
-        _tasks: set[asyncio.Task[Any]]
-        _slice_cgroup: Path | None
-        _tmux: TmuxServer
-        _unit_names: dict[str, str]
-
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        def _check_open(self) -> None: ...
-        async def slice_cgroup(self) -> Path: ...
-        def _expected_slice_cgroup(self) -> Path: ...
-        async def _monitor_recover(self, mon: Monitor, baseline: Baseline) -> list[OomKill]: ...
-        def _note_live_kill(self, event: OomKill) -> None: ...
-        async def _store_live_kill(
-            self,
-            mon: Monitor | None,
-            event: OomKill,
-            agent: str | None,
-            detail: Mapping[str, Any],
-            ts: float | None = None,
-        ) -> None: ...
-        async def _sweep(
-            self, rows: Iterable[AgentRecord] | None = None
-        ) -> dict[str, tuple[AgentRecord, int]]: ...
-
-    def unit_agent(self, unit: str) -> str | None:
-        """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
-        known = self._unit_names.get(unit)
-        if known is not None:
-            return known
-        if unit in self._foreign or not unit.startswith(f"agentscope-{self.name}-"):
-            return None
-        # The unit name cannot say (fleet a-b's agent c and fleet a's agent
-        # b-c share it): the registry's row, or the scope's Description in a
-        # listing (_live), says whose agent it is.
-        registry = self._registry
-        if registry is None:
-            return None
-        try:
-            rec = registry.by_unit(unit)
-        except RegistryError:
-            return None
-        if rec is None:
-            return None  # not recorded (yet): no claim
-        if rec.fleet != self.name:
-            self._foreign.add(unit)
-            return None
-        self._unit_names[unit] = rec.name
-        return rec.name
+    def __init__(
+        self,
+        fleet: str,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        recovery: OomRecovery,
+        reaper: Reaper,
+        terminals: Terminals,
+        tasks: set[asyncio.Task[Any]],
+    ) -> None:
+        self.name = fleet
+        self._manager = manager
+        self._store = store
+        self._recovery = recovery
+        self._reaper = reaper
+        self._terminals = terminals
+        # The fleet's background tasks: it waits for them as it stops an agent or closes.
+        self._tasks = tasks
+        self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
     def monitor(
         self,
@@ -113,44 +77,30 @@ class MonitorGlue:
         reclaim_escaped: bool = False,
         **options: Any,
     ) -> Monitor:
-        """A memory monitor for this fleet: ``async with fleet.monitor() as m: async for e in m``.
-
-        Events (OOM kills, throttling, pressure, exits, limits found, guard
-        kills) are also recorded in the registry. ``guard`` (True or a
-        :class:`GuardConfig`) runs the memory guard with the monitor
-        (docs/guard.md); it never kills this process or the fleet's tmux
-        server, and while it sees the host short, :meth:`launch` and
-        :meth:`adopt` wait ``admission_wait`` seconds, then raise
-        :class:`HostUnderPressure`. An agent's descendant that lives outside
-        its scope is reported once as an ``escaped`` event; with
-        ``reclaim_escaped`` the monitor first moves it back into the agent's
-        scope (``AttachProcessesToUnit``) and the event says whether that
-        worked (docs/escapes.md). ``options`` go to :class:`Monitor`.
-        """
-        self._check_open()
+        """See :meth:`.AsyncFleet.monitor` (the fleet is open)."""
         # The slice may not exist yet (no agent so far): watch where it will be.
-        slice_path = self._slice_cgroup or self._expected_slice_cgroup()
+        slice_path = self._manager.expected_slice_cgroup()
         theirs = options.pop("on_event", None)
         if guard is not False:
-            options.setdefault("guard_protect", self._guard_protected)
+            options.setdefault("guard_protect", self.guard_protected)
         if reclaim_escaped:
-            options.setdefault("reclaim_escaped", self._attach)
+            options.setdefault("reclaim_escaped", self._manager.attach)
 
         def on_event(event: MonitorEvent) -> None:
-            self._on_monitor_event(event, mon)
+            self._on_event(event, mon)
             if theirs is not None:
                 theirs(event)
 
         async def recover(baseline: Baseline) -> list[OomKill]:
-            return await self._monitor_recover(mon, baseline)
+            return await self._recovery.on_monitor_start(mon, baseline)
 
         mon = Monitor(
             slice_path=slice_path,
-            unit_agent=self.unit_agent,
-            on_tick=self._tick_sweep,
+            unit_agent=self._store.unit_agent,
+            on_tick=self._reaper.tick,
             interval=interval,
             top=top,
-            manager=self.manager,
+            manager=self._manager.manager,
             on_event=on_event,
             guard=guard,
             recover=recover,
@@ -159,58 +109,49 @@ class MonitorGlue:
         self._monitors.add(mon)
         return mon
 
-    async def _attach(self, unit: str, pids: Sequence[int]) -> None:
-        """Move ``pids`` into ``unit``'s cgroup (systemd 238+; BusError when refused)."""
-        await self._bus.call("AttachProcessesToUnit", "ssau", [unit, "", list(pids)])
-
-    async def _tick_sweep(self) -> None:
-        """A monitor's tick: leftovers of agents that ended unseen (at most once a second)."""
-        loop = asyncio.get_running_loop()
-        if self._closed or self._registry is None or loop.time() - self._last_sweep < 1.0:
-            return
-        self._last_sweep = loop.time()
-        try:
-            await self._sweep()
-        except (AgentscopeError, OSError) as exc:
-            log.warning("could not look for leftovers: %s", exc)
-
-    def _guard_protected(self) -> tuple[frozenset[int], frozenset[str]]:
+    def guard_protected(self) -> tuple[frozenset[int], frozenset[str]]:
         """What a guard must never kill: this process and the fleet's tmux server (any thread)."""
         pids = {os.getpid()}
-        tmux_pid = self._tmux.known_pid
+        tmux_pid = self._terminals.server.known_pid
         if tmux_pid is not None:
             pids.add(tmux_pid)
         return frozenset(pids), frozenset({_tmux.tmux_unit(self.name)})
 
-    async def _admit(self) -> None:
-        """Admission control: wait for (or refuse on) pressure this fleet's guards see."""
+    async def admit(self, wait: float) -> None:
+        """Admission control: wait up to ``wait`` s for (or refuse on) pressure its guards see."""
         guards = [m.guard for m in list(self._monitors) if m.guard is not None]
         if guards:
-            await admit(guards, self.admission_wait)
+            await admit(guards, wait)
 
-    async def report(self, top: int = 10) -> MemoryReport:
-        """A memory report now: host, PSI, every agent, the top processes with their agent."""
-        top = _numbers.whole("top", top, low=0, high=10_000)
-        self._check_open()
+    def note_exit(self, unit: str, pid: int, status: int | None, comm: str | None) -> None:
+        """Tell every monitor of this fleet that an agent's main process ended."""
+        for mon in list(self._monitors):
+            mon.note_exit(unit, pid, status, comm)
+
+    async def report(self, top: int) -> MemoryReport:
+        """See :meth:`.AsyncFleet.report` (``top`` checked)."""
         return await build_report(
-            await self.slice_cgroup(), self.unit_agent, top=top, cgroup_root=self._bus.cgroup_root
+            await self._manager.slice_cgroup(),
+            self._store.unit_agent,
+            top=top,
+            cgroup_root=self._manager.cgroup_root,
         )
 
-    def _on_monitor_event(self, event: MonitorEvent, mon: Monitor) -> None:
+    def _on_event(self, event: MonitorEvent, mon: Monitor) -> None:
         if isinstance(event, OomKill) and not event.recovered:
-            self._note_live_kill(event)
-        task = asyncio.get_running_loop().create_task(self._record_monitor_event(event, mon))
+            self._recovery.note_live_kill(event)
+        task = asyncio.get_running_loop().create_task(self.record_event(event, mon))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _record_monitor_event(self, event: MonitorEvent, mon: Monitor | None = None) -> None:
-        if self._registry is None:
+    async def record_event(self, event: MonitorEvent, mon: Monitor | None = None) -> None:
+        if self._store.registry is None:
             return
         agent, kind, ts, detail = event_parts(event)
         try:
             if isinstance(event, OomKill):
                 if not event.recovered:  # a recovered kill was recorded as it was found
-                    await self._store_live_kill(mon, event, agent, detail, ts)
+                    await self._recovery.store_live_kill(mon, event, agent, detail, ts)
                 return
             if isinstance(event, GuardKill) and agent is None:
                 # Another fleet's agent (the slice is shared): that fleet's
@@ -221,6 +162,8 @@ class MonitorGlue:
                     detail.pop("report", None)  # a whole report per event would bloat the file
                 # Dated as the monitor dated it: events --json and monitor --json
                 # print the same event alike (agentscope.event).
-                await self._db(self._registry.record_event, self.name, agent, kind, detail, ts=ts)
+                await self._store.call(
+                    self._store.registry.record_event, self.name, agent, kind, detail, ts=ts
+                )
         except RegistryError as exc:
             log.warning("could not record %s: %s", event.kind, exc)

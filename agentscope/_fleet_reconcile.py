@@ -1,6 +1,6 @@
 """The fleet's reconciliation with systemd when it opens.
 
-:class:`ReconcileGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin):
+:class:`Reconciler` is a part :class:`._fleet.AsyncFleet` holds:
 the fleet's live scopes in one listing (by Description), and ``open()``'s
 reconciliation of the registry's rows with them: adopt, record what was
 found, close what is gone, reopen a closed row whose scope runs, finish the
@@ -12,74 +12,63 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING
 
-from . import _claim, _names
-from ._agent import Agent
+from . import _claim
 from ._errors import AgentExists, RegistryError
 from ._reconcile_plan import Revival
-from ._registry import AgentRecord, LiveScope, Registry, in_flight, reconcile
+from ._registry import AgentRecord, LiveScope, in_flight, reconcile
 from ._scopefiles import cgroup_present, read_scopes
 
 if TYPE_CHECKING:
-    from ._fleet import AsyncFleet
-    from ._systemd import Scopes
+    from ._fleet_registry import FleetRegistry, Roster
+    from ._manager import ScopeManager
+    from ._reaper import Reaper
 
-__all__ = ["ReconcileGlue"]
+__all__ = ["Reconciler"]
 
 log = logging.getLogger("agentscope")
-T = TypeVar("T")
-P = ParamSpec("P")
 
 
-class ReconcileGlue:
-    """The reconciling half of AsyncFleet; what it uses of the fleet is declared here."""
+class Reconciler:
+    """The fleet's part that lists its live scopes and reconciles its rows with them at open."""
 
-    if TYPE_CHECKING:
-        name: str
-        policy: str
-        _agents: dict[str, Agent]
-        _foreign: set[str]
-        _registry: Registry | None
-        _scopes: Scopes
-        _terminals: dict[str, str]
-        _unit_names: dict[str, str]
+    def __init__(
+        self,
+        fleet: str,
+        policy: str,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        roster: Roster,
+        reaper: Reaper,
+    ) -> None:
+        self.name = fleet
+        self.policy = policy
+        self._manager = manager
+        self._store = store
+        self._roster = roster
+        self._reaper = reaper
 
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
-        async def _close_gone(self, rec: AgentRecord) -> AgentRecord: ...
-        def _close_row(self, rec: AgentRecord) -> AgentRecord: ...
-        async def _sweep(
-            self, rows: Iterable[AgentRecord] | None = None
-        ) -> dict[str, tuple[AgentRecord, int]]: ...
-        async def slice_cgroup(self) -> Path: ...
-
-    def _fleet(self) -> AsyncFleet:
-        """This object as the AsyncFleet it is a part of."""
-        return cast("AsyncFleet", self)
-
-    async def _live(self) -> dict[str, tuple[str, str]]:
+    async def live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""
         live: dict[str, tuple[str, str]] = {}
-        for unit, desc, _load, active, *_ in await self._scopes.list_units():
-            parsed = _names.parse_description(desc)
-            if parsed is not None and parsed[0] == self.name:
-                live[str(unit)] = (parsed[1], str(active))
-                self._unit_names.setdefault(str(unit), parsed[1])
+        for listed in await self._manager.list_scopes():
+            if listed.owner is not None and listed.owner[0] == self.name:
+                live[listed.unit] = (listed.owner[1], listed.active)
+                self._roster.unit_names.setdefault(listed.unit, listed.owner[1])
             else:  # the pattern of fleet a also matches fleet a-b's scopes
-                self._foreign.add(str(unit))
+                self._roster.foreign.add(listed.unit)
         return live
 
-    async def _reconcile(self) -> None:
-        assert self._registry is not None
+    async def reconcile(self) -> None:
+        """Adopt, record, close, reopen and stop as the registry and the listing say (at open)."""
+        assert self._store.registry is not None
         # Rows before units: a row is written before its scope starts, so every
         # row read here whose scope runs is in the listing taken after it (the
         # other order closed launches that finished in between as lost).
-        rows = await self._db(self._registry.agents, self.name)
-        live = await self._live()
-        slice_dir = await self.slice_cgroup()
+        rows = await self._store.call(self._store.registry.agents, self.name)
+        live = await self.live()
+        slice_dir = await self._manager.slice_cgroup()
         # A launch in flight (here or in another process) may show its scope
         # before the child is in it (the start job is still running): leave
         # such rows to their launcher.
@@ -87,9 +76,9 @@ class ReconcileGlue:
         rows = [r for r in rows if r.unit not in flying]
         # A tmux agent whose scope is gone ended in its window, and a
         # lingering one's main process was seen ending: exited, not lost.
-        ended = [r for r in rows if r.unit in self._terminals or r.lingering is not None]
+        ended = [r for r in rows if r.unit in self._roster.terminals or r.lingering is not None]
         for rec in [r for r in ended if r.unit not in live]:
-            await self._close_gone(rec)
+            await self._store.close_gone(rec)
         rows = [r for r in rows if (r in ended and r.unit in live) or r not in ended]
         scopes = await asyncio.to_thread(read_scopes, slice_dir, live)
         # Their launcher records them: not "found" here.
@@ -106,7 +95,7 @@ class ReconcileGlue:
         # its scope lived on): judged too, so that it is reopened once rather
         # than "found" again at every open.
         unclaimed = [u for u in scopes if u not in {r.unit for r in rows}]
-        rows += await self._db(self._closed_rows, unclaimed)
+        rows += await self._store.call(self._closed_rows, unclaimed)
         plan = reconcile(rows, scopes)
         # A row whose main process ended while its scope still holds
         # processes lingers (its leftovers are reaped when due, _reaper.py)
@@ -115,15 +104,15 @@ class ReconcileGlue:
         plan = dataclasses.replace(
             plan, headless=tuple(r for r in plan.headless if not scopes[r.unit].pids)
         )
-        closed = await self._db(self._registry.apply_closures, plan)
+        closed = await self._store.call(self._store.registry.apply_closures, plan)
         for rec in closed:
             log.info("agent %s (%s) is gone: closed as %s", rec.name, rec.unit, rec.state)
         for rec in plan.adopt:
             if rec.state == "starting":
                 # Its launcher died after the exec, before the row said so:
                 # the launch happened, and is recorded once.
-                rec = await self._db(
-                    self._registry.set_state,
+                rec = await self._store.call(
+                    self._store.registry.set_state,
                     rec.unit,
                     "running",
                     event="launched",
@@ -131,18 +120,18 @@ class ReconcileGlue:
                     only_on_change=True,
                 )
                 log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
-            self._agents[rec.name] = Agent._from_record(self._fleet(), rec)
-            self._unit_names[rec.unit] = rec.name
+            self._roster.agents[rec.name] = self._roster.from_record(rec)
+            self._roster.unit_names[rec.unit] = rec.name
         if lingering and self.policy != "stop":
-            swept = await self._sweep(lingering)
+            swept = await self._reaper.sweep(lingering)
             for rec in lingering:
                 now = swept[rec.unit][0] if rec.unit in swept else rec
                 if not now.closed:
-                    self._agents[now.name] = Agent._from_record(self._fleet(), now)
-                    self._unit_names[now.unit] = now.name
+                    self._roster.agents[now.name] = self._roster.from_record(now)
+                    self._roster.unit_names[now.unit] = now.name
         elif lingering:  # stopped below with the others; closed as they are
             plan = dataclasses.replace(plan, headless=plan.headless + lingering)
-            await self._db(self._registry.apply_closures, plan)
+            await self._store.call(self._store.registry.apply_closures, plan)
         # A scope that holds no process and no open row claims (the child of
         # a manager that died mid-start exited before systemd moved it: such
         # a scope never empties, so it stays active) is stopped, once.
@@ -151,7 +140,7 @@ class ReconcileGlue:
         empty += [s for s in scopes.values() if s.unit in headless and not s.pids]
         for scope in empty:
             log.info("stopping %s: a scope of fleet %s with no process", scope.unit, self.name)
-            await self._scopes.stop_unit(scope.unit, 10)
+            await self._manager.stop_unit(scope.unit, 10)
         found: list[tuple[str, LiveScope]] = []
         for scope in plan.unknown:
             if not scope.pids:
@@ -159,15 +148,15 @@ class ReconcileGlue:
             name = live[scope.unit][0]
             found.append((name, scope))
             log.warning("found agent %s (%s) that the registry did not know", name, scope.unit)
-            await self._event(name, "found", unit=scope.unit, pids=list(scope.pids))
+            await self._store.event(name, "found", unit=scope.unit, pids=list(scope.pids))
         if self.policy == "stop":
             units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
             units += [r.unit for r in plan.headless] + [v.row.unit for v in plan.revive]
-            await asyncio.gather(*(self._scopes.stop_unit(u, 10) for u in units))
+            await asyncio.gather(*(self._manager.stop_unit(u, 10) for u in units))
             for rec in plan.adopt:
-                await self._db(self._registry.set_state, rec.unit, "exited")
-                await self._event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
-            self._agents.clear()
+                await self._store.call(self._store.registry.set_state, rec.unit, "exited")
+                await self._store.event(rec.name, "stopped", unit=rec.unit, reason="policy stop")
+            self._roster.agents.clear()
             return
         for revival in plan.revive:
             await self._reopen(revival, scopes[revival.row.unit])
@@ -176,9 +165,9 @@ class ReconcileGlue:
                 continue
             pid = min(scope.pids)
             try:
-                rec = await self._db(
+                rec = await self._store.call(
                     _claim.claim,
-                    self._registry,
+                    self._store.registry,
                     self.name,
                     name,
                     scope.unit,
@@ -188,28 +177,28 @@ class ReconcileGlue:
                     "",
                     "running",
                     slice_dir=slice_dir,
-                    close=self._close_row,
+                    close=self._store.close_row,
                 )
             except (AgentExists, RegistryError) as exc:
                 # Its row was closed meanwhile, or the name is taken by another
                 # row: report it, and let the fleet open all the same.
                 log.warning("cannot record found agent %s (%s): %s", name, scope.unit, exc)
                 continue
-            self._agents[name] = Agent._from_record(self._fleet(), rec)
+            self._roster.agents[name] = self._roster.from_record(rec)
 
     def _closed_rows(self, units: list[str]) -> list[AgentRecord]:
         """The closed rows of ``units`` (in a worker thread)."""
-        assert self._registry is not None
-        rows = (self._registry.by_unit(u) for u in units)
+        assert self._store.registry is not None
+        rows = (self._store.registry.by_unit(u) for u in units)
         return [r for r in rows if r is not None and r.closed and r.fleet == self.name]
 
     async def _reopen(self, revival: Revival, scope: LiveScope) -> None:
         """Reopen a closed row whose scope runs, as running, with its event once."""
-        assert self._registry is not None
+        assert self._store.registry is not None
         row = revival.row
         try:
-            rec = await self._db(
-                self._registry.reopen,
+            rec = await self._store.call(
+                self._store.registry.reopen,
                 row.unit,
                 revival.pid,
                 revival.start_time,
@@ -225,5 +214,5 @@ class ReconcileGlue:
             row.unit,
             row.state,
         )
-        self._agents[rec.name] = Agent._from_record(self._fleet(), rec)
-        self._unit_names[rec.unit] = rec.name
+        self._roster.agents[rec.name] = self._roster.from_record(rec)
+        self._roster.unit_names[rec.unit] = rec.name

@@ -1,6 +1,6 @@
 """The fleet's part of recovering OOM kills missed while no monitor ran.
 
-:class:`RecoveryGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin).
+:class:`OomRecovery` is a part :class:`._fleet.AsyncFleet` holds.
 At ``open()``, and when a monitor takes its baseline, it reads the
 counters and the kernel log (in a worker thread), and lets the registry
 plan (:func:`._recovery.plan_recovery`) and store the recovered kills in
@@ -50,10 +50,11 @@ from ._recovery import (
 from ._registry import OomRecording, Registry
 
 if TYPE_CHECKING:
-    from ._bus import SystemdBus
+    from ._fleet_registry import FleetRegistry
+    from ._manager import ScopeManager
     from ._monitor import Monitor
 
-__all__ = ["KillMark", "RecoveryGlue", "read_baseline"]
+__all__ = ["KillMark", "OomRecovery", "read_baseline"]
 
 log = logging.getLogger("agentscope")
 KMSG: Final = Path("/dev/kmsg")
@@ -149,46 +150,47 @@ def _boot_before(boot: str) -> tuple[KernelLine, ...]:
     return () if read is None else read.lines
 
 
-class RecoveryGlue:
-    """The recovering half of AsyncFleet; what it uses of the fleet is declared here."""
+class OomRecovery:
+    """The fleet's part that recovers OOM kills and stores the live ones with their counters.
 
-    if TYPE_CHECKING:
-        name: str
-        _bus: SystemdBus
-        _registry: Registry | None
-
-        async def slice_cgroup(self) -> Path: ...
+    Held by the fleet: :meth:`recover` at its open, :meth:`on_monitor_start`
+    when a monitor takes its baseline, :meth:`note_live_kill` and
+    :meth:`store_live_kill` for each kill a monitor reports.
+    """
 
     #: Where the kernel log is read from (None: not at all); the tests' seam.
-    _kmsg_path: Path | None = KMSG
-    _read_journal: bool = True
+    kmsg_path: Path | None = KMSG
+    read_journal: bool = True
 
-    def _init_recovery(self) -> None:
+    def __init__(self, fleet: str, manager: ScopeManager, store: FleetRegistry) -> None:
+        self.fleet = fleet
+        self._manager = manager
+        self._store = store
         # Live kills emitted by a monitor and not stored yet, by unit: what a
         # stored watermark must not claim yet. Stored one at a time, in order.
         self._oom_inflight: dict[str | None, int] = {}
         self._oom_lock = asyncio.Lock()
         self._kill_marks: weakref.WeakKeyDictionary[Monitor, KillMark] = weakref.WeakKeyDictionary()
 
-    async def _monitor_recover(self, mon: Monitor, baseline: Baseline) -> list[OomKill]:
+    async def on_monitor_start(self, mon: Monitor, baseline: Baseline) -> list[OomKill]:
         """A monitor's start: recover against its baseline sample (so nothing falls between)."""
-        slice_dir = await self.slice_cgroup()
+        slice_dir = await self._manager.slice_cgroup()
         try:
             inode = (await asyncio.to_thread(os.stat, slice_dir)).st_ino
         except OSError:
             inode = None
         baseline = replace(baseline, slice_inode=inode)
-        kills = await self._recover_oom(baseline)
+        kills = await self.recover(baseline)
         mark = await self._kill_mark(baseline)
         if mark is not None:
             self._kill_marks[mon] = mark
         return kills
 
-    def _note_live_kill(self, event: OomKill) -> None:
+    def note_live_kill(self, event: OomKill) -> None:
         """A monitor emitted a live kill (on the loop, at once): in flight until stored."""
         self._oom_inflight[event.unit] = self._oom_inflight.get(event.unit, 0) + 1
 
-    async def _store_live_kill(
+    async def store_live_kill(
         self,
         mon: Monitor | None,
         event: OomKill,
@@ -199,7 +201,7 @@ class RecoveryGlue:
         """Store a live kill with the monitor's counters, less the kills still in flight.
 
         Without a monitor (``mon`` None) the kill alone is recorded."""
-        registry = self._registry
+        registry = self._store.registry
         async with self._oom_lock:
             left = self._oom_inflight.get(event.unit, 0) - 1
             if left > 0:
@@ -222,29 +224,29 @@ class RecoveryGlue:
                 self._record_live_kill, registry, agent, detail, mark, accounted, ts
             )
 
-    async def _recover_oom(self, baseline: Baseline | None = None) -> list[OomKill]:
+    async def recover(self, baseline: Baseline | None = None) -> list[OomKill]:
         """Record, once, the OOM kills since this fleet last accounted for them.
 
         Never fails the caller: a registry or kernel file it cannot read is
         logged, and the next open tries again.
         """
-        registry = self._registry
+        registry = self._store.registry
         if registry is None:
             return []
-        slice_dir = await self.slice_cgroup()
+        slice_dir = await self._manager.slice_cgroup()
         try:
             return await asyncio.to_thread(self._recover_sync, registry, slice_dir, baseline)
         except (OSError, ValueError, RegistryError) as exc:
-            log.warning("could not recover the OOM kills of fleet %s: %s", self.name, exc)
+            log.warning("could not recover the OOM kills of fleet %s: %s", self.fleet, exc)
             return []
 
     def _slice_relpath(self, slice_dir: Path) -> str:
-        return "/" + str(slice_dir.relative_to(self._bus.cgroup_root))
+        return "/" + str(slice_dir.relative_to(self._manager.cgroup_root))
 
     def _recover_sync(
         self, registry: Registry, slice_dir: Path, baseline: Baseline | None
     ) -> list[OomKill]:
-        raw = registry.oom_mark(self.name)
+        raw = registry.oom_mark(self.fleet)
         stored = None if raw is None else Watermark.from_json(raw)
         boot = read_boot_id()
         counters = baseline if baseline is not None else read_baseline(slice_dir)
@@ -261,7 +263,7 @@ class RecoveryGlue:
             # the kernel's log has nothing to name (and is not read: it costs).
             source, lines, position = stored.log_source, [], stored.log_position
         else:
-            source, lines, position = _read_log(stored, boot, self._kmsg_path, self._read_journal)
+            source, lines, position = _read_log(stored, boot, self.kmsg_path, self.read_journal)
         found = tuple(kernel_kills(lines))
         readings = Readings(
             boot,
@@ -275,7 +277,7 @@ class RecoveryGlue:
         )
         units = {u for k in found if (u := unit_of_memcg(k.memcg, slice_rel)) is not None}
         kills: list[OomKill] = []
-        prefix = f"agentscope-{self.name}-"
+        prefix = f"agentscope-{self.fleet}-"
 
         def planner(
             stored_raw: str | None,
@@ -299,16 +301,18 @@ class RecoveryGlue:
                 events.append((k.agent, detail))
             return OomRecording(events, plan.seen, plan.watermark.to_json())
 
-        registry.recover_oom_kills(self.name, units, planner)
+        registry.recover_oom_kills(self.fleet, units, planner)
         if kills:
             log.warning(
-                "fleet %s: %d OOM kill(s) while no monitor ran, recorded now", self.name, len(kills)
+                "fleet %s: %d OOM kill(s) while no monitor ran, recorded now",
+                self.fleet,
+                len(kills),
             )
         return kills
 
     async def _kill_mark(self, baseline: Baseline) -> KillMark | None:
         """What a monitor's live kills are stored with (None: the boot id cannot be read)."""
-        slice_dir = await self.slice_cgroup()
+        slice_dir = await self._manager.slice_cgroup()
         try:
             boot = await asyncio.to_thread(read_boot_id)
             return KillMark(boot, self._slice_relpath(slice_dir), baseline)
@@ -358,7 +362,7 @@ class RecoveryGlue:
 
         use = mark is not None and accounted is not None
         registry.record_oom_kill(
-            self.name,
+            self.fleet,
             agent,
             detail,
             seen=seen,

@@ -1,6 +1,6 @@
 """The fleet's tmux glue: its tmux server in a scope, panes as agents, windows.
 
-:class:`TmuxGlue` is a part of :class:`._fleet.AsyncFleet` (a mixin): the
+:class:`Terminals` is a part :class:`._fleet.AsyncFleet` holds: the
 tmux server started gated in its own scope, an agent's pane opened gated
 (:class:`TmuxChild`), windows that closed, and ``logs``/``send``/``attach``.
 :mod:`._tmux` has the tmux commands themselves.
@@ -15,65 +15,77 @@ import os
 import signal as _signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from . import _numbers, _tmux
-from ._errors import BusError
-from ._registry import AgentRecord, Registry
+from . import _tmux
+from ._errors import BusError, TmuxError
+from ._registry import AgentRecord
 from ._spawn import spawn_gated
-from ._tmux import TmuxError, TmuxServer, Window
+from ._tmux import TmuxServer, Window
 
 if TYPE_CHECKING:
-    from ._agent import Agent
-    from ._systemd import Scopes
+    from ._fleet_registry import FleetRegistry, Roster
+    from ._manager import ScopeManager
+    from ._reaper import Reaper
 
-__all__ = ["TmuxChild", "TmuxGlue"]
+__all__ = ["Terminals", "TmuxChild"]
 
 log = logging.getLogger("agentscope")
-T = TypeVar("T")
-P = ParamSpec("P")
 DEVNULL = subprocess.DEVNULL
 
 
-class TmuxGlue:
-    """The tmux half of AsyncFleet; what it uses of the fleet is declared here."""
+class Terminals:
+    """The fleet's tmux part: its server in its own scope, panes as agents, their windows.
 
-    if TYPE_CHECKING:
-        name: str
-        agent_oom_score_adj: int
-        manager_oom_score_adj: int | None
-        _agents: dict[str, Agent]
-        _registry: Registry | None
-        _scopes: Scopes
-        _terminals: dict[str, str]
-        _tmux: TmuxServer
-        _tmux_lock: asyncio.Lock
+    Held by the fleet: :meth:`load` at open, :meth:`open_pane` in a tmux
+    launch, :meth:`close_windowless` in a listing, and the window operations
+    behind :meth:`.AsyncFleet.logs`, ``send`` and ``attach``. ``resolve``
+    is the fleet's: the unit of a running agent by name.
+    """
 
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
-        async def _close_gone(self, rec: AgentRecord) -> AgentRecord: ...
-        async def _sweep(
-            self, rows: Iterable[AgentRecord] | None = None
-        ) -> dict[str, tuple[AgentRecord, int]]: ...
-        async def _resolve(self, name: str) -> str: ...
-        def _check_open(self) -> None: ...
+    def __init__(
+        self,
+        fleet: str,
+        server: TmuxServer,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        roster: Roster,
+        reaper: Reaper,
+        resolve: Callable[[str], Awaitable[str]],
+        *,
+        agent_oom_score_adj: int,
+        manager_oom_score_adj: int | None,
+    ) -> None:
+        self.fleet = fleet
+        #: The fleet's tmux server, on its private socket.
+        self.server = server
+        self._manager = manager
+        self._store = store
+        self._roster = roster
+        self._reaper = reaper
+        self._resolve = resolve
+        self.agent_oom_score_adj = agent_oom_score_adj
+        self.manager_oom_score_adj = manager_oom_score_adj
+        self._lock = asyncio.Lock()
 
-    async def _load_terminals(self) -> None:
+    async def load(self) -> None:
         """Which open agents run in tmux windows, from their launch events (after a restart)."""
-        assert self._registry is not None
-        if not await asyncio.to_thread(self._tmux.dir.exists):
+        assert self._store.registry is not None
+        if not await asyncio.to_thread(self.server.dir.exists):
             return  # this fleet never had a tmux agent since boot
-        rows = await self._db(self._registry.agents, self.name)
+        rows = await self._store.call(self._store.registry.agents, self.fleet)
         if not rows:
             return
         units = {r.unit for r in rows}
         since = min(r.created for r in rows) - 1
-        events = await self._db(self._registry.events, self.name, kind="launched", since=since)
+        events = await self._store.call(
+            self._store.registry.events, self.fleet, kind="launched", since=since
+        )
         for ev in events:
             unit, terminal = ev.detail.get("unit"), ev.detail.get("terminal")
             if unit in units and isinstance(terminal, str):
-                self._terminals[str(unit)] = terminal
+                self._roster.terminals[str(unit)] = terminal
 
     async def _tmux_server(self) -> TmuxServer:
         """The fleet's tmux server; started in its own scope when it does not run.
@@ -81,12 +93,12 @@ class TmuxGlue:
         Raises:
             TmuxUnavailable, TmuxError (before anything started), BusError.
         """
-        tmux = self._tmux
+        tmux = self.server
         await asyncio.to_thread(tmux.prepare)
-        async with self._tmux_lock:
+        async with self._lock:
             if await asyncio.to_thread(tmux.alive):
                 return tmux
-            unit = _tmux.tmux_unit(self.name)
+            unit = _tmux.tmux_unit(self.fleet)
             try:
                 await self._start_tmux_server(tmux, unit)
             except BusError as exc:
@@ -96,7 +108,7 @@ class TmuxGlue:
                 # server that died is not collected yet.
                 if await asyncio.to_thread(tmux.alive):
                     return tmux
-                await self._scopes.stop_unit(unit, 10)
+                await self._manager.stop_unit(unit, 10)
                 await self._start_tmux_server(tmux, unit)
         return tmux
 
@@ -117,8 +129,8 @@ class TmuxGlue:
                 oom_score_adj=self.manager_oom_score_adj,
             )
             try:
-                description = _tmux.tmux_description(self.name)
-                await self._scopes.start_scope(unit, "tmux", [child.pid], None, description)
+                description = _tmux.tmux_description(self.fleet)
+                await self._manager.start_scope(unit, "tmux", [child.pid], None, description)
             except BaseException:
                 await child.abort()
                 raise
@@ -133,10 +145,10 @@ class TmuxGlue:
                 )
         finally:
             await asyncio.to_thread(err.close)
-        log.info("started the tmux server of fleet %s in %s (%s)", self.name, unit, tmux.socket)
-        await self._event(None, "tmux_started", unit=unit, socket=str(tmux.socket))
+        log.info("started the tmux server of fleet %s in %s (%s)", self.fleet, unit, tmux.socket)
+        await self._store.event(None, "tmux_started", unit=unit, socket=str(tmux.socket))
 
-    async def _open_pane(
+    async def open_pane(
         self,
         unit: str,
         name: str,
@@ -156,9 +168,9 @@ class TmuxGlue:
         )
         return TmuxChild(pane)
 
-    async def _close_windowless(self, recs: Sequence[AgentRecord]) -> dict[str, AgentRecord]:
+    async def close_windowless(self, recs: Sequence[AgentRecord]) -> dict[str, AgentRecord]:
         """tmux agents whose window vanished: killed, and closed as exited."""
-        windows = await asyncio.to_thread(self._tmux.windows)
+        windows = await asyncio.to_thread(self.server.windows)
         if windows is None:  # the server does not answer: no verdict
             return {}
         panes = {w.pane_pid for w in windows}
@@ -168,67 +180,47 @@ class TmuxGlue:
                 continue
             # Its main process ended with its window: what it left in its scope
             # is the reaper's (reap_after, _reaper.py), not killed here.
-            swept = await self._sweep([rec])
+            swept = await self._reaper.sweep([rec])
             if rec.unit in swept:
                 closed[rec.unit] = swept[rec.unit][0]
                 continue
             log.info("the tmux window of %s (%s) closed: stopping it", rec.name, rec.unit)
             with contextlib.suppress(BusError):
-                await self._scopes.kill_unit(rec.unit, _signal.SIGKILL)
-            await self._event(rec.name, "window_closed", unit=rec.unit, pid=rec.pid)
-            closed[rec.unit] = await self._close_gone(rec)
+                await self._manager.kill_unit(rec.unit, _signal.SIGKILL)
+            await self._store.event(rec.name, "window_closed", unit=rec.unit, pid=rec.pid)
+            closed[rec.unit] = await self._store.close_gone(rec)
         return closed
 
     async def _window(self, name: str) -> Window:
         """The tmux window of a running agent (its pane's process is the agent's)."""
-        self._check_open()
         unit = await self._resolve(name)
-        assert self._registry is not None
-        rec = await self._db(self._registry.by_unit, unit)
-        known = self._agents.get(name)
+        assert self._store.registry is not None
+        rec = await self._store.call(self._store.registry.by_unit, unit)
+        known = self._roster.agents.get(name)
         pid = rec.pid if rec is not None else known.pid if known is not None else -1
-        window = await asyncio.to_thread(self._tmux.window_of, pid)
+        window = await asyncio.to_thread(self.server.window_of, pid)
         if window is None:
-            raise _tmux.not_a_tmux_agent(self.name, name)
+            raise _tmux.not_a_tmux_agent(self.fleet, name)
         return window
 
-    async def logs(self, name: str, lines: int = 100) -> list[str]:
-        """The last ``lines`` lines of a tmux agent's window (its history included).
-
-        Raises:
-            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
-        """
-        lines = _numbers.whole("lines", lines, low=0, high=10_000_000)
+    async def logs(self, name: str, lines: int) -> list[str]:
+        """See :meth:`.AsyncFleet.logs` (``lines`` checked)."""
         window = await self._window(name)
-        return await asyncio.to_thread(self._tmux.capture, window.id, lines)
+        return await asyncio.to_thread(self.server.capture, window.id, lines)
 
-    async def send(self, name: str, text: str, *, enter: bool = False) -> None:
-        """Type ``text`` into a tmux agent's window, then Enter if ``enter``.
-
-        Raises:
-            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
-        """
+    async def send(self, name: str, text: str, enter: bool) -> None:
+        """See :meth:`.AsyncFleet.send`."""
         window = await self._window(name)
-        await asyncio.to_thread(self._tmux.send, window.id, text, enter)
+        await asyncio.to_thread(self.server.send, window.id, text, enter)
 
-    async def attach_command(self, name: str, *, read_only: bool = False) -> list[str]:
-        """The command line that attaches a terminal to a tmux agent's window.
-
-        Raises:
-            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
-        """
+    async def attach_command(self, name: str, read_only: bool) -> list[str]:
+        """See :meth:`.AsyncFleet.attach_command`."""
         window = await self._window(name)
-        return await asyncio.to_thread(self._tmux.attach_argv, window.id, read_only)
+        return await asyncio.to_thread(self.server.attach_argv, window.id, read_only)
 
-    async def attach(self, name: str, *, read_only: bool = False) -> int:
-        """Attach this process's terminal to a tmux agent's window until it detaches.
-
-        Returns the tmux client's exit status (non-zero without a terminal).
-
-        Raises:
-            AgentNotFound, TmuxError (not a tmux agent, or tmux failed).
-        """
-        argv = await self.attach_command(name, read_only=read_only)
+    async def attach(self, name: str, read_only: bool) -> int:
+        """See :meth:`.AsyncFleet.attach`."""
+        argv = await self.attach_command(name, read_only)
         proc = await asyncio.create_subprocess_exec(*argv)
         return await proc.wait()
 

@@ -28,13 +28,12 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from . import generator
-from ._errors import AgentscopeError
+from ._errors import InstallError, UntrustedExecutable
 from ._names import validate_name
 from ._trust import who_could_change
 
 __all__ = [
     "OOM_POLICY_FIXED_IN",
-    "InstallError",
     "InstallPlan",
     "Manifest",
     "ManifestEntry",
@@ -67,40 +66,6 @@ _OOM_DROPIN = "60-agentscope-oom-policy.conf"
 _HOME_CONF_READ_FROM = 252
 _GENERATOR_NAME = "agentscope-generator"
 _MANIFEST_VERSION = 1
-
-
-class InstallError(AgentscopeError):
-    """Install or uninstall cannot go ahead; nothing was changed.
-
-    ``paths`` are the files in the way, ``reason`` why.
-    """
-
-    def __init__(self, reason: str, paths: list[str], hint: str) -> None:
-        self.reason = reason
-        self.paths = paths
-        self.hint = hint
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {', '.join(self.paths)}; {self.hint}"
-
-
-class UntrustedExecutable(InstallError):
-    """A system install would make root run a file another user could change; nothing was written.
-
-    ``paths`` say which file and why (its owner, a writable directory on its
-    way, its ``#!`` interpreter's).
-    """
-
-    def __init__(self, paths: list[str]) -> None:
-        super().__init__(
-            "install --system would make root run a file that a user other than root could change",
-            paths,
-            "install agentscope where only root can write (as root: python3 -m venv "
-            "/opt/agentscope && /opt/agentscope/bin/pip install agentscope-systemd) and "
-            "run that one's `agentscope install --system`, or use install --user for your "
-            "own manager",
-        )
 
 
 @dataclass(frozen=True)

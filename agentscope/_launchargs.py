@@ -1,4 +1,8 @@
-"""A launch's arguments checked before anything exists (no D-Bus, no registry)."""
+"""A launch's arguments checked before anything exists (no D-Bus, no registry).
+
+Its resource controls (``memory_max``, ``tasks_max``...) are checked with
+the other properties, by :func:`._scopeprops.build`, as InvalidConfig.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,9 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 
-from . import _numbers
-from ._errors import InvalidConfig, LaunchError
+from ._errors import LaunchError
 
-__all__ = ["check_argv", "check_memory_max"]
+__all__ = ["check_argv"]
 
 
 def check_argv(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> str:
@@ -52,16 +55,3 @@ def check_argv(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | No
     if found is None:
         raise LaunchError(f"{prog!r} not found on the agent's PATH ({path})")
     return found
-
-
-def check_memory_max(memory_max: object) -> int | None:
-    if memory_max is None:
-        return None
-    if not isinstance(memory_max, int) or isinstance(memory_max, bool):
-        raise LaunchError(f"memory_max must be a positive number of bytes, not {memory_max!r}")
-    try:
-        return _numbers.whole("memory_max", memory_max, low=1, high=_numbers.MAX_SIZE)
-    except InvalidConfig as exc:
-        raise LaunchError(
-            f"memory_max must be from 1 byte to 8 EiB (2^63), not {memory_max!r}"
-        ) from exc

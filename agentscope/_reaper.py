@@ -14,8 +14,8 @@ The rule, one place for every path (launched, adopted, exec'd, tmux):
   after 5 s) and one ``reaped`` event names them (pid, comm, RSS); the row
   then closes as ``exited`` with the main process's status.
 
-:func:`decide` is the rule (no I/O); :class:`ReapGlue` (a part of
-:class:`._fleet.AsyncFleet`) applies it wherever an exit can be seen: the
+:func:`decide` is the rule (no I/O); :class:`Reaper` (a part
+:class:`._fleet.AsyncFleet` holds) applies it wherever an exit can be seen: the
 fleet's own exit watch (its pidfd), reconciliation at open, ``agents()``
 and a monitor's tick.
 """
@@ -25,26 +25,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
-from ._errors import AgentscopeError, RegistryError
+from ._errors import AgentscopeError, InvalidTransition, RegistryError
 from ._proc import PROC_ROOT, read_stat, read_statm_rss
-from ._registry import AgentRecord, InvalidTransition, Registry
+from ._registry import AgentRecord
 from ._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 
 if TYPE_CHECKING:
-    from ._agent import Agent
-    from ._systemd import Scopes
+    from ._fleet_registry import FleetRegistry, Roster
+    from ._manager import ScopeManager
 
 __all__ = [
     "DEFAULT_REAP_AFTER",
     "MAX_NAMED",
     "Decision",
     "Leftover",
-    "ReapGlue",
+    "Reaper",
     "decide",
     "main_alive",
     "parse_reap_after",
@@ -52,8 +52,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentscope")
-T = TypeVar("T")
-P = ParamSpec("P")
 
 MAX_NAMED = 64
 """Leftovers named in one event at most (the count covers them all)."""
@@ -163,24 +161,47 @@ def _look(slice_dir: Path, rows: Sequence[AgentRecord]) -> list[_Seen]:
     return out
 
 
-class ReapGlue:
-    """The reaping part of AsyncFleet; what it uses of the fleet is declared here."""
+class Reaper:
+    """The part of AsyncFleet that applies the rule; it owns the reaps due while it is open.
 
-    if TYPE_CHECKING:
-        name: str
-        _agents: dict[str, Agent]
-        _registry: Registry | None
-        _scopes: Scopes
-        _closed: bool
-        _reap_timers: dict[str, asyncio.TimerHandle]
-        _linger_seen: dict[str, float]
-        _tasks: set[asyncio.Task[Any]]
+    :meth:`sweep` judges rows (the fleet's open ones by default),
+    :meth:`main_exited` an exit the fleet saw, :meth:`tick` is a monitor's
+    (at most once a second), :meth:`close` cancels the reaps still due.
+    """
 
-        async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-        async def _event(self, agent: str | None, kind: str, **detail: Any) -> None: ...
-        async def slice_cgroup(self) -> Path: ...
+    def __init__(
+        self,
+        fleet: str,
+        manager: ScopeManager,
+        store: FleetRegistry,
+        roster: Roster,
+        tasks: set[asyncio.Task[Any]],
+    ) -> None:
+        self.name = fleet
+        self._manager = manager
+        self._store = store
+        self._roster = roster
+        # The fleet's background tasks: it waits for them as it stops an agent or closes.
+        self._tasks = tasks
+        self._closed = False
+        # Lingering agents' reaps due while the fleet is open.
+        self._reap_timers: dict[str, asyncio.TimerHandle] = {}
+        # unit -> time.monotonic() when this fleet first saw it lingering.
+        self._linger_seen: dict[str, float] = {}
+        self._last_sweep = 0.0
 
-    async def _sweep(
+    async def tick(self) -> None:
+        """A monitor's tick: leftovers of agents that ended unseen (at most once a second)."""
+        loop = asyncio.get_running_loop()
+        if self._closed or self._store.registry is None or loop.time() - self._last_sweep < 1.0:
+            return
+        self._last_sweep = loop.time()
+        try:
+            await self.sweep()
+        except (AgentscopeError, OSError) as exc:
+            log.warning("could not look for leftovers: %s", exc)
+
+    async def sweep(
         self, rows: Iterable[AgentRecord] | None = None
     ) -> dict[str, tuple[AgentRecord, int]]:
         """Apply the rule to ``rows`` (default: the fleet's open rows).
@@ -188,14 +209,14 @@ class ReapGlue:
         Returns each lingering (or reaped) row as it is now, with the number
         of leftovers seen, by unit.
         """
-        if self._registry is None:
+        if self._store.registry is None:
             return {}
         if rows is None:
-            rows = await self._db(self._registry.agents, self.name)
+            rows = await self._store.call(self._store.registry.agents, self.name)
         todo = [r for r in rows if not r.closed and r.state != "starting"]
         if not todo:
             return {}
-        slice_dir = await self.slice_cgroup()
+        slice_dir = await self._manager.slice_cgroup()
         seen = await asyncio.to_thread(_look, slice_dir, todo)
         counts: dict[str, tuple[AgentRecord, int]] = {}
         for s in seen:
@@ -207,7 +228,7 @@ class ReapGlue:
             )
             if decision == "linger":
                 # Launched here, its status is known even if its exit watch has not run yet.
-                known = self._agents.get(rec.name)
+                known = self._roster.agents.get(rec.name)
                 popen = known.popen if known is not None and known.unit == rec.unit else None
                 status = popen.poll() if popen is not None else None
                 rec = await self._linger(rec, status, s.leftovers)
@@ -218,25 +239,25 @@ class ReapGlue:
                 self._schedule_reap(rec)
             elif decision == "reap":
                 await self._reap(rec, s.leftovers)
-                now_rec = await self._db(self._registry.by_unit, rec.unit)
+                now_rec = await self._store.call(self._store.registry.by_unit, rec.unit)
                 rec = now_rec if now_rec is not None else rec
             if decision in ("wait", "keep", "reap"):
                 counts[rec.unit] = (rec, n)
         return counts
 
-    async def _main_exited(self, unit: str, pid: int, status: int | None) -> bool:
+    async def main_exited(self, unit: str, pid: int, status: int | None) -> bool:
         """The fleet saw ``pid``, the main process of ``unit``, end: lingers it?
 
         True when the scope still holds processes (the row stays open,
         lingering); False when the scope is empty or gone (the caller
         records a plain exit).
         """
-        slice_dir = await self.slice_cgroup()
+        slice_dir = await self._manager.slice_cgroup()
         left = await asyncio.to_thread(read_leftovers, slice_dir / unit, pid)
         if not left:
             return False
-        assert self._registry is not None
-        rec = await self._db(self._registry.by_unit, unit)
+        assert self._store.registry is not None
+        rec = await self._store.call(self._store.registry.by_unit, unit)
         if rec is None or rec.closed:
             return False
         rec = await self._linger(rec, status, left)
@@ -253,7 +274,7 @@ class ReapGlue:
     async def _linger(
         self, rec: AgentRecord, status: int | None, left: Sequence[Leftover]
     ) -> AgentRecord:
-        assert self._registry is not None
+        assert self._store.registry is not None
         detail = {
             "unit": rec.unit,
             "pid": rec.pid,
@@ -261,7 +282,9 @@ class ReapGlue:
             "leftovers": len(left),
             "reap_after": "keep" if rec.reap_after is None else rec.reap_after,
         }
-        rec = await self._db(self._registry.note_lingering, rec.unit, status, detail=detail)
+        rec = await self._store.call(
+            self._store.registry.note_lingering, rec.unit, status, detail=detail
+        )
         log.info(
             "agent %s (%s) ended and left %d process(es) in its scope: %s",
             rec.name,
@@ -306,18 +329,18 @@ class ReapGlue:
         self._reap_timers[rec.unit] = loop.call_later(delay + 0.05, due)
 
     async def _reap_due(self, unit: str) -> None:
-        if self._registry is None:
+        if self._store.registry is None:
             return
         try:
-            rec = await self._db(self._registry.by_unit, unit)
+            rec = await self._store.call(self._store.registry.by_unit, unit)
             if rec is not None and not rec.closed:
-                await self._sweep([rec])
+                await self.sweep([rec])
         except (AgentscopeError, OSError) as exc:
             log.warning("could not reap the leftovers of %s: %s", unit, exc)
 
     async def _reap(self, rec: AgentRecord, left: Sequence[Leftover]) -> None:
         """Stop the scope of a lingering row and report what it held, once."""
-        assert self._registry is not None
+        assert self._store.registry is not None
         rss = [p.rss for p in left if p.rss is not None]
         detail = {
             "unit": rec.unit,
@@ -328,19 +351,19 @@ class ReapGlue:
             "rss": sum(rss),
             "processes": [p.to_dict() for p in left[:MAX_NAMED]],
         }
-        if not await self._db(self._registry.claim_reap, rec.unit, detail=detail):
+        if not await self._store.call(self._store.registry.claim_reap, rec.unit, detail=detail):
             return  # another process (or task) reaps it
         names = ", ".join(f"{p.comm} ({p.pid})" for p in left[:8])
         log.warning(
             "reaping %d process(es) agent %s left in %s: %s", len(left), rec.name, rec.unit, names
         )
-        result = await self._scopes.stop_unit(rec.unit, STOP_TIMEOUT)
+        result = await self._manager.stop_unit(rec.unit, STOP_TIMEOUT)
         if result != "done":
             log.warning("the stop job of %s ended %r: its leftovers may run on", rec.unit, result)
             return
         try:
-            await self._db(
-                self._registry.set_state,
+            await self._store.call(
+                self._store.registry.set_state,
                 rec.unit,
                 "exited",
                 exit_status=rec.exit_status,
@@ -352,11 +375,13 @@ class ReapGlue:
             pass  # closed meanwhile by a listing that saw the scope go
         except RegistryError as exc:
             log.warning("could not record the end of %s: %s", rec.unit, exc)
-        agent = self._agents.get(rec.name)
+        agent = self._roster.agents.get(rec.name)
         if agent is not None and agent.unit == rec.unit:
             agent.state = "exited"
 
-    def _cancel_reaps(self) -> None:
+    def close(self) -> None:
+        """The fleet closes: no more reaps from here (the next open or monitor does them)."""
+        self._closed = True
         for handle in self._reap_timers.values():
             handle.cancel()
         self._reap_timers.clear()

@@ -18,7 +18,6 @@ Lifecycle of a row (``set_state``)::
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ from typing import Any, Final, Literal, TypeVar, cast, get_args
 
 from ._contract import event_envelope
 from ._dicts import as_dict
-from ._errors import RegistryError
 from ._scopeprops import DEFAULT_REAP_AFTER
 
 __all__ = [
@@ -35,8 +33,6 @@ __all__ = [
     "AgentRecord",
     "AgentState",
     "EventRecord",
-    "InvalidTransition",
-    "UnitNotFound",
 ]
 
 _T = TypeVar("_T")
@@ -66,35 +62,6 @@ _AGENT_COLUMNS: Final = (
     "exit_status, exited, oom_kills, memory_current, memory_peak, reap_after, lingering"
 )
 _EVENT_COLUMNS: Final = "id, ts, fleet, agent, kind, detail"
-
-
-class UnitNotFound(RegistryError, LookupError):
-    """No row of the registry has that unit name."""
-
-    def __init__(self, path: os.PathLike[str] | str, unit: str) -> None:
-        self.unit = unit
-        super().__init__(
-            path, f"no agent with unit {unit!r} in the registry {path}; list agents to see theirs"
-        )
-
-
-class InvalidTransition(RegistryError):
-    """A state change the lifecycle does not allow, e.g. reopening a closed row.
-
-    ``current`` is the state stored, ``requested`` the one refused. The row is
-    left as it was; re-read it to see who closed it and why.
-    """
-
-    def __init__(
-        self, path: os.PathLike[str] | str, unit: str, current: str, requested: str
-    ) -> None:
-        self.unit = unit
-        self.current = current
-        self.requested = requested
-        why = "a closed agent is not reopened so" if current in CLOSED_STATES else "not allowed"
-        super().__init__(
-            path, f"cannot move {unit} from {current!r} to {requested!r}: {why}; re-read the agent"
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,10 @@ in-flight rule (:mod:`._reconcile_plan`, whose closures
 (:mod:`._registry_file`), and the take-in of exec's spool
 (:mod:`._spool_intake`). Their public names are re-exported here.
 
-Error tree (``RegistryError`` and ``RegistryCorrupt`` live in ``_errors.py``)::
-
-    AgentscopeError
-    ├── AgentExists          an open row already holds that (fleet, name)
-    └── RegistryError        the registry file cannot be used (names the file)
-        ├── RegistryCorrupt  not a database, or a damaged one: move it aside
-        ├── UnitNotFound     no row for that unit
-        └── InvalidTransition a state change the lifecycle does not allow
+Its errors are drawn with every other in ``_errors.py``: ``AgentExists``
+(an open row already holds that fleet and name), ``RegistryError`` and below
+it ``RegistryCorrupt``, ``UnitNotFound`` (no row for that unit) and
+``InvalidTransition`` (a state change the lifecycle does not allow).
 """
 
 from __future__ import annotations
@@ -40,7 +36,13 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from . import _numbers, _spool, _spool_intake
-from ._errors import AgentExists, RegistryCorrupt, RegistryError
+from ._errors import (
+    AgentExists,
+    InvalidTransition,
+    RegistryCorrupt,
+    RegistryError,
+    UnitNotFound,
+)
 from ._reconcile_plan import (
     REASON_PID_REUSED,
     REASON_PROCESS_GONE,
@@ -61,8 +63,6 @@ from ._records import (
     AgentRecord,
     AgentState,
     EventRecord,
-    InvalidTransition,
-    UnitNotFound,
     _agent_from_row,
     _event_from_row,
     _insert_event,
@@ -395,7 +395,9 @@ class Registry(LifecycleStore, OomStore):
             changed = rec.state != state
             if changed:
                 if state not in _TRANSITIONS[rec.state]:
-                    raise InvalidTransition(self.path, unit, rec.state, state)
+                    raise InvalidTransition(
+                        self.path, unit, rec.state, state, closed=rec.state in CLOSED_STATES
+                    )
                 if closing:
                     when = time.time() if exited is None else exited
                     conn.execute(

@@ -1,10 +1,12 @@
-"""The systemd verbs of a fleet: start a scope, stop and kill it, list, probe.
+"""systemd as a fleet's manager: start a scope, stop, kill, freeze, list, probe.
 
-:class:`Scopes` holds what one fleet asks of its manager over a
+:class:`SystemdManager` is the systemd implementation of
+:class:`._manager.ScopeManager` (what one fleet asks of its manager), over a
 :class:`._bus.SystemdBus`: a scope started with its properties (and the
 OOMPolicy fallback of systemds that refuse it, remembered per fleet), the
-stop job with its SIGKILL escalation, KillUnit, ListUnitsByPatterns, the
-agents slice's limits. :func:`probe` tells what the manager can do.
+stop job with its SIGKILL escalation, KillUnit, FreezeUnit, ThawUnit,
+AttachProcessesToUnit, ListUnitsByPatterns, the agents slice's cgroup and
+limits. :func:`probe` tells what the manager can do.
 """
 
 from __future__ import annotations
@@ -14,22 +16,27 @@ import contextlib
 import logging
 import os
 import signal as _signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import _names, _scope, _scopeprops
-from ._bus import INFINITY, SystemdBus
+from ._bus import INFINITY, Manager, SystemdBus
 from ._cgroup import cgroup_v2_mounted, memory_controller_enabled
 from ._errors import AgentscopeError, BusError, LaunchError
+from ._escape import unit_of_cgroup
+from ._manager import Controls, ListedScope
 
-__all__ = ["Capabilities", "Scopes", "probe", "slice_limits"]
+__all__ = ["Capabilities", "SystemdManager", "probe", "slice_limits"]
 
 log = logging.getLogger("agentscope")
 
 SLICE_IFACE = "org.freedesktop.systemd1.Slice"
 _UNIT_IFACE = "org.freedesktop.systemd1.Unit"
 _SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
+_SERVICE_IFACE = "org.freedesktop.systemd1.Service"
+_ACTIVE = ["active", "activating", "deactivating", "reloading"]
 _LIMITS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
 # KillUnit on a scope that stopped meanwhile: unloaded, or loaded with no process left.
 _STOPPED_MEANWHILE = (
@@ -56,15 +63,84 @@ class Capabilities:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-class Scopes:
-    """One fleet's verbs on its manager's scopes (no registry, no state but the fallback)."""
+class SystemdManager:
+    """A fleet's scopes as systemd runs them: :class:`._manager.ScopeManager` over D-Bus.
+
+    No registry and no state but the OOMPolicy fallback and the slice's
+    cgroup once systemd has said where it is.
+    """
 
     def __init__(self, bus: SystemdBus, fleet: str, slice: str) -> None:
         self._bus = bus
         self.fleet = fleet
         self.slice = slice
-        self.manager = bus.manager
+        self.manager: Manager = bus.manager
         self._oom_policy = _scope.OOMPolicyFallback()
+        self._slice_cgroup: Path | None = None
+
+    @property
+    def cgroup_root(self) -> Path:
+        return self._bus.cgroup_root
+
+    @property
+    def version(self) -> str:
+        return self._bus.version
+
+    @property
+    def address(self) -> str:
+        return self._bus.address
+
+    async def connect(self) -> None:
+        await self._bus.connect()
+
+    def close(self) -> None:
+        self._bus.close()
+
+    async def slice_cgroup(self) -> Path:
+        """The agents slice's cgroup directory, as systemd reports it."""
+        if self._slice_cgroup is None:
+            path = await self._bus.unit_path(self.slice)
+            cg = await self._bus.get_property(path, SLICE_IFACE, "ControlGroup")
+            if not cg:  # not realized yet: where systemd will put it
+                # Not cached: the real path is known once the slice is realized.
+                return self._expected()
+            self._slice_cgroup = self._bus.cgroup_root / str(cg).lstrip("/")
+        return self._slice_cgroup
+
+    def expected_slice_cgroup(self) -> Path:
+        return self._slice_cgroup or self._expected()
+
+    def _expected(self) -> Path:
+        """Where the manager puts the agents slice: dashes in its name are the hierarchy."""
+        root = str(self._bus.cgroup_root)
+        return Path(_scope.slice_cgroup(self.manager, self.slice, root=root))
+
+    def status_command(self, unit: str) -> str:
+        return f"systemctl {'--user ' if self.manager == 'user' else ''}status {unit}"
+
+    def unit_of_cgroup(self, cgroup: str) -> str | None:
+        return unit_of_cgroup(cgroup)
+
+    async def main_pid(self, unit: str) -> int | None:
+        """The MainPID of ``unit`` if it is a service systemd has loaded, else None."""
+        if not unit.endswith(".service"):
+            return None
+        try:
+            (path,) = await self._bus.call("GetUnit", "s", [unit])
+            main = await self._bus.get_property(path, _SERVICE_IFACE, "MainPID")
+        except AgentscopeError:
+            return None  # not known to this manager: it cannot be its main process
+        return int(main) or None
+
+    async def freeze_unit(self, unit: str) -> None:
+        await self._bus.call("FreezeUnit", "s", [unit])
+
+    async def thaw_unit(self, unit: str) -> None:
+        await self._bus.call("ThawUnit", "s", [unit])
+
+    async def attach(self, unit: str, pids: Sequence[int]) -> None:
+        """AttachProcessesToUnit (systemd 238+; refused for a scope without Delegate=yes)."""
+        await self._bus.call("AttachProcessesToUnit", "ssau", [unit, "", list(pids)])
 
     async def unit_active(self, unit: str) -> bool:
         try:
@@ -76,23 +152,24 @@ class Scopes:
         state = await self._bus.get_property(str(path), _UNIT_IFACE, "ActiveState")
         return state in ("active", "activating", "deactivating", "reloading")
 
-    async def list_units(self, agent: str | None = None) -> list[list[Any]]:
+    async def list_scopes(self, agent: str | None = None) -> list[ListedScope]:
+        """One ListUnitsByPatterns; the owner of each from its Description."""
         (units,) = await self._bus.call(
             "ListUnitsByPatterns",
             "asas",
-            [
-                ["active", "activating", "deactivating", "reloading"],
-                [_names.scope_pattern(self.fleet, agent)],
-            ],
+            [_ACTIVE, [_names.scope_pattern(self.fleet, agent)]],
         )
-        return list(units)
+        return [
+            ListedScope(str(unit), _names.parse_description(str(desc)), str(active))
+            for unit, desc, _load, active, *_ in units
+        ]
 
     async def start_scope(
         self,
         unit: str,
         name: str,
-        pids: list[int],
-        controls: dict[str, tuple[str, Any]] | None = None,
+        pids: Sequence[int],
+        controls: Controls | None = None,
         description: str | None = None,
     ) -> list[dict[str, Any]]:
         """Start ``unit`` holding ``pids``; what systemd did not take of ``controls``.
@@ -109,7 +186,7 @@ class Scopes:
                 fds = [os.pidfd_open(p) for p in pids]
                 props["PIDFDs"] = ("ah", list(range(len(fds))))
             else:
-                props["PIDs"] = ("au", pids)
+                props["PIDs"] = ("au", list(pids))
             await self.start_transient(unit, props, fds)
         finally:
             for fd in fds:
@@ -213,13 +290,27 @@ class Scopes:
         """The agents slice's MemoryHigh/MemoryMax/MemorySwapMax; None means infinity."""
         return await slice_limits(self._bus, self.slice)
 
-    async def clear_limits(self, stale: dict[str, int]) -> None:
-        """Set each of ``stale`` to infinity on the agents slice, until reboot."""
+    async def clear_slice_limits(self) -> dict[str, int]:
+        """Set each limit found on the agents slice to infinity, until reboot (runtime)."""
+        limits = await self.slice_limits()
+        stale = {k: v for k, v in limits.items() if v is not None}
+        if not stale:
+            return stale
         await self._bus.call(
             "SetUnitProperties",
             "sba(sv)",
             [self.slice, True, SystemdBus.props({k: ("t", INFINITY) for k in stale})],
         )
+        log.warning(
+            "cleared stale limits on %s until reboot: %s (a MemoryHigh there "
+            "throttles every agent at once; find where they were set with "
+            "systemctl %scat %s)",
+            self.slice,
+            ", ".join(f"{k}={v}" for k, v in stale.items()),
+            "--user " if self.manager == "user" else "",
+            self.slice,
+        )
+        return stale
 
 
 async def slice_limits(bus: SystemdBus, slice: str) -> dict[str, int | None]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _numbers
-from ._errors import AgentscopeError, LaunchError
+from ._errors import AgentscopeError, LaunchError, TmuxError, TmuxUnavailable, WindowExists
 
 if TYPE_CHECKING:
     import libtmux
@@ -44,11 +44,8 @@ __all__ = [
     "GO_TIMEOUT",
     "SHIM",
     "PaneLaunch",
-    "TmuxError",
     "TmuxServer",
-    "TmuxUnavailable",
     "Window",
-    "WindowExists",
     "at_gate",
     "exec_done",
     "last_lines",
@@ -88,35 +85,6 @@ exec -a {ENV_TAG} env -i -- "${{s[@]:3:n}}" TERM="$TERM" TMUX="$TMUX" TMUX_PANE=
 """
 _FORMAT = "#{window_id}\t#{window_name}\t#{pane_pid}"
 _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the NUL
-
-
-class TmuxError(LaunchError):
-    """A tmux agent could not be started or reached; the message says why and what to do.
-
-    Raised before anything exists for bad input (a window name taken, the
-    socket directory not writable), so no scope or window is left behind.
-    """
-
-
-class TmuxUnavailable(TmuxError):
-    """tmux or libtmux is not installed.
-
-    ``apt install tmux``; ``pip install 'agentscope-systemd[tmux]'`` for libtmux.
-    """
-
-
-class WindowExists(TmuxError):
-    """A window of that name is already open in the fleet's tmux session."""
-
-    def __init__(self, fleet: str, name: str, window: str, socket: Path) -> None:
-        self.fleet = fleet
-        self.name = name
-        self.window = window
-        super().__init__(
-            f"a tmux window named {name!r} ({window}) is already open in fleet {fleet!r}'s "
-            f"session; close it (tmux -S {socket} kill-window -t {window}) or pick another "
-            "agent name"
-        )
 
 
 @dataclass(frozen=True)

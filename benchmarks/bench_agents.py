@@ -22,7 +22,7 @@ async def main() -> None:
     db = Path(tempfile.mkdtemp()) / "agentscope.db"
     name = f"ba{uuid.uuid4().hex[:6]}"
     async with AsyncFleet(name, registry=db) as fleet:
-        registry = fleet._registry
+        registry = fleet._store.registry
         assert registry is not None
         # 900 closed rows: agents of the past, as a busy fleet accumulates.
         for i in range(900):

@@ -65,7 +65,7 @@ def _read_child_stamps() -> None:
 
 
 def _instrument_package(pkg: types.ModuleType) -> None:
-    fleet_mod = importlib.import_module(f"{pkg.__name__}._fleet")
+    fleet_mod = importlib.import_module(f"{pkg.__name__}._fleet_launch")
     spawn_mod = importlib.import_module(f"{pkg.__name__}._spawn")
     orig_spawn = fleet_mod.spawn_gated
 
@@ -109,18 +109,19 @@ def _instrument_package(pkg: types.ModuleType) -> None:
 
     spawn_mod._gate = gate
 
-    orig_reap = fleet_mod.Agent._reap
+    agent_cls = importlib.import_module(f"{pkg.__name__}._agent").Agent
+    orig_reap = agent_cls._reap
 
     def reap(self: Any) -> int | None:
         _mark("exit:seen")
         result: int | None = orig_reap(self)
         return result
 
-    fleet_mod.Agent._reap = reap
+    agent_cls._reap = reap
 
 
 def _instrument_fleet(fleet: Any) -> None:
-    orig_db = fleet._db
+    orig_db = fleet._store.call
 
     async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         times: dict[str, int] = {}
@@ -141,8 +142,8 @@ def _instrument_fleet(fleet: Any) -> None:
                 resumed = time.perf_counter_ns()
                 _trips.append((label, submit, times["start"], times["end"], resumed))
 
-    fleet._db = db
-    orig_scope = fleet._start_scope
+    fleet._store.call = db
+    orig_scope = fleet._manager.start_scope
 
     async def start_scope(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -150,8 +151,8 @@ def _instrument_fleet(fleet: Any) -> None:
         finally:
             _mark("scope:end")
 
-    fleet._start_scope = start_scope
-    bus = fleet._bus
+    fleet._manager.start_scope = start_scope
+    bus = fleet._manager._bus  # the SystemdManager's connection
     orig_call = bus.call
 
     async def call(member: str, *args: Any, **kwargs: Any) -> Any:

@@ -197,7 +197,7 @@ async def main() -> None:
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
                 try:
-                    if not await fleet._scopes.list_units():
+                    if not await fleet._manager.list_scopes():
                         break
                 except SystemdTimeout:
                     # Tearing down thousands of scopes, the manager answers

@@ -64,7 +64,7 @@ async def main() -> None:
         print(f"  tmux agent            {t * 1000:8.1f} ms")
         print(f"  ratio tmux/plain      {t / p:8.2f}x")
         print(f"  first tmux launch     {server_start * 1000:8.1f} ms (starts the server)")
-        tmux_dir = fleet._tmux.socket
+        tmux_dir = fleet._terminals.server.socket
         subprocess.run(["tmux", "-S", str(tmux_dir), "kill-server"], check=False)
 
 

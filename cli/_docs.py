@@ -42,7 +42,8 @@ traceback.
 |---|---|---|
 | 0 | ok | |
 | 1 | the operation failed | `bus_error`, `agent_exists`, `error`, `os_error`, `failed`, |
-| | | `no_log`, `terminated`, `internal` |
+| | | `no_log`, `terminated`, `internal`; and the host's conditions: |
+| | | `host_under_pressure`, `tmux_unavailable`, `tmux_error` |
 | 2 | bad usage or bad input | `usage`, `bad_input`, `invalid_name`, `invalid_config`, |
 | | | `launch_error` |
 | 3 | no such agent | `not_found` |

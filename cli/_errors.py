@@ -3,9 +3,10 @@
 This is the one place that maps exceptions to exit codes::
 
     0  ok
-    1  the operation failed        BusError, AgentExists, other AgentscopeError, OSError
+    1  the operation failed        BusError, AgentExists, HostUnderPressure, TmuxError,
+                               other AgentscopeError, OSError
     2  bad usage or bad input      usage errors, BadInput, InvalidName, InvalidConfig,
-                               LaunchError
+                               LaunchError (its other kinds)
     3  no such agent               AgentNotFound
     4  systemd unreachable         SystemdUnavailable
   130  interrupted                 Ctrl-C (KeyboardInterrupt, Interrupted), as a shell
@@ -123,6 +124,11 @@ def classify(exc: BaseException) -> tuple[int, str]:
         table: list[tuple[type[BaseException], int, str]] = [
             (a.InvalidName, EXIT_USAGE, "invalid_name"),
             (a.InvalidConfig, EXIT_USAGE, "invalid_config"),
+            # Conditions of the host, not of the input (the first match wins):
+            # a LaunchError's other kinds are a bad argv, cwd or env.
+            (a.HostUnderPressure, EXIT_FAILED, "host_under_pressure"),
+            (a.TmuxUnavailable, EXIT_FAILED, "tmux_unavailable"),
+            (a.TmuxError, EXIT_FAILED, "tmux_error"),
             (a.LaunchError, EXIT_USAGE, "launch_error"),
             (a.AgentNotFound, EXIT_NOT_FOUND, "not_found"),
             (a.SystemdUnavailable, EXIT_UNAVAILABLE, "systemd_unavailable"),

@@ -35,26 +35,31 @@ def _public_params(fn: object) -> list[tuple[str, object, object]]:
     ]
 
 
+def _operations(cls: type) -> set[str]:
+    """The public methods and properties of a class."""
+    return {
+        n
+        for n, v in inspect.getmembers(cls)
+        if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, property))
+    }
+
+
 def test_blocking_facade_mirrors_async_core() -> None:
-    ops = [
-        "launch",
-        "adopt",
-        "stop",
-        "kill",
-        "freeze",
-        "thaw",
-        "agents",
-        "slice_limits",
-        "events",
-        "gc",
-        "logs",
-        "send",
-        "attach",
-        "attach_command",
-    ]
-    for op in ops:
-        assert _public_params(getattr(Fleet, op)) == _public_params(getattr(AsyncFleet, op)), op
+    # The same operations, named alike, with the same parameters; the only
+    # differences are how each opens and closes (Fleet opens as it is made).
+    lifecycle = {"open", "aclose"}, {"close"}
+    assert _operations(AsyncFleet) - lifecycle[0] == _operations(Fleet) - lifecycle[1]
+    for op in _operations(Fleet) - lifecycle[1]:
+        blocking, core = getattr(Fleet, op), getattr(AsyncFleet, op)
+        if isinstance(core, property):
+            assert isinstance(blocking, property), op
+            continue
+        assert _public_params(blocking) == _public_params(core), op
     assert _public_params(Fleet.__init__) == _public_params(AsyncFleet.__init__)
+
+
+def test_a_blocking_agent_offers_what_an_agent_does() -> None:
+    assert _operations(agentscope.Agent) <= _operations(agentscope.BlockingAgent)
 
 
 def test_library_imports_without_cli_dependencies() -> None:
@@ -63,3 +68,40 @@ def test_library_imports_without_cli_dependencies() -> None:
         "import agentscope, agentscope.lowlevel\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_error_tree_is_drawn_once_and_true() -> None:
+    # Every public error is defined in _errors, and its docstring draws each
+    # one under its parent: the drawing is parsed and compared with the classes.
+    from agentscope import _errors
+
+    drawn: dict[str, str | None] = {}
+    stack: list[tuple[int, str]] = []
+    tree = _errors.__doc__.split("::\n\n", 1)[1].split("\n\n", 1)[0]  # type: ignore[union-attr]
+    for line in tree.splitlines():
+        name = line.lstrip(" │├└─").split(" ", 1)[0]
+        depth = len(line) - len(line.lstrip(" │├└─"))
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        drawn[name] = stack[-1][1] if stack else None
+        stack.append((depth, name))
+    classes = {
+        n: c
+        for n, c in vars(_errors).items()
+        if isinstance(c, type) and issubclass(c, _errors.AgentscopeError)
+    }
+    real = {
+        n: next((b.__name__ for b in c.__bases__ if b.__name__ in classes), None)
+        for n, c in classes.items()
+    }
+    assert drawn == real
+    assert set(classes) == set(_errors.__all__)
+    public_errors = {
+        n
+        for n in agentscope.__all__
+        if isinstance(getattr(agentscope, n), type)
+        and issubclass(getattr(agentscope, n), BaseException)
+    }
+    assert public_errors <= set(classes)
+    for n in public_errors:
+        assert getattr(agentscope, n).__module__ == "agentscope._errors", n

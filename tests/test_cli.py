@@ -582,6 +582,11 @@ def test_help_and_no_args() -> None:
 ERRORS = [
     (agentscope.InvalidName("agent", "-x", "starts with '-'"), 2, "invalid_name"),
     (agentscope.LaunchError("'nope' not found on the agent's PATH"), 2, "launch_error"),
+    (agentscope.InvalidConfig("memory_max", -1, "a size"), 2, "invalid_config"),
+    # Conditions of the host, not bad input, though LaunchErrors (#30).
+    (agentscope.HostUnderPressure(3.0, 0.0, 40.0, 0.0), 1, "host_under_pressure"),
+    (agentscope.TmuxUnavailable("tmux is not installed"), 1, "tmux_unavailable"),
+    (agentscope.TmuxError("tmux could not start its server"), 1, "tmux_error"),
     (agentscope.AgentNotFound("default", "ghost"), 3, "not_found"),
     (
         agentscope.SystemdUnavailable("user", "unix:path=/run/user/1/bus", "no such file"),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentscope import _tmux
+from agentscope._errors import TmuxUnavailable
 from cli import _http
 from cli._errors import Failed
 
@@ -33,7 +34,7 @@ def test_the_monitor_face_without_prometheus_names_the_distribution(
 
 def test_tmux_without_libtmux_names_the_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "libtmux", None)
-    with pytest.raises(_tmux.TmuxUnavailable) as raised:
+    with pytest.raises(TmuxUnavailable) as raised:
         _tmux._libtmux()
     assert f"pip install '{DISTRIBUTION}[tmux]'" in str(raised.value)
 

@@ -181,12 +181,12 @@ def _recorded_kinds() -> set[str]:
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             # The kind's position in each recorder's arguments.
-            where = {"_event": 1, "record_event": 2, "_insert_event": 4}.get(name)
+            where = {"event": 1, "record_event": 2, "_insert_event": 4}.get(name)
             args = node.args
             # A name there is a parameter passed on: its callers' literals count.
             if where is not None and len(args) > where and isinstance(args[where], ast.Constant):
                 kinds.add(args[where].value)
-            if name == "_mark_running":
+            if name == "mark_running":
                 kinds.update(k.arg for k in node.keywords if k.arg)
             for kw in node.keywords:
                 if kw.arg == "event" and isinstance(kw.value, ast.Constant) and kw.value.value:
@@ -350,7 +350,7 @@ async def test_a_monitor_event_and_its_record_are_one_shape(tmp_path: Path) -> N
         for event in _monitor_events("agentscope-t-a-abcdef.scope", report):
             live = json.loads(json.dumps(_contract.monitor_event_dict("t", event)))
             assert validate(live) == "agentscope.event/1"
-            await fleet._record_monitor_event(event)
+            await fleet._monitors.record_event(event)
             (record,) = await fleet.events(kind=event.kind, last=1)
             recorded = json.loads(json.dumps(record.to_dict()))
             assert validate(recorded) == "agentscope.event/1"

@@ -258,7 +258,7 @@ async def _costs(tmp_path: Path, size: int) -> dict[str, tuple[int, int]]:
 
         async def reopen() -> int:
             async with make_fleet(tmp_path, bus) as again:
-                return len(again._agents)
+                return len(again._roster.agents)
 
         adopted, calls, opens = await _count(bus, reopen)
         assert adopted == size

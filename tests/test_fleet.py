@@ -104,6 +104,30 @@ async def test_launch_puts_the_child_in_its_scope_and_records_it(
     assert Path(f"/proc/{agent.pid}/oom_score_adj").read_text().strip() == "800"
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"memory_max": -1}, "MemoryMax = -1 is out of range"),
+        ({"memory_max": 2**64}, "MemoryMax = 18446744073709551616 is out of range"),
+        ({"memory_max": "1G"}, "memory_max = '1G'"),
+        ({"tasks_max": 0}, "TasksMax = 0 is out of range"),
+        ({"tasks_max": "8"}, "tasks_max = '8'"),
+        ({"terminal": "screen"}, "terminal = 'screen' is not allowed"),
+    ],
+)
+async def test_bad_arguments_are_one_kind_of_error_and_start_nothing(
+    fleet: AsyncFleet, bus: FakeSystemd, kwargs: dict[str, Any], match: str
+) -> None:
+    # memory_max was a LaunchError and tasks_max an InvalidConfig (#30).
+    with pytest.raises(InvalidConfig, match=match):
+        await fleet.launch("a", ["sleep", "30"], **kwargs)
+    if "terminal" not in kwargs:  # adopt takes the same controls, refused alike
+        with pytest.raises(InvalidConfig, match=match):
+            await fleet.adopt(os.getpid(), "a", **kwargs)
+    assert bus.units == {}
+    assert await fleet.agents(all=True) == []
+
+
 async def test_a_second_launch_of_a_running_name_is_refused(fleet: AsyncFleet) -> None:
     await fleet.launch("a", ["sleep", "30"])
     with pytest.raises(AgentExists):
@@ -333,8 +357,8 @@ async def test_adopt_refuses_a_services_main_process(
             assert (interface, name) == ("org.freedesktop.systemd1.Service", "MainPID")
             return proc.pid
 
-        monkeypatch.setattr(fleet._bus, "call", call)
-        monkeypatch.setattr(fleet._bus, "get_property", get_property)
+        monkeypatch.setattr(bus, "call", call)
+        monkeypatch.setattr(bus, "get_property", get_property)
         with pytest.raises(InvalidConfig, match=r"main process of ssh\.service"):
             await fleet.adopt(proc.pid, "x")
         assert asked == ["GetUnit"]  # nothing started
@@ -377,7 +401,8 @@ async def test_a_scope_the_listing_missed_is_not_gone_while_its_cgroup_is_there(
     hidden = bus.units.pop(agent.unit)  # not listed; its cgroup stays
     assert (bus.slice_dir / agent.unit).is_dir()
     async with make_fleet(tmp_path, bus) as second:
-        rows = {r.name: r for r in await second._db(second._registry.agents, "t")}  # type: ignore[union-attr]
+        registry = second._store.open_registry
+        rows = {r.name: r for r in await second._store.call(registry.agents, "t")}
         assert rows["a"].state == "running"
         await second.agents(all=True)  # the listing does not close it either
         assert [e.kind for e in await second.events(agent="a")] == ["launched"]
@@ -555,6 +580,27 @@ def test_a_closed_blocking_fleet_keeps_no_pidfd(tmp_path: Path) -> None:
         for popen in launched:
             popen.kill()
             popen.wait()
+
+
+def test_a_closed_blocking_fleet_says_it_is_closed(tmp_path: Path) -> None:
+    from agentscope._blocking import Fleet
+
+    fleet = Fleet(
+        "t",
+        registry=tmp_path / "registry.db",
+        manager_oom_score_adj=None,
+        tmux_dir=tmp_path / "tmux",
+        _bus=FakeSystemd(tmp_path / "cgroup"),
+    )
+    assert fleet.agents() == []
+    where = fleet.slice_cgroup()
+    assert where.name == "app-agentscope-agents.slice"
+    assert where.is_relative_to(tmp_path / "cgroup")
+    fleet.close()
+    fleet.close()  # twice: harmless
+    for call in (fleet.agents, lambda: fleet.launch("a", ["true"]), lambda: fleet.stop("a")):
+        with pytest.raises(AgentscopeError, match="fleet 't' is closed; open a new Fleet"):
+            call()
 
 
 async def test_an_empty_scope_a_dead_manager_left_is_stopped_at_open(

@@ -50,7 +50,6 @@ from agentscope._guardpolicy import (
 from agentscope._guardproc import GuardChild
 from agentscope._guardscan import Scan
 from agentscope._monitor import Monitor
-from agentscope._registry import Registry
 from tests.fakefs import (
     PAGE,
     format_pressure,
@@ -727,8 +726,8 @@ async def fleet(tree: Tree, tmp_path: Path) -> AsyncIterator[AsyncFleet]:
     launch's admission step (which runs before any bus call).
     """
     f = AsyncFleet("f", "user", registry=tmp_path / "reg.db", tmux_dir=tmp_path / "tmux")
-    f._registry = await asyncio.to_thread(Registry, f.registry_path)
-    f._slice_cgroup = tree.slice  # where the fake slice is
+    await f._store.open()
+    f._manager._slice_cgroup = tree.slice  # type: ignore[attr-defined]  # where the fake slice is
     yield f
     await f.aclose()
 
@@ -739,8 +738,7 @@ async def test_a_fleets_guard_kill_is_recorded_even_while_the_loop_stalls(
     make_meminfo(tree.proc)
     unit = tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("pytest", 900, 200)})
     # The fleet's own agent: its registry row says so (a unit name alone does not).
-    assert fleet._registry is not None
-    fleet._registry.record_launch("f", "a", unit, 1, 100, ["claude"], "/", "running")
+    fleet._store.open_registry.record_launch("f", "a", unit, 1, 100, ["claude"], "/", "running")
     mon = fleet.monitor(
         interval=0.05, guard=FAST, cgroup_root=tree.cg, proc_root=tree.proc, kmsg=None
     )
@@ -762,7 +760,7 @@ async def test_a_fleets_guard_kill_is_recorded_even_while_the_loop_stalls(
 
 
 async def test_the_fleet_protects_its_own_process_and_tmux_server(fleet: AsyncFleet) -> None:
-    pids, units = fleet._guard_protected()
+    pids, units = fleet._monitors.guard_protected()
     assert os.getpid() in pids
     assert units == {"agentscope-f-tmux.scope"}
 
@@ -781,7 +779,7 @@ async def test_a_launch_under_pressure_is_refused_before_anything_exists(
         with pytest.raises(HostUnderPressure) as info:
             await fleet.launch("b", ["sleep", "60"])
         assert info.value.swap_free_percent == pytest.approx(1, abs=0.01)
-    assert await asyncio.to_thread(fleet._registry.agents, "f") == []  # type: ignore[union-attr]
+    assert await asyncio.to_thread(fleet._store.open_registry.agents, "f") == []
     assert await fleet.events(agent="b") == []  # (the monitor's pressure window may be there)
 
 

@@ -711,9 +711,9 @@ async def test_a_fleet_records_guard_kills_of_its_own_agents_only(fleet: AsyncFl
         )
 
     # Another fleet's agent, killed by this fleet's guard: that fleet records it.
-    await fleet._record_monitor_event(kill(None))
+    await fleet._monitors.record_event(kill(None))
     assert await fleet.events(kind="guard_kill") == []
-    await fleet._record_monitor_event(kill("a"))
+    await fleet._monitors.record_event(kill("a"))
     assert [e.agent for e in await fleet.events(kind="guard_kill")] == ["a"]
 
 

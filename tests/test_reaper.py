@@ -233,7 +233,7 @@ async def test_a_wall_clock_jump_neither_hastens_nor_stalls_a_reap(
     await wait_for(lambda: agent.state == "lingering")
     started = time.monotonic()
     monkeypatch.setattr(_reaper, "_now", lambda: time.time() + jump)
-    await fleet._sweep()  # a tick right after the jump: the grace is not over
+    await fleet._reaper.sweep()  # a tick right after the jump: the grace is not over
     assert agent.unit in bus.units
     await wait_for(lambda: agent.unit not in bus.units, timeout=grace + 8)
     assert time.monotonic() - started >= grace - 0.5  # reaped on time, by the monotonic clock

@@ -340,7 +340,8 @@ def _fleet(tmp_path: Path, bus: FakeSystemd) -> AsyncFleet:
         tmux_dir=tmp_path / "tmux",
         _bus=bus,
     )
-    f._kmsg_path, f._read_journal = None, False  # this host's kernel log is not the tree's
+    # This host's kernel log is not the tree's.
+    f._recovery.kmsg_path, f._recovery.read_journal = None, False
     return f
 
 
@@ -483,7 +484,7 @@ async def test_after_a_reboot_root_names_the_boot_befores_kills_from_the_journal
 
     def fleet() -> AsyncFleet:
         f = _fleet(tmp_path, bus)
-        f._kmsg_path, f._read_journal = tmp_path / "kmsg", True
+        f._recovery.kmsg_path, f._recovery.read_journal = tmp_path / "kmsg", True
         return f
 
     async with fleet() as f:  # the watermark, in the boot before

@@ -242,7 +242,7 @@ async def test_adopt_moves_process_and_children(fleet: AsyncFleet) -> None:
         ),
         ({"name": "ok", "argv": ["true"], "env": {"A": 1}}, agentscope.LaunchError, "str to str"),
         ({"name": "ok", "argv": "true"}, agentscope.LaunchError, "non-empty list"),
-        ({"name": "ok", "argv": ["true"], "memory_max": -1}, agentscope.LaunchError, "memory_max"),
+        ({"name": "ok", "argv": ["true"], "memory_max": -1}, agentscope.InvalidConfig, "MemoryMax"),
     ],
 )
 async def test_bad_input_leaves_nothing(
@@ -283,13 +283,10 @@ async def test_refused_dbus_call_keeps_systemd_error(fleet: AsyncFleet) -> None:
     # PID 1 is refused before systemd is asked (#31): nothing is created.
     with pytest.raises(agentscope.InvalidConfig, match="PID 1"):
         await fleet.adopt(1, "pid1")
-    # systemd refuses a scope with no process: its error name and message are kept.
+    # systemd refuses a scope with no process: its error name and message are
+    # kept through the fleet's manager (agentscope/_manager.py).
     with pytest.raises(agentscope.BusError) as info:
-        await fleet._bus.call(
-            "StartTransientUnit",
-            "ssa(sv)a(sa(sv))",
-            [f"agentscope-{fleet.name}-empty-000000.scope", "fail", [], []],
-        )
+        await fleet._manager.start_scope(f"agentscope-{fleet.name}-empty-000000.scope", "x", [])
     assert info.value.dbus_name.startswith("org.freedesktop"), info.value.dbus_name
     assert info.value.message
     assert "StartTransientUnit" in str(info.value)

@@ -195,7 +195,7 @@ async def test_adopt_leaves_a_launch_in_flight_elsewhere_alone(
         start = int(stat[stat.rindex(b")") + 2 :].split()[19])
         unit = f"agentscope-{name}-busy-000000.scope"
         await asyncio.to_thread(
-            fleet._registry.record_launch,  # type: ignore[union-attr]
+            fleet._store.open_registry.record_launch,
             name, "busy", unit, sleeper.pid, start, ["sleep"], "/",
         )  # fmt: skip
         other = subprocess.Popen(["sleep", "600"])
@@ -205,7 +205,7 @@ async def test_adopt_leaves_a_launch_in_flight_elsewhere_alone(
         finally:
             other.kill()
             other.wait()
-        row = await asyncio.to_thread(fleet._registry.by_unit, unit)  # type: ignore[union-attr]
+        row = await asyncio.to_thread(fleet._store.open_registry.by_unit, unit)
         assert row is not None
         assert row.state == "starting"
 
