@@ -78,6 +78,8 @@ __all__ = [
 #: rate when that is faster.
 ASSUMED_MEM_FILL = 6000 << 20  # bytes/s
 ASSUMED_SWAP_FILL = 800 << 20  # bytes/s
+#: Near a memory limit above the agents the guard looks at least this often.
+LIMIT_MIN_INTERVAL = 0.02
 
 
 def _check_range(name: str, value: object, low: float, high: float, allowed: str) -> float:
@@ -618,6 +620,7 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
         zram_seconds = max(_room(avail, total, mem_pct), 0.0) / mem_rate
         zram_seconds += max(_room(disk_free, disk_total, config.swap_free_percent), 0) / swap_rate
         seconds = min(seconds, zram_seconds)
+    interval = min(max(seconds, low), high)
     if reading.limit_bytes:
         # The nearest limit's headroom, at the same fill rate (or the rate measured under it).
         rate = float(ASSUMED_MEM_FILL)
@@ -628,8 +631,16 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
         room += max(
             _room(reading.limit_swap_free, reading.limit_swap_total, config.swap_free_percent), 0.0
         ) / float(ASSUMED_SWAP_FILL)
-        seconds = min(seconds, room)
-    return min(max(seconds, low), high)
+        # A limit is small beside a host's RAM: its last tenth fills in
+        # milliseconds (a 400 MiB container's 40 MiB at 3 GB/s, AgentCgroup's
+        # bursts: FIELD-NOTES), and the kernel's OOM killer inside a cgroup
+        # does not wait for minutes of thrashing as the host's does. So near a
+        # limit (twice its threshold) the guard looks as often as every
+        # LIMIT_MIN_INTERVAL (jr2's ADR-0061 polls 10-20 ms), below the
+        # config's min_interval; farther, no more often than that.
+        near = reading.limit_available_percent <= 2 * mem_pct
+        interval = min(interval, max(room, min(low, LIMIT_MIN_INTERVAL) if near else low))
+    return interval
 
 
 # ---------------------------------------------------------------------------
