@@ -296,19 +296,7 @@ def _container_checks(facts: Facts, box: Any) -> list[dict[str, Any]]:
             "for containers without one are coming (issue #27)",
         ),
     ]
-    if box.cgroup_v2:
-        out.append(_check("cgroup_v2", "pass", "unified cgroup v2 hierarchy"))
-    else:
-        out.append(
-            _check(
-                "cgroup_v2",
-                "fail",
-                "no unified cgroup v2 hierarchy (a v1 or hybrid host): no cgroup of its own "
-                "can be given to an agent, and no container limit read",
-                "run the container on a host booted with cgroup v2 "
-                "(systemd.unified_cgroup_hierarchy=1)",
-            )
-        )
+    out.append(_cgroup_v2_check(box.cgroup_v2, "run the container on a host booted with"))
     if box.own_cgroup is not None:
         if box.writable:
             out.append(
@@ -354,6 +342,17 @@ def _container_checks(facts: Facts, box: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _cgroup_v2_check(unified: bool, fix: str) -> dict[str, Any]:
+    if unified:
+        return _check("cgroup_v2", "pass", "unified cgroup v2 hierarchy")
+    return _check(
+        "cgroup_v2",
+        "fail",
+        "no unified cgroup v2 hierarchy",
+        f"{fix} systemd.unified_cgroup_hierarchy=1 on the kernel command line",
+    )
+
+
 def _check(name: str, status: str, detail: str, fix: str | None = None) -> dict[str, Any]:
     return {"name": name, "status": status, "detail": detail, "fix": fix}
 
@@ -390,16 +389,7 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
                 f"systemd {caps['systemd_version']}",
             )
         )
-        out.append(
-            _check("cgroup_v2", "pass", "unified cgroup v2 hierarchy")
-            if caps["cgroup_v2"]
-            else _check(
-                "cgroup_v2",
-                "fail",
-                "no unified cgroup v2 hierarchy",
-                "boot with systemd.unified_cgroup_hierarchy=1 on the kernel command line",
-            )
-        )
+        out.append(_cgroup_v2_check(bool(caps["cgroup_v2"]), "boot with"))
         out.append(
             _check(
                 "memory_controller",

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,35 @@ def host_reading(
 
 def watch(tree: Tree) -> LimitWatch:
     return LimitWatch(tree.cg, tree.slice, tree.proc, notify=False)
+
+
+def one_kill(
+    tree: Tree,
+    sleeper: subprocess.Popen[bytes],
+    squeeze: Callable[[], None],
+    relief: Callable[[], None],
+    config: GuardConfig = FAST,
+) -> GuardKill:
+    """The guard's one kill of the tool call after ``squeeze`` (``relief``: its memory back)."""
+    got: list[GuardKill] = []
+
+    def on_kill(kill: GuardKill) -> None:
+        got.append(kill)
+        relief()
+
+    _, stop = start_guard(tree, config, on_kill=on_kill)
+    try:
+        time.sleep(1.0)
+        assert got == []
+        assert sleeper.poll() is None
+        squeeze()
+        assert sleeper.wait(10) == -signal.SIGKILL
+        wait_until(lambda: len(got) == 1)
+        time.sleep(0.2)
+    finally:
+        stop()
+    (kill,) = got
+    return kill
 
 
 def runaway(tree: Tree, sleeper: subprocess.Popen[bytes]) -> tuple[int, int]:
@@ -229,24 +259,12 @@ def test_a_limit_nearer_than_the_host_triggers_and_the_kill_names_it(
 ) -> None:
     agent, tool = runaway(tree, sleeper)
     set_limit(tree, PARENT, current_mib=800, max_mib=1200)  # far from it yet
-    got: list[GuardKill] = []
-
-    def on_kill(kill: GuardKill) -> None:
-        got.append(kill)
-        set_limit(tree, PARENT, current_mib=250, max_mib=1200)  # the memory came back
-
-    _, stop = start_guard(tree, FAST, on_kill=on_kill)
-    try:
-        time.sleep(0.2)
-        assert got == []
-        assert sleeper.poll() is None
-        set_limit(tree, PARENT, current_mib=1150, max_mib=1200)  # the host keeps 50 %
-        assert sleeper.wait(10) == -signal.SIGKILL
-        wait_until(lambda: len(got) == 1)
-        time.sleep(0.2)
-    finally:
-        stop()
-    (kill,) = got
+    kill = one_kill(
+        tree,
+        sleeper,
+        lambda: set_limit(tree, PARENT, current_mib=1150, max_mib=1200),  # the host keeps 50 %
+        lambda: set_limit(tree, PARENT, current_mib=250, max_mib=1200),
+    )
     assert (kill.agent, kill.pid, kill.comm, kill.trigger) == ("a", tool, "pytest", "memory")
     assert kill.limit == "/" + PARENT
     assert kill.limit_bytes == 1200 * MIB
@@ -261,21 +279,7 @@ def test_a_host_nearer_than_the_limit_triggers_as_today(
 ) -> None:
     _, tool = runaway(tree, sleeper)
     set_limit(tree, PARENT, current_mib=600, max_mib=4000)
-    got: list[GuardKill] = []
-
-    def on_kill(kill: GuardKill) -> None:
-        got.append(kill)
-        tree.host(40, 40)
-
-    _, stop = start_guard(tree, FAST, on_kill=on_kill)
-    try:
-        tree.host(5, 1)
-        assert sleeper.wait(10) == -signal.SIGKILL
-        wait_until(lambda: len(got) == 1)
-        time.sleep(0.2)
-    finally:
-        stop()
-    (kill,) = got
+    kill = one_kill(tree, sleeper, lambda: tree.host(5, 1), lambda: tree.host(40, 40))
     assert (kill.pid, kill.limit, kill.limit_bytes, kill.limit_available_percent) == (
         tool,
         "host",
@@ -351,22 +355,20 @@ def test_the_guard_wakes_when_a_limited_cgroup_reaches_its_limit(
     runaway(tree, sleeper)
     set_limit(tree, PARENT, current_mib=600, max_mib=1200)
     slow = GuardConfig(min_interval=3.0, max_interval=3.0, lock_memory=False)
-    got: list[GuardKill] = []
+    start = [0.0]
 
-    def on_kill(kill: GuardKill) -> None:
-        got.append(kill)
-        set_limit(tree, PARENT, current_mib=250, max_mib=1200)
-
-    _, stop = start_guard(tree, slow, on_kill=on_kill)
-    try:
-        time.sleep(1.0)
+    def at_the_wall() -> None:
         set_limit(tree, PARENT, current_mib=1190, max_mib=1200)
-        start = time.monotonic()
+        start[0] = time.monotonic()
         write(tree.cg / PARENT / "memory.events", "low 0\nhigh 0\nmax 1\noom 0\noom_kill 0\n")
-        assert sleeper.wait(10) == -signal.SIGKILL
-        took = time.monotonic() - start
-        wait_until(lambda: len(got) == 1)
-    finally:
-        stop()
-    assert got[0].limit == "/" + PARENT
-    assert took < 0.5, took
+
+    kill = one_kill(
+        tree,
+        sleeper,
+        at_the_wall,
+        lambda: set_limit(tree, PARENT, current_mib=250, max_mib=1200),
+        slow,
+    )
+    took = time.monotonic() - start[0]
+    assert kill.limit == "/" + PARENT
+    assert took < 1.0, took  # the kill came well before the next 3 s poll
