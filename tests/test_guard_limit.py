@@ -372,3 +372,15 @@ def test_the_guard_wakes_when_a_limited_cgroup_reaches_its_limit(
     took = time.monotonic() - start[0]
     assert kill.limit == "/" + PARENT
     assert took < 1.0, took  # the kill came well before the next 3 s poll
+
+
+def test_the_monitor_line_names_the_limit_and_the_hosts_line_is_as_before() -> None:
+    from cli import _render
+
+    kill = {"pid": 7, "comm": "python3", "rss": 200 << 20, "swap": 0, "trigger": "memory"}
+    kill |= {"mem_available_percent": 61.0, "swap_free_percent": 0.0, "released": True}
+    on_limit = _render._guard_kill_text(
+        kill | {"limit": "/x.slice", "limit_bytes": 300 << 20, "limit_available_percent": 9.6}
+    )
+    assert "limit=/x.slice(300.0MiB) available=9.60%" in on_limit
+    assert "limit=" not in _render._guard_kill_text(kill | {"limit": "host"})
