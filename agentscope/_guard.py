@@ -41,6 +41,7 @@ from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
 from ._guardkill import _kill, _Killed, _say_once, kill_process, prepare_process
 from ._guardlimit import LimitWatch
 from ._guardlock import RETRY_EVERY, SliceLock
+from ._guardnames import CmdlineBook
 from ._guardpolicy import (
     CMDLINE_LEN,
     GuardConfig,
@@ -57,7 +58,7 @@ from ._guardpolicy import (
     read_scope_stalls,
 )
 from ._guardscan import measure, pick_victim, scan_candidates
-from ._proc import PROC_ROOT, read_cmdline
+from ._proc import PROC_ROOT
 
 __all__ = [
     "Guard",
@@ -166,8 +167,11 @@ class _Loop:
         # (pid, start time) of the last kills: a victim still listed (a zombie
         # its parent has not reaped, one stuck exiting) is never chosen again.
         self.killed: dict[tuple[int, int], None] = {}
-        # (when, victim and cmdline) chosen near the threshold, for the kill.
-        self.ready: tuple[float, tuple[SliceProcess, str] | None] | None = None
+        # (when, victim) chosen near the threshold, for the kill.
+        self.ready: tuple[float, SliceProcess | None] | None = None
+        # The victims' command lines, read by a thread of their own: a read
+        # of /proc/PID/cmdline can wait seconds in a squeeze (_guardnames).
+        self.names = CmdlineBook(proc_root, CMDLINE_LEN)
         # Said once per squeeze: the guard held its hand (reset when it clears).
         self.held = False
         # The last reading was over a threshold and nothing was killed.
@@ -199,10 +203,12 @@ class _Loop:
         if not acting:
             self.relay()
         # The charges of the slice and of what is outside it, for "whose
-        # shortage" (at most once a second; a few dozen small reads).
-        self.cause.sample(now)
-        if reading.limit_path is not None:
-            self._cause_of(reading.limit_path).sample(now)
+        # shortage" (at most once a second; a few dozen small reads). Under a
+        # trigger the blame before a kill reads them itself.
+        if trigger is None or not acting:
+            self.cause.sample(now)
+            if reading.limit_path is not None:
+                self._cause_of(reading.limit_path).sample(now)
         self.idle_trigger = False
         if trigger is None:
             self.held = False
@@ -238,8 +244,11 @@ class _Loop:
             self.limit_causes[limit_path] = tracker
         return tracker
 
-    def choose(self, reading: HostReading) -> tuple[SliceProcess, str] | None:
-        """Scan the slice: the victim and its cmdline, or None (none worth a kill)."""
+    def choose(self, reading: HostReading) -> SliceProcess | None:
+        """Scan the slice: the victim, or None (none worth a kill).
+
+        Its command line is asked of :attr:`names`, never read here.
+        """
         pids, units = self.protected()
         scan = scan_candidates(
             self.slice_path,
@@ -264,7 +273,8 @@ class _Loop:
         if victim is None:
             return None
         proc = victim.process
-        return proc, read_cmdline(proc.pid, self.proc_root, CMDLINE_LEN) or ""
+        self.names.want(proc.pid, proc.start_time)
+        return proc
 
     def _hold(self, reading: HostReading, trigger: Trigger, blame: Blame, source: str) -> None:
         """Say once per squeeze that the shortage is not the fleet's, and what is."""
@@ -350,7 +360,7 @@ class _Loop:
                     int(_scale(reading) * MIN_VICTIM_SHARE) >> 20,
                 )
                 return None
-            proc, cmdline = chosen
+            proc = chosen
             if (proc.pid, proc.start_time) in self.killed:
                 continue
             # Its size now (one read), not at the scan.
@@ -373,6 +383,8 @@ class _Loop:
             self.killed[proc.pid, proc.start_time] = None
             while len(self.killed) > KILLED_KEPT:
                 del self.killed[next(iter(self.killed))]
+            # Read ahead by the names thread if it had the time; else its comm.
+            cmdline = self.names.get(proc.pid, proc.start_time) or proc.comm
             self.report(reading, trigger, proc, cmdline, killed, source)
             return killed
         return None
@@ -566,6 +578,7 @@ def run_guard(
     finally:
         lock.release()
         loop.limits.close()
+        loop.names.close()
         loop.host.close()
         poller.close()
         if psi_fd is not None:

@@ -119,7 +119,7 @@ def main() -> None:
         reading: HostReading = loop.host.read(0.0)
         chosen = loop.choose(reading)
         assert chosen is not None
-        assert chosen[0].size == 900 << 20, chosen
+        assert chosen.size == 900 << 20, chosen
         old = per_call(lambda: scan_slice_processes(slice_dir, proc), args.seconds)
         choose = per_call(lambda: loop.choose(reading), args.seconds)
         cause = per_call(lambda: loop.cause.sample(time.monotonic(), force=True), args.seconds)
