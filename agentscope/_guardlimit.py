@@ -39,6 +39,7 @@ from ._cgroup import (
     CgroupCeiling,
     _read_kernel_file,
     cgroup_chain,
+    parse_memory_events,
     parse_memory_stat,
     read_ceiling,
 )
@@ -65,6 +66,9 @@ class LimitReading:
     that sets ``limit`` (``memory.max`` or ``memory.high``); ``available``
     what it may still take before the limit (page cache counted as
     reclaimable); ``swap_total``/``swap_free`` its swap (0: none).
+    ``walls`` counts the times it reached its ``memory.high`` or
+    ``memory.max`` (``memory.events``; None: not read, far from it), and
+    ``at_wall`` says it did since the last reading, near its threshold.
     """
 
     path: str
@@ -74,6 +78,8 @@ class LimitReading:
     available: int
     swap_total: int
     swap_free: int
+    walls: int | None = None
+    at_wall: bool = False
 
     @property
     def available_percent(self) -> float:
@@ -88,7 +94,7 @@ class LimitReading:
     def margin(self, config: GuardConfig) -> float:
         """How far from the guard's thresholds (<= 0: over both); lower is nearer."""
         return max(
-            self.available_percent - config.mem_available_percent,
+            (0.0 if self.at_wall else self.available_percent) - config.mem_available_percent,
             self.swap_free_percent - config.swap_free_percent,
         )
 
@@ -100,6 +106,18 @@ def _int_file(path: str) -> int | None:
         return None
     value = None if data is None else data.strip()
     return int(value) if value is not None and value.isdigit() else None
+
+
+def _walls(path: str) -> int | None:
+    """``high`` + ``max`` of the cgroup's ``memory.events`` (None: unreadable)."""
+    try:
+        data = _read_kernel_file(path + "/memory.events", _GONE_OR_DENIED)
+        if data is None:
+            return None
+        events = parse_memory_events(data)
+    except (OSError, ValueError):
+        return None
+    return events.high + events.max
 
 
 def _reclaimable(path: str) -> int:
@@ -135,9 +153,12 @@ def read_limit(
     if current is None:
         return None
     available = max(limit - current, 0)
+    walls = None
     if 100.0 * available / limit <= near_percent:
         used = max(current - _reclaimable(ceiling.path), 0)
         available = min(max(limit - used, 0), limit)
+        if 100.0 * available / limit <= near_percent:
+            walls = _walls(ceiling.path)
     host_total, host_free = host_swap
     if host_total <= 0 or ceiling.swap_max == 0:
         total = free = 0
@@ -147,7 +168,7 @@ def read_limit(
         used_swap = _int_file(ceiling.path + "/memory.swap.current") or 0
         total = min(ceiling.swap_max, host_total)
         free = max(min(ceiling.swap_max - used_swap, host_free), 0)
-    return LimitReading(rel, ceiling.kind, limit, current, available, total, free)
+    return LimitReading(rel, ceiling.kind, limit, current, available, total, free, walls)
 
 
 class LimitWatch:
@@ -185,6 +206,8 @@ class LimitWatch:
         self._next = float("-inf")
         self._notify: Any = None  # an inotify_simple.INotify
         self._watches: dict[str, int] = {}
+        # Each limited cgroup's memory.events high + max at the last near reading.
+        self._walls: dict[str, int] = {}
         if notify:
             try:
                 from inotify_simple import INotify  # type: ignore[import-untyped]
@@ -238,6 +261,15 @@ class LimitWatch:
             found = read_limit(
                 ceiling, self.rel(ceiling.path), (reading.swap_total, reading.swap_free), near
             )
+            if found is not None:
+                # At the wall with little left that reclaim can give back: the
+                # page cache counted as available is what the kernel is
+                # reclaiming now, and its OOM killer comes next.
+                last = self._walls.pop(ceiling.path, None)
+                if found.walls is not None:
+                    self._walls[ceiling.path] = found.walls
+                    if last is not None and found.walls > last:
+                        found = replace(found, at_wall=True)
             if found is not None and (best is None or found.margin(config) < best.margin(config)):
                 best = found
         return best
@@ -254,6 +286,7 @@ class LimitWatch:
             limit_available=found.available,
             limit_swap_total=found.swap_total,
             limit_swap_free=found.swap_free,
+            limit_at_wall=found.at_wall,
         )
 
     def fileno(self) -> int | None:

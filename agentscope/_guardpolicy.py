@@ -190,7 +190,9 @@ class HostReading:
     a slice's or service's ``MemoryMax``: :mod:`agentscope._guardlimit`):
     its cgroup (relative to the cgroup root; None: no limit), the limit, the
     memory still available under it (the limit less what reclaim cannot give
-    back) and its swap, all in bytes.
+    back) and its swap, all in bytes; ``limit_at_wall``: it reached its
+    ``memory.high`` or ``memory.max`` since the last reading, near its
+    threshold.
     """
 
     ts: float
@@ -210,6 +212,7 @@ class HostReading:
     limit_available: int = 0
     limit_swap_total: int = 0
     limit_swap_free: int = 0
+    limit_at_wall: bool = False
 
     @property
     def mem_available_percent(self) -> float:
@@ -375,12 +378,16 @@ def limit_low(reading: HostReading, config: GuardConfig) -> bool:
     """Under the nearest limit, memory and swap both at or under the host's thresholds.
 
     The same rule as the host's, inside the limit: what its cgroup may still
-    use before the kernel's OOM killer acts there (docs/guard.md, "Under a
-    memory limit").
+    use before the kernel's OOM killer acts there; or, within 1.5x of the
+    memory threshold, the cgroup reached its limit since the last reading
+    (the page cache counted as available is being reclaimed: the OOM killer
+    is next). docs/guard.md, "Under a memory limit".
     """
     return (
         reading.limit_bytes > 0
-        and reading.limit_available_percent <= config.mem_available_percent
+        and (
+            reading.limit_available_percent <= config.mem_available_percent or reading.limit_at_wall
+        )
         and reading.limit_swap_free_percent <= config.swap_free_percent
     )
 
@@ -402,7 +409,8 @@ def acted_on(reading: HostReading, config: GuardConfig) -> str:
             _margin(reading.mem_available_percent, reading.swap_free_percent, config),
             _margin(reading.available_percent, reading.disk_swap_free_percent, config),
         )
-        limit = _margin(reading.limit_available_percent, reading.limit_swap_free_percent, config)
+        mem = 0.0 if reading.limit_at_wall else reading.limit_available_percent
+        limit = _margin(mem, reading.limit_swap_free_percent, config)
         if host < limit:
             return "host"
     return reading.limit_path

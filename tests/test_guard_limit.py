@@ -384,3 +384,42 @@ def test_the_monitor_line_names_the_limit_and_the_hosts_line_is_as_before() -> N
     )
     assert "limit=/x.slice(300.0MiB) available=9.60%" in on_limit
     assert "limit=" not in _render._guard_kill_text(kill | {"limit": "host"})
+
+
+def test_at_the_wall_with_little_cache_left_the_guard_acts_before_its_threshold(
+    tree: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # 13 % "available", all of it page cache, and the cgroup reaches its
+    # memory.max: the kernel reclaims that cache now and kills next.
+    runaway(tree, sleeper)
+    set_limit(tree, PARENT, current_mib=1190, max_mib=1200, file_mib=150)
+    config = GuardConfig()
+    limits = watch(tree)
+    assert not limits.apply(host_reading(), config).limit_at_wall  # the first near reading
+    events = tree.cg / PARENT / "memory.events"
+
+    def wall(n: int) -> None:
+        write(events, f"low 0\nhigh 0\nmax {n}\noom 0\noom_kill 0\n")
+
+    assert not limits.apply(host_reading(), config).limit_at_wall  # nothing since
+    wall(1)
+    hit = limits.apply(host_reading(), config)
+    assert hit.limit_at_wall
+    assert acted_on(hit, config) == "/" + PARENT
+    assert not limits.apply(host_reading(), config).limit_at_wall  # once per rise
+    # Far from the threshold (much cache), reaching the limit is ordinary: no trigger.
+    set_limit(tree, PARENT, current_mib=1190, max_mib=1200, file_mib=600)
+    wall(2)
+    limits.apply(host_reading(), config)
+    wall(3)
+    assert not limits.apply(host_reading(), config).limit_at_wall
+    # The guard itself: killed at the wall, the event with the figures it saw.
+    set_limit(tree, PARENT, current_mib=1190, max_mib=1200, file_mib=150)
+    kill = one_kill(
+        tree,
+        sleeper,
+        lambda: wall(4),
+        lambda: set_limit(tree, PARENT, current_mib=250, max_mib=1200),
+    )
+    assert kill.limit == "/" + PARENT
+    assert kill.limit_available_percent == pytest.approx(100 * 160 / 1200, abs=0.01)
