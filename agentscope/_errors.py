@@ -146,7 +146,7 @@ class SystemdUnavailable(AgentscopeError):
 
             note = not_systemd_note()
             if note is not None:
-                super().__init__(f"cannot reach the {manager} systemd manager: {note}")
+                super().__init__(f"cannot reach the {manager} systemd manager: {note} ({reason})")
                 return
         if hint is None:
             hint = (
