@@ -28,6 +28,7 @@ _log = logging.getLogger("agentscope")
 
 __all__ = [
     "PSI_TRIGGERS",
+    "CgroupCeiling",
     "CgroupMemory",
     "LimitHolder",
     "MemoryEvents",
@@ -36,6 +37,7 @@ __all__ = [
     "PressureLine",
     "ScopeCounters",
     "arm_psi_trigger",
+    "cgroup_chain",
     "cgroup_path_for_unit",
     "cgroup_v2_mounted",
     "find_limit_holders",
@@ -45,6 +47,7 @@ __all__ = [
     "parse_memory_stat",
     "parse_pressure",
     "parse_procs",
+    "read_ceiling",
     "read_cgroup_memory",
     "read_charge",
     "read_scope_counters",
@@ -580,6 +583,87 @@ def find_limit_holders(cgroup_root: Path, path: Path | str) -> tuple[LimitHolder
             holders.append(LimitHolder(path=current, high=high, max=limit))
         current = current.parent
     return tuple(holders)
+
+
+#: A cgroup path deeper than this is not followed (the kernel allows any depth).
+MAX_CHAIN = 64
+
+
+def cgroup_chain(cgroup_root: Path, path: Path | str) -> tuple[str, ...]:
+    """``path`` and its ancestors up to ``cgroup_root`` itself, nearest first (absolute paths).
+
+    ``path`` is a directory under ``cgroup_root`` or a cgroup path as in
+    ``/proc/PID/cgroup``. The root is included: inside a container's cgroup
+    namespace it is the container's own cgroup, with its limits (a host's
+    real root has none). Paths only: whether they exist is the reader's
+    question. A path with ``..`` (a cgroup outside this namespace), or one
+    not under the root, gives the root alone; at most :data:`MAX_CHAIN`.
+    """
+    root = os.fspath(cgroup_root).rstrip("/") or "/"
+    text = os.fspath(path)
+    rel = text[len(root) :] if text == root or text.startswith(root + "/") else text
+    parts = [p for p in rel.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        parts = []
+    chain = [root + "/" + "/".join(parts[:n]) for n in range(len(parts), 0, -1)]
+    return (*chain[: MAX_CHAIN - 1], root)
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupCeiling:
+    """A cgroup's memory limits (bytes; None: ``max``, or the file is absent).
+
+    ``high`` throttles, ``max`` is where the kernel's OOM killer acts within
+    the cgroup (all of it at once with ``memory.oom.group`` 1, as the kubelet
+    sets on every container from Kubernetes 1.28); ``swap_max`` caps its
+    swap. ``limit`` is the lower of ``high`` and ``max``.
+    """
+
+    path: str
+    high: int | None
+    max: int | None
+    swap_max: int | None
+
+    @property
+    def limit(self) -> int | None:
+        """The lower of ``memory.high`` and ``memory.max`` (None: neither is set)."""
+        values = [v for v in (self.high, self.max) if v is not None]
+        return min(values) if values else None
+
+    @property
+    def kind(self) -> str:
+        """Which file sets :attr:`limit`: ``memory.max`` (also on a tie) or ``memory.high``."""
+        if self.high is not None and (self.max is None or self.high < self.max):
+            return "memory.high"
+        return "memory.max"
+
+
+def _limit_or_none(data: bytes | None) -> int | None:
+    if data is None:
+        return None
+    try:
+        return parse_limit(data)
+    except ValueError:
+        return None
+
+
+def read_ceiling(path: str) -> CgroupCeiling | None:
+    """``memory.high``, ``memory.max`` and ``memory.swap.max`` of the cgroup ``path``.
+
+    None when the cgroup is gone, cannot be read, or has neither limit file
+    (the host's root cgroup, a cgroup without the memory controller). A
+    file that is not in its format counts as no limit: a reader of another's
+    cgroup is never made to fail by it.
+    """
+    try:
+        high = _read_kernel_file(path + "/memory.high", _GONE_OR_DENIED)
+        top = _read_kernel_file(path + "/memory.max", _GONE_OR_DENIED)
+        swap = _read_kernel_file(path + "/memory.swap.max", _GONE_OR_DENIED)
+    except OSError:
+        return None
+    if high is None and top is None:
+        return None
+    return CgroupCeiling(path, _limit_or_none(high), _limit_or_none(top), _limit_or_none(swap))
 
 
 def cgroup_v2_mounted(cgroup_root: Path = CGROUP_ROOT) -> bool:

@@ -194,6 +194,13 @@ class SystemdUnavailable(AgentscopeError):
         self.bus = bus
         self.reason = reason
         if hint is None:
+            from ._container import not_systemd_note  # PID 1 not systemd: say that, not a bus
+
+            note = not_systemd_note()
+            if note is not None:
+                super().__init__(f"cannot reach the {manager} systemd manager: {note} ({reason})")
+                return
+        if hint is None:
             hint = (
                 "is this a systemd host with the system bus running?"
                 if manager == "system"

@@ -16,6 +16,9 @@ freezes: issue #20). So:
 - :class:`~agentscope._guardcause.CauseTracker` says whether the agents
   slice caused a shortage; :class:`~agentscope._guardlock.SliceLock` lets
   one guard act per slice.
+- :class:`~agentscope._guardlimit.LimitWatch` reads the memory limits
+  above the agents (a container's, a ``MemoryMax``): the guard acts on the
+  host's shortage or the nearest limit's, whichever comes first.
 - :func:`admit` is the fleet's admission control over its guards.
 """
 
@@ -36,6 +39,7 @@ from ._cgroup import CGROUP_ROOT, arm_psi_trigger
 from ._errors import HostUnderPressure
 from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
 from ._guardkill import _kill, _Killed, _say_once, kill_process, prepare_process
+from ._guardlimit import LimitWatch
 from ._guardlock import RETRY_EVERY, SliceLock
 from ._guardnames import CmdlineBook
 from ._guardpolicy import (
@@ -48,6 +52,7 @@ from ._guardpolicy import (
     PressureClock,
     SliceProcess,
     Trigger,
+    acted_on,
     next_interval,
     own_limit_stall,
     read_scope_stalls,
@@ -89,15 +94,28 @@ KILLED_KEPT = 256
 
 
 def _near(reading: HostReading, config: GuardConfig) -> bool:
-    """Within :data:`NEAR_FACTOR` of the memory threshold (both RAM and swap, zram as RAM)."""
+    """Within :data:`NEAR_FACTOR` of the memory threshold (RAM and swap, zram as RAM, a limit)."""
     mem, swap = NEAR_FACTOR * config.mem_available_percent, NEAR_FACTOR * config.swap_free_percent
     if reading.mem_available_percent <= mem and reading.swap_free_percent <= swap:
+        return True
+    if (
+        reading.limit_bytes
+        and reading.limit_available_percent <= mem
+        and reading.limit_swap_free_percent <= swap
+    ):
         return True
     return (
         reading.zram_swap_total > 0
         and reading.available_percent <= mem
         and reading.disk_swap_free_percent <= swap
     )
+
+
+def _scale(reading: HostReading) -> int:
+    """The memory a victim is measured against: MemTotal, or a smaller limit above the agents."""
+    if reading.limit_bytes:
+        return min(reading.mem_total, reading.limit_bytes)
+    return reading.mem_total
 
 
 def _sanitise(text: str) -> str:
@@ -138,6 +156,11 @@ class _Loop:
         self.on_relay = on_relay
         self.lock = lock
         self.cause = CauseTracker(cgroup_root, slice_path)
+        self.cgroup_root = Path(cgroup_root)
+        self.limits = LimitWatch(self.cgroup_root, slice_path, proc_root)
+        # Whose shortage under a limit: the slice against the rest of the
+        # limited cgroup (one tracker per limit, the root's is self.cause).
+        self.limit_causes: dict[str, CauseTracker] = {}
         self.clock = PressureClock(config)
         self.prev: HostReading | None = None
         self.host = HostReader(proc_root)
@@ -151,6 +174,8 @@ class _Loop:
         self.names = CmdlineBook(proc_root, CMDLINE_LEN)
         # Said once per squeeze: the guard held its hand (reset when it clears).
         self.held = False
+        # The last reading was over a threshold and nothing was killed.
+        self.idle_trigger = False
         # pid -> (start time, comm) of the slice's processes, from scan to scan.
         self.known: dict[int, tuple[int, str]] = {}
 
@@ -160,7 +185,16 @@ class _Loop:
     def step(self) -> tuple[float, _Killed | None]:
         """One reading, and a kill if it calls for one: (seconds to sleep, the kill)."""
         now = time.monotonic()
-        reading = self.host.read(now)
+        reading = self.limits.apply(self.host.read(now), self.config)
+        for ceiling in self.limits.manager_only:
+            _say_once(
+                f"manager-limit:{ceiling.path}",
+                "the manager runs under a memory limit of %d MiB (%s of %s) that its agents "
+                "are not charged to: no kill of an agent's process relieves it",
+                (ceiling.limit or 0) >> 20,
+                ceiling.kind,
+                self.limits.rel(ceiling.path),
+            )
         trigger = self.clock.update(reading)
         if self.on_reading is not None:
             self.on_reading(reading, trigger)
@@ -173,6 +207,9 @@ class _Loop:
         # trigger the blame before a kill reads them itself.
         if trigger is None or not acting:
             self.cause.sample(now)
+            if reading.limit_path is not None:
+                self._cause_of(reading.limit_path).sample(now)
+        self.idle_trigger = False
         if trigger is None:
             self.held = False
         elif acting:
@@ -181,6 +218,7 @@ class _Loop:
                 return 0.0, killed
             # Nothing killed: scan again at the slow pace, not ten times a
             # second on a host that is short.
+            self.idle_trigger = True
             return self.config.max_interval, None
         if acting and _near(reading, self.config):
             # Choose ahead, so that at the crossing the kill is a pidfd and a
@@ -195,6 +233,17 @@ class _Loop:
         # A guard standing by tries the lock again within RETRY_EVERY.
         return (interval if acting else min(interval, RETRY_EVERY)), None
 
+    def _cause_of(self, limit_path: str) -> CauseTracker:
+        """Whose shortage under the limit of ``limit_path`` (relative to the cgroup root)."""
+        if limit_path == "/":
+            return self.cause
+        tracker = self.limit_causes.get(limit_path)
+        if tracker is None:
+            root = self.cgroup_root / limit_path.lstrip("/")
+            tracker = CauseTracker(root, self.slice_path, names=self.cgroup_root)
+            self.limit_causes[limit_path] = tracker
+        return tracker
+
     def choose(self, reading: HostReading) -> SliceProcess | None:
         """Scan the slice: the victim, or None (none worth a kill).
 
@@ -204,7 +253,7 @@ class _Loop:
         scan = scan_candidates(
             self.slice_path,
             self.proc_root,
-            floor=int(reading.mem_total * MIN_VICTIM_SHARE),
+            floor=int(_scale(reading) * MIN_VICTIM_SHARE),
             protected_pids=pids,
             protected_units=units,
             excluded=self.killed,
@@ -227,15 +276,16 @@ class _Loop:
         self.names.want(proc.pid, proc.start_time)
         return proc
 
-    def _hold(self, reading: HostReading, trigger: Trigger, blame: Blame) -> None:
+    def _hold(self, reading: HostReading, trigger: Trigger, blame: Blame, source: str) -> None:
         """Say once per squeeze that the shortage is not the fleet's, and what is."""
         if self.held:
             return
         self.held = True
         log.warning(
-            "the host is short (%s: MemAvailable %.1f%%, PSI full %.0f%%) but not because of "
+            "the %s is short (%s: MemAvailable %.1f%%, PSI full %.0f%%) but not because of "
             "the agents: %s holds %d MiB (grew %d MiB in %.0f s; the agents slice %d MiB, "
             "grew %d MiB): nothing killed; the kernel, earlyoom or systemd-oomd may act",
+            "host" if source == "host" else f"memory limit of {source}",
             trigger,
             reading.mem_available_percent,
             reading.psi_full_avg10 or 0.0,
@@ -261,6 +311,7 @@ class _Loop:
                     mem_available_percent=round(reading.mem_available_percent, 2),
                     swap_free_percent=round(reading.swap_free_percent, 2),
                     psi_full_avg10=reading.psi_full_avg10,
+                    limit=source,
                 )
             )
 
@@ -285,9 +336,13 @@ class _Loop:
                 )
                 return None
             pressure = (reading.psi_full_avg10 or 0.0, 0.0)
-        blame = self.cause.blame(reading.ts, reading.mem_total, pressure)
+        source = acted_on(reading, self.config) if trigger == "memory" else "host"
+        if source == "host":
+            blame = self.cause.blame(reading.ts, reading.mem_total, pressure)
+        else:  # the slice against the rest of the limited cgroup
+            blame = self._cause_of(source).blame(reading.ts, reading.limit_bytes, None)
         if not blame.fleet:
-            self._hold(reading, trigger, blame)
+            self._hold(reading, trigger, blame, source)
             return None
         for _ in range(3):  # a victim gone between the scan and the kill: look again
             if ready is not None and reading.ts - ready[0] <= PREPARED_FOR:
@@ -298,10 +353,11 @@ class _Loop:
             if chosen is None:
                 _say_once(
                     f"none:{self.slice_path}",
-                    "the host is under memory pressure (%s) but no process of the agents "
+                    "the %s is under memory pressure (%s) but no process of the agents "
                     "slice holds %d MiB or more: nothing to kill",
+                    "host" if source == "host" else f"memory limit of {source}",
                     trigger,
-                    int(reading.mem_total * MIN_VICTIM_SHARE) >> 20,
+                    int(_scale(reading) * MIN_VICTIM_SHARE) >> 20,
                 )
                 return None
             proc = chosen
@@ -329,7 +385,7 @@ class _Loop:
                 del self.killed[next(iter(self.killed))]
             # Read ahead by the names thread if it had the time; else its comm.
             cmdline = self.names.get(proc.pid, proc.start_time) or proc.comm
-            self.report(reading, trigger, proc, cmdline, killed)
+            self.report(reading, trigger, proc, cmdline, killed, source)
             return killed
         return None
 
@@ -340,8 +396,10 @@ class _Loop:
         proc: SliceProcess,
         cmdline: str,
         killed: _Killed,
+        source: str = "host",
     ) -> None:
         """After the kill: the event (names from the cache given as ``unit_agent``)."""
+        on_limit = source != "host"
         crossed = self.clock.crossed_at
         reaction = killed.signalled_at - (crossed if crossed is not None else reading.ts)
         event = GuardKill(
@@ -360,15 +418,26 @@ class _Loop:
             psi_some_avg10=reading.psi_some_avg10,
             reaction_seconds=round(max(reaction, 0.0), 4),
             released=killed.released,
+            limit=source,
+            limit_bytes=reading.limit_bytes if on_limit else None,
+            limit_available_percent=(
+                round(reading.limit_available_percent, 2) if on_limit else None
+            ),
+        )
+        where = (
+            f"the memory limit of {source} ({reading.limit_bytes >> 20} MiB, "
+            f"{reading.limit_available_percent:.1f}% available)"
+            if on_limit
+            else f"the host (MemAvailable {event.mem_available_percent:.1f}%)"
         )
         log.warning(
-            "guard killed pid %d (%s) of %s: %d MiB, %s (MemAvailable %.1f%%), %.0f ms",
+            "guard killed pid %d (%s) of %s: %d MiB, %s on %s, %.0f ms",
             proc.pid,
             event.comm,
             event.agent or proc.unit,
             proc.size >> 20,
             trigger,
-            event.mem_available_percent,
+            where,
             event.reaction_seconds * 1000,
         )
         self.on_kill(event)
@@ -456,6 +525,12 @@ def run_guard(
         psi_fd = arm_psi_trigger(proc_root / "pressure" / "memory")
         if psi_fd is not None:
             poller.register(psi_fd, select.EPOLLPRI)
+    # A limited cgroup at its memory.high or memory.max wakes the guard at
+    # once. Edge-triggered: while it waits for a victim to exit, the wakes
+    # that keep coming do not make the wait spin.
+    limit_fd = loop.limits.fileno()
+    if limit_fd is not None:
+        poller.register(limit_fd, select.EPOLLIN | select.EPOLLET)
     failures = 0
     standby_said = False
     try:
@@ -484,15 +559,25 @@ def run_guard(
                     os.close(killed.pidfd)
                 loop.clock.restart(time.monotonic())
                 continue
-            for fd, mask in poller.poll(timeout):
-                if fd == stop_fd:
-                    return
-                if fd == psi_fd and mask & select.EPOLLERR:
-                    poller.unregister(psi_fd)
-                    os.close(psi_fd)
-                    psi_fd = None
+            deadline = time.monotonic() + timeout
+            while True:
+                woke = poller.poll(max(deadline - time.monotonic(), 0.0))
+                for fd, mask in woke:
+                    if fd == stop_fd:
+                        return
+                    if fd == psi_fd and mask & select.EPOLLERR:
+                        poller.unregister(psi_fd)
+                        os.close(psi_fd)
+                        psi_fd = None
+                    if fd == limit_fd:
+                        loop.limits.drain()
+                # A limit's wake-up does not hurry a guard that has just held
+                # its hand or found nothing to kill: it looks again at its pace.
+                if not (loop.idle_trigger and woke and all(fd == limit_fd for fd, _ in woke)):
+                    break
     finally:
         lock.release()
+        loop.limits.close()
         loop.names.close()
         loop.host.close()
         poller.close()

@@ -123,8 +123,11 @@ class CauseTracker:
     :data:`SAMPLE_EVERY` s) keeps the history; :meth:`blame` decides.
     """
 
-    def __init__(self, cgroup_root: Path, slice_path: Path) -> None:
+    def __init__(self, cgroup_root: Path, slice_path: Path, *, names: Path | None = None) -> None:
         self.root = Path(cgroup_root)
+        # Culprits are named relative to this (the hierarchy's root, when
+        # ``cgroup_root`` is a limited cgroup within it).
+        self.names = os.fspath(names if names is not None else cgroup_root)
         self.slice = os.fspath(slice_path)
         self.slice_path = Path(slice_path)
         self._history: deque[tuple[float, dict[str, int]]] = deque()
@@ -216,7 +219,7 @@ class CauseTracker:
         )
 
     def _rel(self, path: str) -> str:
-        root = os.fspath(self.root)
+        root = self.names
         return path[len(root) :] or "/" if path.startswith(root) else path
 
     def _name(self, path: str, *, by_pressure: bool = False) -> str:

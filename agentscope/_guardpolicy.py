@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, Final
 
 from ._cgroup import (
     _GONE_OR_UNSUPPORTED,
@@ -36,6 +36,10 @@ from ._cgroup import (
 )
 from ._dicts import as_dict
 from ._errors import InvalidConfig
+from ._guardevents import CMDLINE_LEN as CMDLINE_LEN
+from ._guardevents import GuardHeld as GuardHeld
+from ._guardevents import GuardKill as GuardKill
+from ._guardevents import Trigger as Trigger
 from ._guardscan import (
     SliceProcess,
     Victim,
@@ -57,7 +61,10 @@ __all__ = [
     "SliceProcess",
     "Trigger",
     "Victim",
+    "acted_on",
     "choose_victim",
+    "host_low",
+    "limit_low",
     "next_interval",
     "own_limit_stall",
     "read_host",
@@ -66,15 +73,13 @@ __all__ = [
     "under_pressure",
 ]
 
-Trigger = Literal["memory", "psi", "thrash"]
-
 #: earlyoom's assumed worst-case fill rates (main.c, "adaptive sleep"): the
 #: poll interval is the headroom left divided by these, or by the measured
 #: rate when that is faster.
 ASSUMED_MEM_FILL = 6000 << 20  # bytes/s
 ASSUMED_SWAP_FILL = 800 << 20  # bytes/s
-#: A victim's cmdline in a GuardKill is cut to this many characters.
-CMDLINE_LEN = 200
+#: Near a memory limit above the agents the guard looks at least this often.
+LIMIT_MIN_INTERVAL = 0.02
 
 
 def _check_range(name: str, value: object, low: float, high: float, allowed: str) -> float:
@@ -181,6 +186,13 @@ class HostReading:
     still save (:func:`~agentscope._memsources.zram_credit`);
     ``psi_full_total`` (microseconds) and ``refaults`` (pages) are the
     kernel's counters since boot, for rates over a window (None: not read).
+    ``limit_*`` are the nearest memory limit above the agents (a container's,
+    a slice's or service's ``MemoryMax``: :mod:`agentscope._guardlimit`):
+    its cgroup (relative to the cgroup root; None: no limit), the limit, the
+    memory still available under it (the limit less what reclaim cannot give
+    back) and its swap, all in bytes; ``limit_at_wall``: it reached its
+    ``memory.high`` or ``memory.max`` since the last reading, near its
+    threshold.
     """
 
     ts: float
@@ -195,6 +207,12 @@ class HostReading:
     zram_credit: int = 0
     psi_full_total: int | None = None
     refaults: int | None = None
+    limit_path: str | None = None
+    limit_bytes: int = 0
+    limit_available: int = 0
+    limit_swap_total: int = 0
+    limit_swap_free: int = 0
+    limit_at_wall: bool = False
 
     @property
     def mem_available_percent(self) -> float:
@@ -218,6 +236,17 @@ class HostReading:
         total = self.swap_total - self.zram_swap_total
         free = self.swap_free - self.zram_swap_free
         return 100.0 * free / total if total > 0 else 0.0
+
+    @property
+    def limit_available_percent(self) -> float:
+        """Memory available under the nearest limit, as a percentage of it (100: no limit)."""
+        return 100.0 * self.limit_available / self.limit_bytes if self.limit_bytes else 100.0
+
+    @property
+    def limit_swap_free_percent(self) -> float:
+        """The swap the nearest limit's cgroup may still use, as a percentage; 0 without."""
+        total = self.limit_swap_total
+        return 100.0 * self.limit_swap_free / total if total > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the reading, with the percentages."""
@@ -341,6 +370,53 @@ class HostReader:
 
 
 def memory_low(reading: HostReading, config: GuardConfig) -> bool:
+    """The host's memory (:func:`host_low`) or the nearest limit's (:func:`limit_low`) is short."""
+    return host_low(reading, config) or limit_low(reading, config)
+
+
+def limit_low(reading: HostReading, config: GuardConfig) -> bool:
+    """Under the nearest limit, memory and swap both at or under the host's thresholds.
+
+    The same rule as the host's, inside the limit: what its cgroup may still
+    use before the kernel's OOM killer acts there; or, within 1.5x of the
+    memory threshold, the cgroup reached its limit since the last reading
+    (the page cache counted as available is being reclaimed: the OOM killer
+    is next). docs/guard.md, "Under a memory limit".
+    """
+    return (
+        reading.limit_bytes > 0
+        and (
+            reading.limit_available_percent <= config.mem_available_percent or reading.limit_at_wall
+        )
+        and reading.limit_swap_free_percent <= config.swap_free_percent
+    )
+
+
+def _margin(mem: float, swap: float, config: GuardConfig) -> float:
+    """How far a memory reading is from its thresholds (<= 0: over both)."""
+    return max(mem - config.mem_available_percent, swap - config.swap_free_percent)
+
+
+def acted_on(reading: HostReading, config: GuardConfig) -> str:
+    """Which shortage a memory trigger answers: ``"host"``, or the nearest limit's cgroup.
+
+    The one nearer to exhaustion when both hold.
+    """
+    if not limit_low(reading, config) or reading.limit_path is None:
+        return "host"
+    if host_low(reading, config):
+        host = min(
+            _margin(reading.mem_available_percent, reading.swap_free_percent, config),
+            _margin(reading.available_percent, reading.disk_swap_free_percent, config),
+        )
+        mem = 0.0 if reading.limit_at_wall else reading.limit_available_percent
+        limit = _margin(mem, reading.limit_swap_free_percent, config)
+        if host < limit:
+            return "host"
+    return reading.limit_path
+
+
+def host_low(reading: HostReading, config: GuardConfig) -> bool:
     """MemAvailable and SwapFree both at or under their thresholds, with or without zram.
 
     The first rule is earlyoom's (main.c: ``m.MemAvailablePercent <=
@@ -476,17 +552,21 @@ class PressureClock:
             if self.crossed_at is None:
                 self.crossed_at = now
                 if prev is not None and not memory_low(prev, config):
+                    # The figures of the shortage that holds: the host's or the limit's.
+                    host = host_low(reading, config)
+                    mem = "mem_available_percent" if host else "limit_available_percent"
+                    swap = "swap_free_percent" if host else "limit_swap_free_percent"
                     self.crossed_at = max(
                         _crossing(
-                            prev.mem_available_percent,
-                            reading.mem_available_percent,
+                            getattr(prev, mem),
+                            getattr(reading, mem),
                             config.mem_available_percent,
                             prev.ts,
                             now,
                         ),
                         _crossing(
-                            prev.swap_free_percent,
-                            reading.swap_free_percent,
+                            getattr(prev, swap),
+                            getattr(reading, swap),
                             config.swap_free_percent,
                             prev.ts,
                             now,
@@ -548,7 +628,27 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
         zram_seconds = max(_room(avail, total, mem_pct), 0.0) / mem_rate
         zram_seconds += max(_room(disk_free, disk_total, config.swap_free_percent), 0) / swap_rate
         seconds = min(seconds, zram_seconds)
-    return min(max(seconds, low), high)
+    interval = min(max(seconds, low), high)
+    if reading.limit_bytes:
+        # The nearest limit's headroom, at the same fill rate (or the rate measured under it).
+        rate = float(ASSUMED_MEM_FILL)
+        if prev is not None and prev.limit_path == reading.limit_path and reading.ts > prev.ts:
+            fell = prev.limit_available - reading.limit_available
+            rate = max(rate, fell / (reading.ts - prev.ts))
+        room = max(_room(reading.limit_available, reading.limit_bytes, mem_pct), 0.0) / rate
+        room += max(
+            _room(reading.limit_swap_free, reading.limit_swap_total, config.swap_free_percent), 0.0
+        ) / float(ASSUMED_SWAP_FILL)
+        # A limit is small beside a host's RAM: its last tenth fills in
+        # milliseconds (a 400 MiB container's 40 MiB at 3 GB/s, AgentCgroup's
+        # bursts: FIELD-NOTES), and the kernel's OOM killer inside a cgroup
+        # does not wait for minutes of thrashing as the host's does. So near a
+        # limit (twice its threshold) the guard looks as often as every
+        # LIMIT_MIN_INTERVAL (jr2's ADR-0061 polls 10-20 ms), below the
+        # config's min_interval; farther, no more often than that.
+        near = reading.limit_available_percent <= 2 * mem_pct
+        interval = min(interval, max(room, min(low, LIMIT_MIN_INTERVAL) if near else low))
+    return interval
 
 
 # ---------------------------------------------------------------------------
@@ -627,74 +727,3 @@ def own_limit_stall(
         return None
     local = [s for s in scopes if s.at_own_limit and s.full_avg10 >= OWN_STALL_SHARE * host]
     return max(local, key=lambda s: s.full_avg10, default=None)
-
-
-@dataclass(frozen=True, slots=True)
-class GuardKill:
-    """The guard killed a process of an agent before the kernel had to.
-
-    ``rss`` and ``swap`` are its sizes (bytes) at the kill; ``trigger`` the
-    threshold that held (``"memory"``: MemAvailable and SwapFree, ``"psi"``:
-    sustained PSI full) and the figures of the reading that decided it;
-    ``reaction_seconds`` the time from the threshold crossing to the
-    signal; ``released`` whether ``process_mrelease`` reaped its memory at
-    once. ``agent`` is None for a scope that is not one of this fleet's.
-    """
-
-    kind: ClassVar[str] = "guard_kill"
-    ts: float
-    agent: str | None
-    unit: str
-    pid: int
-    comm: str
-    cmdline: str
-    rss: int
-    swap: int
-    trigger: Trigger
-    mem_available_percent: float
-    swap_free_percent: float
-    psi_full_avg10: float | None
-    psi_some_avg10: float | None
-    reaction_seconds: float
-    released: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
-
-
-@dataclass(frozen=True, slots=True)
-class GuardHeld:
-    """The guard saw the host short but held its hand: the agents slice is not the cause.
-
-    Said once per squeeze. ``culprit`` is the cgroup outside the agents
-    slice that is (the fastest-growing, the largest, or the most stalled:
-    ``reason`` ``"growth"``, ``"size"``, ``"pressure"``) with its charge
-    and growth in bytes (``memory.current`` + ``memory.swap.current``; growth
-    over the last 10 s) and its PSI full avg10; the slice's own figures
-    beside them. The kernel, earlyoom or systemd-oomd act on it, not the
-    guard (docs/guard.md, "Whose shortage").
-    """
-
-    kind: ClassVar[str] = "guard_held"
-    ts: float
-    trigger: Trigger
-    reason: str
-    culprit: str | None
-    culprit_bytes: int
-    culprit_growth: int
-    culprit_full_avg10: float | None
-    slice_bytes: int
-    slice_growth: int
-    mem_available_percent: float
-    swap_free_percent: float
-    psi_full_avg10: float | None
-
-    @property
-    def agent(self) -> None:
-        """No agent: the cause is outside the fleet."""
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}

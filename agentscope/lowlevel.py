@@ -23,12 +23,14 @@ from ._bus import Manager as Manager
 from ._bus import SystemdBus as SystemdBus
 from ._bus import bus_addresses as bus_addresses
 from ._bus import resolve_manager as resolve_manager
+from ._cgroup import CgroupCeiling as CgroupCeiling
 from ._cgroup import CgroupMemory as CgroupMemory
 from ._cgroup import LimitHolder as LimitHolder
 from ._cgroup import MemoryEvents as MemoryEvents
 from ._cgroup import MemoryStat as MemoryStat
 from ._cgroup import Pressure as Pressure
 from ._cgroup import PressureLine as PressureLine
+from ._cgroup import cgroup_chain as cgroup_chain
 from ._cgroup import cgroup_path_for_unit as cgroup_path_for_unit
 from ._cgroup import cgroup_v2_mounted as cgroup_v2_mounted
 from ._cgroup import find_limit_holders as find_limit_holders
@@ -38,9 +40,14 @@ from ._cgroup import parse_memory_events as parse_memory_events
 from ._cgroup import parse_memory_stat as parse_memory_stat
 from ._cgroup import parse_pressure as parse_pressure
 from ._cgroup import parse_procs as parse_procs
+from ._cgroup import read_ceiling as read_ceiling
 from ._cgroup import read_cgroup_memory as read_cgroup_memory
 from ._cgroup import scan_slice as scan_slice
 from ._cgroup import user_manager_cgroup as user_manager_cgroup
+from ._container import ContainerView as ContainerView
+from ._container import inspect_container as inspect_container
+from ._container import not_systemd_note as not_systemd_note
+from ._container import pid1_comm as pid1_comm
 from ._distribution import DISTRIBUTION as DISTRIBUTION
 from ._distribution import foreign_distribution as foreign_distribution
 from ._escape import Escapee as Escapee
@@ -106,7 +113,9 @@ __all__ = [
     "OOMD_SOCKET",
     "THROTTLE_WCHANS",
     "BusAddress",
+    "CgroupCeiling",
     "CgroupMemory",
+    "ContainerView",
     "Escapee",
     "HostReading",
     "JournalAccess",
@@ -139,6 +148,7 @@ __all__ = [
     "agents_ancestors",
     "assess_oomd",
     "bus_addresses",
+    "cgroup_chain",
     "cgroup_path_for_unit",
     "cgroup_v2_mounted",
     "choose_victim",
@@ -149,6 +159,7 @@ __all__ = [
     "find_limit_holders",
     "foreign_distribution",
     "host_pressure",
+    "inspect_container",
     "is_throttled",
     "iter_pids",
     "journal_access",
@@ -156,6 +167,7 @@ __all__ = [
     "kmsg_readable",
     "memory_controller_enabled",
     "next_interval",
+    "not_systemd_note",
     "oom_victims",
     "oomd_state",
     "parse_description",
@@ -168,6 +180,8 @@ __all__ = [
     "parse_pressure",
     "parse_procs",
     "parse_stat",
+    "pid1_comm",
+    "read_ceiling",
     "read_cgroup",
     "read_cgroup_memory",
     "read_children",

@@ -58,6 +58,9 @@ class Facts:
     oomd_unprotected: tuple[str, ...] = ()
     oomd_dropins: bool | None = None
     oomd_error: str | None = None
+    #: Where PID 1 is not systemd: the container this looks like, its cgroup
+    #: and memory limit (agentscope.lowlevel.inspect_container; None: not looked).
+    container: Any = None
 
 
 def foreign_distribution() -> tuple[str, str] | None:
@@ -138,7 +141,12 @@ async def _oomd_facts(manager: str, slice_name: str) -> dict[str, Any]:
 def gather(opts: Options) -> Facts:
     """Probe systemd, the cgroup tree and this process for :func:`checks`."""
     import agentscope
-    from agentscope.lowlevel import journal_access, kmsg_readable, read_oom_score_adj
+    from agentscope.lowlevel import (
+        inspect_container,
+        journal_access,
+        kmsg_readable,
+        read_oom_score_adj,
+    )
 
     manager = opts.resolved_manager
     try:
@@ -171,6 +179,7 @@ def gather(opts: Options) -> Facts:
         journal_readable=journal.readable,
         journal_groups=journal.groups,
         journal_member=_listed_in(user, journal.groups),
+        container=inspect_container(),
         **{"oomd_state": oomd, **oomd_facts},
     )
 
@@ -270,6 +279,80 @@ def _oomd_check(facts: Facts) -> dict[str, Any]:
     )
 
 
+def _container_checks(facts: Facts, box: Any) -> list[dict[str, Any]]:
+    """Where PID 1 is not systemd (a container): what it is, its cgroups, its memory limit."""
+    out = [
+        _check(
+            "systemd",
+            "fail",
+            f"PID 1 is not systemd: this looks like {box.describe()}; PID 1 is {box.pid1!r}",
+            "agentscope exec --fallback run NAME -- CMD  # each agent unconfined, for now; "
+            "or start the container with systemd as PID 1 (podman run --systemd=always)",
+        ),
+        _check(
+            "container",
+            "warn",
+            f"{box.describe()}: agentscope's fleets need a systemd manager today; managers "
+            "for containers without one are coming (issue #27)",
+        ),
+    ]
+    out.append(_cgroup_v2_check(box.cgroup_v2, "run the container on a host booted with"))
+    if box.own_cgroup is not None:
+        if box.writable:
+            out.append(
+                _check(
+                    "cgroup_writable",
+                    "pass",
+                    f"this process's cgroup {box.own_cgroup} is writable (a delegated subtree)",
+                )
+            )
+        else:
+            out.append(
+                _check(
+                    "cgroup_writable",
+                    "warn",
+                    f"this process's cgroup {box.own_cgroup} is read-only (the Docker and "
+                    "Kubernetes default): agents cannot get cgroups of their own here",
+                    "docker run --security-opt writable-cgroups=true, podman run "
+                    "--systemd=always, or containerd 2.1's cgroup_writable (docs/containers.md)",
+                )
+            )
+    if box.limit is not None:
+        group = (
+            "; memory.oom.group=1: one OOM kill there kills every process of it, manager and agents"
+            if box.oom_group
+            else ""
+        )
+        out.append(
+            _check(
+                "container_memory_limit",
+                "warn" if box.oom_group else "pass",
+                f"memory limit {box.limit >> 20} MiB on {box.limit_path}{group}; the guard "
+                "acts on it before the kernel does (docs/guard.md)",
+                "Kubernetes: singleProcessOOMKill: true in the kubelet's configuration (1.32+, "
+                "node-wide)"
+                if box.oom_group
+                else None,
+            )
+        )
+    elif box.cgroup_v2:
+        out.append(_check("container_memory_limit", "pass", "no memory limit over this process"))
+    for name in ("memory_controller", "scope_oom_policy", "slice_limits", "default_oom_policy"):
+        out.append(_check(name, "pass", "not applicable: no systemd in this container"))
+    return out
+
+
+def _cgroup_v2_check(unified: bool, fix: str) -> dict[str, Any]:
+    if unified:
+        return _check("cgroup_v2", "pass", "unified cgroup v2 hierarchy")
+    return _check(
+        "cgroup_v2",
+        "fail",
+        "no unified cgroup v2 hierarchy",
+        f"{fix} systemd.unified_cgroup_hierarchy=1 on the kernel command line",
+    )
+
+
 def _check(name: str, status: str, detail: str, fix: str | None = None) -> dict[str, Any]:
     return {"name": name, "status": status, "detail": detail, "fix": fix}
 
@@ -280,7 +363,10 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
     sudo = "" if facts.manager == "user" else "sudo "
     out: list[dict[str, Any]] = []
     caps = facts.capabilities
-    if caps is None:
+    box = facts.container
+    if caps is None and box is not None and not box.systemd_pid1:
+        out.extend(_container_checks(facts, box))
+    elif caps is None:
         out.append(
             _check(
                 "systemd",
@@ -303,16 +389,7 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
                 f"systemd {caps['systemd_version']}",
             )
         )
-        out.append(
-            _check("cgroup_v2", "pass", "unified cgroup v2 hierarchy")
-            if caps["cgroup_v2"]
-            else _check(
-                "cgroup_v2",
-                "fail",
-                "no unified cgroup v2 hierarchy",
-                "boot with systemd.unified_cgroup_hierarchy=1 on the kernel command line",
-            )
-        )
+        out.append(_cgroup_v2_check(bool(caps["cgroup_v2"]), "boot with"))
         out.append(
             _check(
                 "memory_controller",
@@ -387,8 +464,14 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
                     policy_fix,
                 )
             )
-    out.append(_oomd_check(facts))
-    if facts.linger is None:
+    if box is not None and not box.systemd_pid1 and caps is None:
+        # No systemd here, so no systemd-oomd either: nothing to install or set.
+        out.append(_check("systemd_oomd", "pass", "no systemd in this container: no systemd-oomd"))
+    else:
+        out.append(_oomd_check(facts))
+    if box is not None and not box.systemd_pid1 and caps is None:
+        out.append(_check("linger", "pass", "no systemd in this container: nothing lingers"))
+    elif facts.linger is None:
         out.append(_check("linger", "pass", "not needed for the system manager"))
     elif facts.linger:
         out.append(

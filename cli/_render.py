@@ -229,6 +229,13 @@ def _guard_kill_text(d: Mapping[str, Any]) -> str:
     took = f"{float(reaction) * 1000:.0f}ms" if isinstance(reaction, int | float) else "-"
     comm = _plain(d.get("comm") or "-")
     released = "" if d.get("released") else " released=no"
+    limit = d.get("limit")
+    if isinstance(limit, str) and limit != "host":  # a container's or a MemoryMax's limit
+        cap = format_bytes(int(d.get("limit_bytes") or 0)).replace(" ", "")
+        reading = (
+            f"limit={_plain(limit)}({cap}) available={_num(d.get('limit_available_percent'))}% "
+            + reading
+        )
     return (
         f"pid={d.get('pid')} comm={comm} size={size} trigger={d.get('trigger')} "
         f"{reading} reaction={took}{released}"
