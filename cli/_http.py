@@ -518,6 +518,8 @@ def start_face(
     try:
         from prometheus_client import CollectorRegistry, ProcessCollector
     except ImportError as exc:
+        if history is not None:
+            history.close()  # the face owns it from here on, served or not
         raise Failed(
             "--listen needs prometheus-client: pip install 'agentscope-systemd[monitor]'", "failed"
         ) from exc

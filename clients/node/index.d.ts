@@ -3,7 +3,7 @@
 
 import type { Agent, ErrorBody, Event, Launched, Report, Stop } from "./schemas.js";
 
-export type * from "./schemas.js";
+export * from "./schemas.js";
 
 /** exec's own exit codes; any other is the command's own status. */
 export declare const EXEC_EXIT: Readonly<{ FAILED: 125; CANNOT_RUN: 126; NOT_FOUND: 127 }>;
