@@ -9,13 +9,13 @@ EVERYWHERE ?=
 JOBS ?= 2
 VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS) $(if $(EVERYWHERE),--everywhere)
 
-.PHONY: help venv host-deps check lint typecheck unit integration images test demo bench clean-vm dashboard-shot
+.PHONY: help venv host-deps check lint typecheck unit node-test integration images test demo bench clean-vm dashboard-shot
 
 help:
 	@echo "make demo          the main job: a fleet in a VM, a runaway agent, the guard's kill named"
 	@echo "make test          checks, host tests and the whole VM matrix (what CI runs)"
 	@echo "make check         ruff, ruff format --check, mypy --strict"
-	@echo "make unit          host tests"
+	@echo "make unit          host tests (the Node client's too: make node-test)"
 	@echo "make integration   the VM matrix; narrow it: DISTRO=bookworm MANAGER=user K=smoke"
 	@echo "make images        build (or reuse) the cached VM images"
 	@echo "make dashboard-shot  docs/img/dashboard.png from dashboards/sample/ (needs prometheus)"
@@ -57,6 +57,17 @@ check: lint typecheck
 
 unit: venv
 	$(PY) -m pytest tests
+	@$(MAKE) --no-print-directory node-test
+
+# The Node client (clients/node/): its types against schemas/, its calls
+# against the CLI's recorded --json and the real read API (served by
+# tests/node_face.py with $(PY)). Node from Debian's nodejs package.
+node-test: venv
+	@if command -v node >/dev/null; then \
+		cd clients/node && AGENTSCOPE_PYTHON=$(abspath $(PY)) node --test test/*.test.mjs; \
+	else \
+		echo "make: node-test SKIPPED: no node on PATH (apt-get install nodejs)" >&2; \
+	fi
 
 images: host-deps venv
 	$(PY) integration/vm.py --build-only $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d)))

@@ -14,14 +14,17 @@ and both are :func:`event_envelope`'s dict. No I/O here, standard library only.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 __all__ = [
     "VERSIONS",
+    "agent_list",
+    "error_body",
     "event_envelope",
     "event_parts",
+    "json_line",
     "load_schemas",
     "monitor_event_dict",
     "schema_dir",
@@ -72,6 +75,24 @@ def schema_id(shape: str) -> str:
 def stamped(shape: str, data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` with its ``schema`` field first."""
     return {"schema": schema_id(shape), **data}
+
+
+def agent_list(agents: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What ``ls --json`` prints (and ``GET /v1/agents`` serves): an array, each agent stamped."""
+    return [stamped("agent", agent) for agent in agents]
+
+
+def error_body(message: str, kind: str) -> dict[str, Any]:
+    """A failure as the contract has it: ``--json``'s stderr line, the read API's 4xx body."""
+    return stamped("error", {"error": message, "kind": kind})
+
+
+def json_line(data: Any) -> str:
+    """One JSON document on one line, as every ``--json`` output and JSON Lines stream has it.
+
+    ``default=str``: a value JSON has no type for (a path) is written as its text.
+    """
+    return json.dumps(data, default=str)
 
 
 def event_envelope(

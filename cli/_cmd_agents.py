@@ -242,9 +242,9 @@ def ls(ctx: typer.Context) -> None:
     with fleet_of(ctx) as fleet:
         agents = [a.to_dict() for a in fleet.agents()]
     if options(ctx).json:
-        from agentscope._contract import stamped
+        from agentscope._contract import agent_list
 
-        write_json([stamped("agent", a) for a in agents])  # an array: each element stamped
+        write_json(agent_list(agents))
     elif not agents:
         sys.stdout.write(f"no agents in fleet {options(ctx).fleet!r}\n")
     else:

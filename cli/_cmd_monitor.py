@@ -6,7 +6,6 @@ that uses them: ``events --json`` prints without them (issue 28).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -118,14 +117,14 @@ _EVENTS_PAGE = 1000
 
 
 def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:
-    if not as_json:
+    if as_json:
+        from agentscope._contract import json_line
+    else:
         from . import _render
     last = None
     for record in records:
         data = record.to_dict()
-        sys.stdout.write(
-            (json.dumps(data, default=str) if as_json else _render.event_line(data)) + "\n"
-        )
+        sys.stdout.write((json_line(data) if as_json else _render.event_line(data)) + "\n")
         last = record.id
     sys.stdout.flush()
     return last
@@ -142,7 +141,7 @@ def top(
     ] = 1.0,
 ) -> None:
     """A live view of the fleet: agents with memory bars, PSI, recent events; q quits."""
-    from agentscope._contract import stamped
+    from agentscope._contract import agent_list
 
     from . import _render
     from ._top import run_top, snapshot
@@ -151,7 +150,7 @@ def top(
     with fleet_of(ctx) as fleet:
         if opts.json:
             screen = snapshot(fleet, time.time())
-            emit_json("top", {**screen, "agents": [stamped("agent", a) for a in screen["agents"]]})
+            emit_json("top", {**screen, "agents": agent_list(screen["agents"])})
         elif not sys.stdout.isatty():
             show(_render.ls_table([a.to_dict() for a in fleet.agents()]))
         else:
@@ -181,7 +180,8 @@ def monitor(
     listen: Annotated[
         str | None,
         typer.Option(
-            help="Serve /health (JSON) and /metrics (Prometheus) on HOST:PORT (loopback).",
+            help="Serve /health, /metrics and the read API (/v1/) on HOST:PORT (loopback) "
+            "or on unix:PATH (a socket of mode 0600).",
             envvar="AGENTSCOPE_MONITOR_LISTEN",
             show_default=False,
         ),
@@ -321,8 +321,10 @@ def monitor(
                 state = FaceState(fleet.name, fleet.manager, interval, __version__)
                 if guard_config:
                     state.guard = lambda: stream.guard_running
-                face = start_face(address, state)
-                sys.stderr.write(f"serving /health and /metrics on {face.url}\n")
+                # The read API's events: a registry connection of the face's
+                # own, read on its threads, never through the monitor's loop.
+                face = start_face(address, state, _fleet.open_history(opts))
+                sys.stderr.write(f"serving /health, /metrics and /v1/ on {face.url}\n")
                 sys.stderr.flush()
             _monitor_loop(fleet, stream, interval, notifier, opts.json, state)
     except _Stopped as stopped:
@@ -447,7 +449,7 @@ def _guard_alone(
     from pathlib import Path
 
     from agentscope import _names, _scope
-    from agentscope._contract import monitor_event_dict
+    from agentscope._contract import json_line, monitor_event_dict
     from agentscope._guard import Guard
 
     from . import _render
@@ -469,7 +471,7 @@ def _guard_alone(
 
     def show_event(item: Any) -> None:
         if opts.json:
-            line = json.dumps(monitor_event_dict(opts.fleet, item), default=str)
+            line = json_line(monitor_event_dict(opts.fleet, item))
         else:
             line = _render.event_line(item.to_dict())
         sys.stdout.write(line + "\n")
@@ -498,7 +500,7 @@ def _monitor_loop(
     import queue
     import threading
 
-    from agentscope._contract import monitor_event_dict
+    from agentscope._contract import json_line, monitor_event_dict
 
     from . import _render
 
@@ -534,7 +536,7 @@ def _monitor_loop(
         if face is not None:
             face.event(data)
         if as_json:  # the shape events --json prints of the same event
-            line = json.dumps(monitor_event_dict(fleet.name, item), default=str)
+            line = json_line(monitor_event_dict(fleet.name, item))
         else:
             line = _render.event_line(data)
         sys.stdout.write(line + "\n")

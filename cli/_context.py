@@ -65,9 +65,9 @@ def emit_json(shape: str, data: Mapping[str, Any]) -> None:
 
 
 def write_json(data: Any) -> None:
-    import json
+    from agentscope._contract import json_line
 
-    sys.stdout.write(json.dumps(data, default=str) + "\n")
+    sys.stdout.write(json_line(data) + "\n")
     sys.stdout.flush()
 
 

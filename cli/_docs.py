@@ -111,6 +111,7 @@ created or any bus is reached; `run` checks its command, `--cwd` and
 | `demo --agents` | 2 to 64 |
 | `demo --timeout` | 1 to 86400 seconds |
 | `--listen HOST:PORT` | port 0 to 65535 |
+| `--listen unix:PATH` | an absolute path of at most 107 bytes |
 | `--guard-mem-available`, `--guard-swap-free` | 0 to 100 (percent) |
 | `--guard-psi-full` | above 0 and at most 100 (percent), or `off` |
 | `--guard-psi-seconds` | 0 to 3600 seconds |
@@ -136,7 +137,8 @@ created 0600 and never reached through a symbolic link.
 
 ## The monitor's HTTP face
 
-`monitor --listen HOST:PORT` serves `/health` and `/metrics`, and promises:
+`monitor --listen HOST:PORT` (or `unix:PATH`) serves `/health`, `/metrics`
+and the read API `/v1/` (docs/json.md), and promises:
 
 - loopback only (127.0.0.1, ::1, localhost) unless `--listen-any`;
 - a request whose `Host` header names another host is answered 421 (a
@@ -150,9 +152,15 @@ created 0600 and never reached through a symbolic link.
   that, the connection that has waited longest without sending a request is
   closed to make room, so idle clients cannot starve a scrape; when all 64
   are answering, a new one is closed at once;
+- at most 16 of them in a long poll (`/v1/events?wait=`); one more is
+  answered 429 at once;
 - a scrape never waits for the monitor's loop, a D-Bus call or a cgroup
-  read: it reads the last sample. A client that resets its connection
-  leaves no traceback in the journal.
+  read: it reads the last sample (`/v1/events` reads the registry file,
+  on its own connection). A client that resets its connection leaves no
+  traceback in the journal;
+- on a Unix socket, the socket's mode is the access control: 0600, or
+  0660 in a set-group-ID directory (its group may connect); no `Host` check
+  there (no browser reaches a Unix socket).
 
 ## How long the registry keeps history
 

@@ -51,6 +51,7 @@ __all__ = [
     "Failed",
     "Interrupted",
     "classify",
+    "error_json",
     "exec_status",
     "report_error",
 ]
@@ -168,13 +169,21 @@ def _message(exc: BaseException, kind: str) -> str:
     return text or type(exc).__name__
 
 
+def error_json(exc: BaseException) -> tuple[int, dict[str, object]]:
+    """The exit code of ``exc`` and the contract's error body for it (``--json``'s stderr line;
+    the read API's 4xx answers)."""
+    from agentscope._contract import error_body
+
+    code, kind = classify(exc)
+    return code, error_body(_message(exc, kind), kind)
+
+
 def report_error(
     exc: BaseException, *, json_mode: bool, debug: bool, stream: TextIO | None = None
 ) -> int:
     """Write ``exc`` to stderr (JSON or one line) and return its exit code."""
     out = stream if stream is not None else sys.stderr
-    code, kind = classify(exc)
-    message = _message(exc, kind)
+    code, body = error_json(exc)
     if debug:
         import traceback
 
@@ -182,10 +191,8 @@ def report_error(
     if json_mode:
         import json
 
-        from agentscope._contract import stamped
-
-        out.write(json.dumps(stamped("error", {"error": message, "kind": kind})) + "\n")
+        out.write(json.dumps(body) + "\n")
     else:
-        out.write(f"agentscope: error: {message}\n")
+        out.write(f"agentscope: error: {body['error']}\n")
     out.flush()
     return code

@@ -1,6 +1,8 @@
-"""The monitor's HTTP face: ``/health`` (JSON) and ``/metrics`` (Prometheus text).
+"""The monitor's HTTP face: ``/health`` (JSON), ``/metrics`` (Prometheus text), ``/v1/``.
 
-Opt-in with ``agentscope monitor --listen 127.0.0.1:PORT``. The monitor's own
+Opt-in with ``agentscope monitor --listen 127.0.0.1:PORT`` (or ``--listen
+unix:PATH``, a Unix socket whose file mode is the access control; see
+:func:`parse_listen`). ``/v1/`` is the read API (:mod:`cli._readapi`). The monitor's own
 loop hands each sample to a :class:`FaceState` (:meth:`FaceState.sampled`,
 :meth:`FaceState.event`); the server runs on threads of its own and only ever
 reads the latest sample from there. A request never calls into the fleet, so
@@ -19,7 +21,9 @@ import contextlib
 import errno
 import ipaddress
 import json
+import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -28,17 +32,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from agentscope import (
-    AgentExited,
-    Escaped,
-    GuardHeld,
-    GuardKill,
-    LimitFound,
-    OomKill,
-    Pressure,
-    Throttled,
-    _numbers,
-)
+from agentscope import _numbers
 from agentscope._contract import schema_id
 
 from ._errors import BadInput, Failed
@@ -46,39 +40,29 @@ from ._errors import BadInput, Failed
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-__all__ = ["FaceState", "HttpFace", "health", "metric_families", "parse_listen", "start_face"]
+    from ._fleet import HistoryLike
+    from ._readapi import ReadApi
 
-_PRESSURE_WINDOWS = ("avg10", "avg60", "avg300")
-#: Every kind of monitor event, counted from 0: a series born at 1 hides its
-#: first event from increase() and rate() (Prometheus sees no change), so the
-#: dashboard's first OOM kill would count as none.
-_EVENT_KINDS = tuple(
-    sorted(
-        cls.kind
-        for cls in (
-            OomKill,
-            Throttled,
-            Pressure,
-            AgentExited,
-            LimitFound,
-            Escaped,
-            GuardKill,
-            GuardHeld,
-        )
-    )
-)
+__all__ = ["FaceState", "HttpFace", "health", "parse_listen", "start_face"]
+
+#: sun_path holds 108 bytes with its terminating NUL (unix(7)).
+_MAX_SOCKET_PATH = 107
 
 
-def parse_listen(value: str, *, any_address: bool = False) -> tuple[str, int]:
-    """``HOST:PORT`` (``[V6]:PORT`` for IPv6) as a (host, port) to bind.
+def parse_listen(value: str, *, any_address: bool = False) -> tuple[str, int] | str:
+    """``HOST:PORT`` (``[V6]:PORT`` for IPv6) as a (host, port) to bind; ``unix:PATH`` as PATH.
 
     ``localhost`` means 127.0.0.1. Without ``any_address`` the host must be a
     loopback address; with it, any address or name. Port 0 picks a free port.
+    A Unix socket's PATH is absolute, at most 107 bytes; the socket is made
+    mode 0600 (0660 in a set-group-ID directory: its group may connect).
 
     Raises:
-        BadInput: not HOST:PORT, a bad port, or a non-loopback address
-            without ``any_address``.
+        BadInput: not HOST:PORT, a bad port, a non-loopback address
+            without ``any_address``, or a bad socket path.
     """
+    if value.startswith("unix:"):
+        return _socket_path(value)
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
         raise BadInput(f"--listen {value!r}: expected HOST:PORT, like 127.0.0.1:9464")
@@ -100,6 +84,17 @@ def parse_listen(value: str, *, any_address: bool = False) -> tuple[str, int]:
             "so pass --listen-any as well to serve them to the network"
         )
     return host, int(port_text)
+
+
+def _socket_path(value: str) -> str:
+    path = value[len("unix:") :]
+    if not path.startswith("/") or "\0" in path:
+        raise BadInput(f"--listen {value[:200]!r}: expected unix:/ABSOLUTE/PATH")
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        raise BadInput(
+            f"--listen {value[:200]!r}: a Unix socket's path is at most {_MAX_SOCKET_PATH} bytes"
+        )
+    return path
 
 
 @dataclass(frozen=True)
@@ -141,6 +136,8 @@ class FaceState:
         self.version = version
         self.started = time.time()
         self._lock = threading.Lock()
+        # Notified on every monitor event: the read API's long polls wait on it.
+        self._changed = threading.Condition(self._lock)
         self._sample: _Sample | None = None
         self._counters = _Counters()
         #: Whether the monitor's memory guard runs (None: started without one).
@@ -180,6 +177,17 @@ class FaceState:
         with self._lock:
             self._counters.events[kind] = self._counters.events.get(kind, 0) + 1
             self._counters.last_event = summary
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        """Wake every :meth:`wait_event` now (the face is closing)."""
+        with self._lock:
+            self._changed.notify_all()
+
+    def wait_event(self, timeout: float) -> None:
+        """Wait for the next monitor event, :meth:`wake` or ``timeout`` seconds."""
+        with self._lock:
+            self._changed.wait(timeout)
 
     def read(self) -> tuple[_Sample | None, _Counters]:
         """The latest sample and a copy of the counters, consistent with each other."""
@@ -249,160 +257,6 @@ def _summary(sample: _Sample) -> dict[str, Any]:
     }
 
 
-def metric_families(state: FaceState) -> Iterable[Any]:
-    """The Prometheus metric families of the latest sample (what ``/metrics`` shows)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    sample, counters = state.read()
-    fleet = state.fleet
-    info = GaugeMetricFamily(
-        "agentscope_monitor_info",
-        "The monitor serving these metrics (always 1).",
-        labels=["fleet", "manager", "version"],
-    )
-    info.add_metric([fleet, state.manager, state.version], 1)
-    yield info
-    samples = CounterMetricFamily(
-        "agentscope_monitor_samples", "Samples the monitor took.", labels=["fleet"]
-    )
-    samples.add_metric([fleet], counters.samples)
-    yield samples
-    errors = CounterMetricFamily(
-        "agentscope_monitor_sample_errors",
-        "Samples that failed (a cgroup or /proc file that could not be read).",
-        labels=["fleet"],
-    )
-    errors.add_metric([fleet], counters.errors)
-    yield errors
-    watch = CounterMetricFamily(
-        "agentscope_monitor_watch_sample_failures",
-        "Samples of the OOM watch (memory.events, cgroup.procs) that failed.",
-        labels=["fleet"],
-    )
-    watch.add_metric([fleet], counters.watch_failures)
-    yield watch
-    events = CounterMetricFamily(
-        "agentscope_monitor_events",
-        "Monitor events by kind (oom_kill, throttled, pressure, ...) since it started.",
-        labels=["fleet", "kind"],
-    )
-    for kind, count in sorted({**dict.fromkeys(_EVENT_KINDS, 0), **counters.events}.items()):
-        events.add_metric([fleet, kind], count)
-    yield events
-    if state.guard is not None:
-        guard = GaugeMetricFamily(
-            "agentscope_guard_running",
-            "1 while the monitor's memory guard runs, 0 once it stopped.",
-            labels=["fleet"],
-        )
-        guard.add_metric([fleet], 1 if state.guard() else 0)
-        yield guard
-    kills = CounterMetricFamily(
-        "agentscope_guard_kills",
-        "Processes the memory guard killed since the monitor started.",
-        labels=["fleet"],
-    )
-    kills.add_metric([fleet], counters.events.get("guard_kill", 0))
-    yield kills
-    if sample is None:
-        return
-    last = GaugeMetricFamily(
-        "agentscope_monitor_last_sample_timestamp_seconds",
-        "When the monitor last took a sample (Unix time).",
-        labels=["fleet"],
-    )
-    last.add_metric([fleet], sample.ts)
-    yield last
-    yield from _agent_families(fleet, sample.agents)
-    if sample.report is not None:
-        yield from _report_families(fleet, sample.report)
-
-
-def _agent_families(fleet: str, agents: Sequence[Mapping[str, Any]]) -> Iterable[Any]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    states: dict[str, int] = dict.fromkeys(("running", "frozen", "starting", "stopping"), 0)
-    for agent in agents:
-        states[str(agent.get("state"))] = states.get(str(agent.get("state")), 0) + 1
-    by_state = GaugeMetricFamily(
-        "agentscope_agents", "Agents of the fleet by state.", labels=["fleet", "state"]
-    )
-    for name, count in sorted(states.items()):
-        by_state.add_metric([fleet, name], count)
-    yield by_state
-    # An agent's identity is its fleet and name: a relaunch (a new unit, a
-    # new PID) continues its series instead of starting a new label set.
-    labels = ["fleet", "agent"]
-    current = GaugeMetricFamily(
-        "agentscope_agent_memory_current_bytes",
-        "memory.current of the agent's scope.",
-        labels=labels,
-    )
-    peak = GaugeMetricFamily(
-        "agentscope_agent_memory_peak_bytes",
-        "memory.peak of the agent's scope (kernel 5.19 and later).",
-        labels=labels,
-    )
-    kills = CounterMetricFamily(
-        "agentscope_agent_oom_kills",
-        "Processes of the agent the kernel OOM-killed.",
-        labels=labels,
-    )
-    # One series per name: a row that is closing while its successor starts
-    # would otherwise give the same labels twice; the later row wins.
-    by_name = {str(agent.get("name")): agent for agent in agents}
-    for name, agent in sorted(by_name.items()):
-        values = [fleet, name]
-        if agent.get("memory_current") is not None:
-            current.add_metric(values, agent["memory_current"])
-        if agent.get("memory_peak") is not None:
-            peak.add_metric(values, agent["memory_peak"])
-        kills.add_metric(values, agent.get("oom_kills") or 0)
-    yield from (current, peak, kills)
-
-
-def _report_families(fleet: str, report: Mapping[str, Any]) -> Iterable[Any]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    if report.get("slice_memory_current") is not None:
-        slice_current = GaugeMetricFamily(
-            "agentscope_slice_memory_current_bytes",
-            "memory.current of the agents slice (every agent together).",
-            labels=["fleet"],
-        )
-        slice_current.add_metric([fleet], report["slice_memory_current"])
-        yield slice_current
-    host = report.get("host")
-    if host:
-        for key, help_text in (
-            ("mem_total", "MemTotal of the host."),
-            ("mem_available", "MemAvailable of the host."),
-        ):
-            family = GaugeMetricFamily(f"agentscope_host_{key}_bytes", help_text, labels=["fleet"])
-            family.add_metric([fleet], host[key])
-            yield family
-    ratio = GaugeMetricFamily(
-        "agentscope_memory_pressure_ratio",
-        "PSI memory pressure: share of time stalled over the window (0-1).",
-        labels=["fleet", "source", "kind", "window"],
-    )
-    stall = CounterMetricFamily(
-        "agentscope_memory_pressure_stall_seconds",
-        "PSI memory pressure: total time stalled.",
-        labels=["fleet", "source", "kind"],
-    )
-    for source, key in (("host", "pressure"), ("slice", "slice_pressure")):
-        psi = report.get(key) or {}
-        for kind in ("some", "full"):
-            line = psi.get(kind)
-            if not line:
-                continue
-            for window in _PRESSURE_WINDOWS:
-                ratio.add_metric([fleet, source, kind, window[3:]], line[window] / 100)
-            stall.add_metric([fleet, source, kind], line["total"] / 1e6)
-    yield from (ratio, stall)
-
-
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     # Applied to the socket by StreamRequestHandler.setup(): a client that
@@ -416,8 +270,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(421, "text/plain; charset=utf-8", b"misdirected request: bad Host\n")
             return
         self.server.busy(self.request)
-        path = self.path.partition("?")[0]
-        if path == "/metrics":
+        path, _, query = self.path.partition("?")
+        if path.startswith("/v1/"):
+            answer = self.server.api.answer(path, query)
+            self._send(answer.status, answer.content_type, answer.body, answer.headers)
+        elif path == "/metrics":
             from prometheus_client.exposition import choose_encoder
 
             # Accept: application/openmetrics-text gets OpenMetrics (with its
@@ -428,14 +285,18 @@ class _Handler(BaseHTTPRequestHandler):
             code, body = health(self.server.state)
             self._send(code, "application/json", (json.dumps(body) + "\n").encode())
         elif path == "/":
-            self._send(200, "text/plain; charset=utf-8", b"agentscope monitor: /health /metrics\n")
+            self._send(200, "text/plain; charset=utf-8", _ROUTES + b"\n")
         else:
-            self._send(404, "text/plain; charset=utf-8", b"not found: try /health or /metrics\n")
+            self._send(404, "text/plain; charset=utf-8", b"not found: try " + _ROUTES + b"\n")
 
-    def _send(self, code: int, content_type: str, body: bytes) -> None:
+    def _send(
+        self, code: int, content_type: str, body: bytes, headers: Iterable[tuple[str, str]] = ()
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in headers:
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
@@ -443,6 +304,8 @@ class _Handler(BaseHTTPRequestHandler):
         # One journal line per scrape would drown the monitor's own events.
         pass
 
+
+_ROUTES = b"agentscope monitor: /health /metrics /v1/agents /v1/agents/NAME /v1/events /v1/report"
 
 _MAX_CONNECTIONS = 64
 """Connections the face holds at once (each one a thread and a descriptor)."""
@@ -464,17 +327,54 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], state: FaceState, registry: Any) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    def __init__(
+        self, address: tuple[str, int] | str, state: FaceState, registry: Any, api: ReadApi
+    ) -> None:
         self.state = state
         self.registry = registry
+        self.api = api
         self._lock = threading.Lock()
         self._active = 0
         # Connections still waiting for their request, oldest first.
         self._idle: dict[socket.socket, None] = {}
-        self._allowed = _LOOPBACK_HOSTS | {address[0].lower()}
-        self._any_host = address[0] in _WILDCARDS
-        super().__init__(address, _Handler)
+        self._socket_inode: tuple[int, int] | None = None
+        if isinstance(address, str):
+            self.address_family = socket.AF_UNIX
+            # No browser reaches a Unix socket (DNS rebinding needs TCP): the
+            # socket's file mode is the access control, any Host is fine.
+            self._allowed: frozenset[str] = frozenset()
+            self._any_host = True
+        else:
+            self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+            self._allowed = _LOOPBACK_HOSTS | {address[0].lower()}
+            self._any_host = address[0] in _WILDCARDS
+        super().__init__(address, _Handler)  # type: ignore[arg-type]
+
+    def server_bind(self) -> None:
+        if self.address_family != socket.AF_UNIX:
+            super().server_bind()
+            return
+        path = str(self.server_address)
+        _clear_stale_socket(path)
+        self.socket.bind(path)
+        # Before listen(): no client can connect while the mode is still the
+        # umask's. 0600; in a set-group-ID directory 0660, its group's members
+        # may connect (the directory's owner chose that group).
+        parent = os.stat(os.path.dirname(path) or "/")
+        os.chmod(path, 0o660 if parent.st_mode & stat.S_ISGID else 0o600)
+        st = os.lstat(path)
+        self._socket_inode = (st.st_dev, st.st_ino)
+        self.server_name, self.server_port = "localhost", 0
+
+    def remove_socket(self) -> None:
+        """Remove the Unix socket's file, if it is still ours."""
+        if self._socket_inode is None:
+            return
+        path = str(self.server_address)
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == self._socket_inode:
+                os.unlink(path)
 
     def host_allowed(self, header: str | None) -> bool:
         """Whether a request's Host names this server (absent: not a browser, allowed)."""
@@ -541,14 +441,28 @@ class _Server(ThreadingHTTPServer):
         print(f"agentscope monitor: HTTP request failed: {exc!r}", file=sys.stderr)
 
 
-class _StateCollector:
-    """Adapts :func:`metric_families` to prometheus-client's collector protocol."""
+def _clear_stale_socket(path: str) -> None:
+    """Remove a socket a stopped monitor left at ``path``; refuse anything else there.
 
-    def __init__(self, state: FaceState) -> None:
-        self.state = state
-
-    def collect(self) -> Iterable[Any]:
-        return metric_families(self.state)
+    Raises:
+        OSError: ``path`` is not a socket (EEXIST), or a monitor listens on it (EADDRINUSE).
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(errno.EEXIST, "the path exists and is not a socket; remove it")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            os.unlink(path)  # nobody listens: a stopped monitor's
+            return
+        except OSError:
+            pass
+    raise OSError(errno.EADDRINUSE, "another process listens on it")
 
 
 class HttpFace:
@@ -562,43 +476,65 @@ class HttpFace:
         self._thread.start()
 
     @property
-    def address(self) -> tuple[str, int]:
-        """The bound host and port (the real port when 0 was asked for)."""
-        host, port = self._server.server_address[:2]
+    def address(self) -> tuple[str, int] | str:
+        """The bound host and port (the real port when 0 was asked for); a Unix socket's path."""
+        bound = self._server.server_address
+        if isinstance(bound, str | bytes):
+            return os.fsdecode(bound)
+        host, port = bound[:2]
         return str(host), int(port)
 
     @property
     def url(self) -> str:
-        host, port = self.address
+        """``http://HOST:PORT``, or ``unix:PATH``."""
+        address = self.address
+        if isinstance(address, str):
+            return f"unix:{address}"
+        host, port = address
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def close(self) -> None:
+        self._server.api.close()  # ends the long polls: shutdown waits for none of them
         self._server.shutdown()
         self._server.server_close()
+        self._server.remove_socket()
         self._thread.join(5)
 
 
-def start_face(address: tuple[str, int], state: FaceState) -> HttpFace:
-    """Bind ``address`` and serve ``/health`` and ``/metrics`` of ``state`` on a thread.
+def start_face(
+    address: tuple[str, int] | str, state: FaceState, history: HistoryLike | None = None
+) -> HttpFace:
+    """Bind ``address`` and serve ``/health``, ``/metrics`` and ``/v1/`` of ``state`` on a thread.
+
+    ``address`` is (host, port) or a Unix socket's path (:func:`parse_listen`).
+    ``history``, the fleet's recorded events (the face's own, closed with
+    it), serves ``/v1/events``; without it that route is 404.
 
     Raises:
         Failed: prometheus-client is not installed, or the address cannot be bound.
     """
+    from ._readapi import ReadApi
+
     try:
         from prometheus_client import CollectorRegistry, ProcessCollector
     except ImportError as exc:
+        if history is not None:
+            history.close()  # the face owns it from here on, served or not
         raise Failed(
             "--listen needs prometheus-client: pip install 'agentscope-systemd[monitor]'", "failed"
         ) from exc
     registry = CollectorRegistry(auto_describe=False)
-    collector: Collector = _StateCollector(state)
+    from ._metrics import StateCollector
+
+    collector: Collector = StateCollector(state)
     registry.register(collector)
     # The monitor's own memory and CPU, to show it is not the one eating the host.
     ProcessCollector(registry=registry)
+    api = ReadApi(state, history)
     try:
-        server = _Server(address, state, registry)
+        server = _Server(address, state, registry, api)
     except OSError as exc:
-        raise Failed(
-            f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}", "failed"
-        ) from exc
+        api.close()
+        where = address if isinstance(address, str) else f"{address[0]}:{address[1]}"
+        raise Failed(f"cannot listen on {where}: {exc.strerror or exc}", "failed") from exc
     return HttpFace(server)

@@ -21,14 +21,13 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-import agentscope
 from agentscope import _contract
 from agentscope._events import AgentExited, LimitFound, OomKill, Pressure, Throttled
 from agentscope._fleet import AsyncFleet
-from agentscope._registry import Registry as AgentRegistry
 from cli import _fleet
 from cli._app import app
-from tests.fakesystemd import FakeSystemd, end_children
+from tests.fakefleet import fake_fleet
+from tests.fakesystemd import FakeSystemd
 from tests.test_cli import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,31 +101,8 @@ def test_a_wrong_version_or_a_missing_field_fails_validation() -> None:
 @pytest.fixture
 def real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSystemd]:
     """``open_fleet`` gives a real ``agentscope.Fleet`` on one fake manager and tree."""
-    bus = FakeSystemd(tmp_path / "cgroup")
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-
-    opened: list[agentscope.Fleet] = []  # kept, so their children are reaped here, not by gc
-
-    def open_fleet(opts: _fleet.Options) -> Any:
-        fleet = agentscope.Fleet(
-            opts.fleet,
-            registry=tmp_path / "registry.db",
-            manager_oom_score_adj=None,
-            tmux_dir=tmp_path / "tmux",
-            _bus=bus,
-        )
-        opened.append(fleet)
-        return fleet
-
-    monkeypatch.setattr(_fleet, "open_fleet", open_fleet)
-    # events and gc read the registry file alone: the same file.
-    monkeypatch.setattr(
-        _fleet,
-        "open_history",
-        lambda opts: _fleet._History(AgentRegistry(tmp_path / "registry.db"), opts.fleet),
-    )
-    yield bus
-    end_children()
+    with fake_fleet(tmp_path, monkeypatch) as bus:
+        yield bus
 
 
 def json_of(*args: str, code: int = 0) -> Any:
