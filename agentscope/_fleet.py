@@ -165,7 +165,7 @@ class AsyncFleet:
             manager_oom_score_adj=manager_oom_score_adj,
         )
         self._reconciler = Reconciler(
-            self.name, self.policy, self._manager, self._store, self._roster, self._reaper
+            self.name, self._manager, self._store, self._roster, self._reaper
         )
         self._monitors = Monitors(
             self.name,
@@ -220,7 +220,7 @@ class AsyncFleet:
                 raise_own_oom_score_adj(self.manager_oom_score_adj)
             await self._store.open()
             await self._terminals.load()
-            await self._reconciler.reconcile()
+            await self._reconciler.reconcile(self.policy)
             await self._recovery.recover()  # kills while no monitor ran, recorded once
         except BaseException:
             await self.aclose()  # a fleet that failed to open holds nothing open

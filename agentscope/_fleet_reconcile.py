@@ -36,14 +36,12 @@ class Reconciler:
     def __init__(
         self,
         fleet: str,
-        policy: str,
         manager: ScopeManager,
         store: FleetRegistry,
         roster: Roster,
         reaper: Reaper,
     ) -> None:
         self.name = fleet
-        self.policy = policy
         self._manager = manager
         self._store = store
         self._roster = roster
@@ -60,8 +58,11 @@ class Reconciler:
                 self._roster.foreign.add(listed.unit)
         return live
 
-    async def reconcile(self) -> None:
-        """Adopt, record, close, reopen and stop as the registry and the listing say (at open)."""
+    async def reconcile(self, policy: str) -> None:
+        """Adopt, record, close, reopen and stop as the registry and the listing say (at open).
+
+        ``policy`` is the fleet's: ``adopt`` its running agents, or ``stop`` them.
+        """
         assert self._store.registry is not None
         # Rows before units: a row is written before its scope starts, so every
         # row read here whose scope runs is in the listing taken after it (the
@@ -122,7 +123,7 @@ class Reconciler:
                 log.info("agent %s (%s) was launched by a manager that died", rec.name, rec.unit)
             self._roster.agents[rec.name] = self._roster.from_record(rec)
             self._roster.unit_names[rec.unit] = rec.name
-        if lingering and self.policy != "stop":
+        if lingering and policy != "stop":
             swept = await self._reaper.sweep(lingering)
             for rec in lingering:
                 now = swept[rec.unit][0] if rec.unit in swept else rec
@@ -149,7 +150,7 @@ class Reconciler:
             found.append((name, scope))
             log.warning("found agent %s (%s) that the registry did not know", name, scope.unit)
             await self._store.event(name, "found", unit=scope.unit, pids=list(scope.pids))
-        if self.policy == "stop":
+        if policy == "stop":
             units = [r.unit for r in plan.adopt] + [s.unit for _, s in found]
             units += [r.unit for r in plan.headless] + [v.row.unit for v in plan.revive]
             await asyncio.gather(*(self._manager.stop_unit(u, 10) for u in units))
