@@ -106,6 +106,11 @@ _GONE_OR_UNSUPPORTED = _GONE | {errno.EOPNOTSUPP}
 _os_open = os.open
 _os_read = os.read
 
+#: More than any kernel file these readers take holds (cgroup.procs of 4M
+#: pids is 32 MiB): a tree that is not the kernel's (a test's, a bind
+#: mount, a symlink to /dev/zero) cannot make a read grow without bound.
+MAX_KERNEL_FILE = 64 << 20
+
 
 def _read_kernel_file(path: str | Path, tolerate: frozenset[int] = _GONE) -> bytes | None:
     """Read a kernel file whole; None when it fails with one of the ``tolerate`` errnos.
@@ -123,13 +128,18 @@ def _read_kernel_file(path: str | Path, tolerate: frozenset[int] = _GONE) -> byt
         # Raw os.read: no file object. seq_file hands back whole records, but
         # may return less than asked before the end (a record past its
         # buffer), so read until EOF.
-        fd = _os_open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: no effect on procfs and cgroupfs files, but a FIFO in a
+        # tree that is not the kernel's reads as empty instead of hanging.
+        fd = _os_open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             data = _os_read(fd, 65536)
             if data:
-                chunks = [data]
+                chunks, size = [data], len(data)
                 while chunk := _os_read(fd, 65536):
                     chunks.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_KERNEL_FILE:
+                        raise OSError(errno.EFBIG, "larger than any kernel file", path)
                 if len(chunks) > 1:
                     data = b"".join(chunks)
         finally:

@@ -154,7 +154,8 @@ def read_children(pid: int, proc_root: Path = PROC_ROOT) -> list[int]:
     for tid in tids:
         data = _read_kernel_file(f"{task_dir}/{tid}/children")
         if data:
-            children.extend(int(p) for p in data.split() if _numbers.is_digits(p))
+            # pids only: digits, and never 0 (the idle task, no process to follow)
+            children.extend(int(p) for p in data.split() if _numbers.is_digits(p) and p.strip(b"0"))
     return children
 
 

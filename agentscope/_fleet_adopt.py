@@ -232,6 +232,20 @@ def _never_adopted(pid: int) -> str | None:
                 "manager into the agent's scope"
             )
         ancestor, hops = read_stat(ancestor.ppid), hops + 1
+    mine = os.geteuid()
+    if mine != 0:
+        # Another user's process (a system service's main process under a
+        # user manager, say): neither the user manager nor the kernel would
+        # move it, and the refusal would come after the name was claimed.
+        try:
+            owner = psutil.Process(pid).uids().real
+        except psutil.Error:
+            owner = mine  # gone: the tree walk that follows says so
+        if owner != mine:
+            return (
+                f"it is not your process (it runs as uid {owner}): only a fleet of the "
+                "system manager, as root, adopts another user's processes"
+            )
     return None
 
 

@@ -30,6 +30,7 @@ from typing import Literal
 from . import generator
 from ._errors import AgentscopeError
 from ._names import validate_name
+from ._trust import who_could_change
 
 __all__ = [
     "OOM_POLICY_FIXED_IN",
@@ -40,6 +41,7 @@ __all__ = [
     "PlannedFile",
     "Scope",
     "UninstallPlan",
+    "UntrustedExecutable",
     "apply_plan",
     "detect_systemd_version",
     "find_agentscope_exec",
@@ -83,6 +85,24 @@ class InstallError(AgentscopeError):
         return f"{self.reason}: {', '.join(self.paths)}; {self.hint}"
 
 
+class UntrustedExecutable(InstallError):
+    """A system install would make root run a file another user could change; nothing was written.
+
+    ``paths`` say which file and why (its owner, a writable directory on its
+    way, its ``#!`` interpreter's).
+    """
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__(
+            "install --system would make root run a file that a user other than root could change",
+            paths,
+            "install agentscope where only root can write (as root: python3 -m venv "
+            "/opt/agentscope && /opt/agentscope/bin/pip install agentscope-systemd) and "
+            "run that one's `agentscope install --system`, or use install --user for your "
+            "own manager",
+        )
+
+
 @dataclass(frozen=True)
 class PlannedFile:
     """One file (or symlink, when ``link`` is set) an install writes."""
@@ -106,6 +126,9 @@ class InstallPlan:
     manifest: PurePosixPath
     fleets: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    #: What the installed units make root run (system installs): the
+    #: monitor's command and the generator's Python, paths as root sees them.
+    runs_as_root: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -324,6 +347,7 @@ def plan_install(
         manifest=manifest_path(scope, home=home),
         fleets=unique,
         notes=tuple(notes),
+        runs_as_root=(exec_path, python) if scope == "system" else (),
     )
 
 
@@ -408,6 +432,9 @@ def apply_plan(plan: InstallPlan | UninstallPlan, *, dry_run: bool = False) -> l
     not run.
 
     Raises:
+        UntrustedExecutable: a system install would make root run a file
+            another user could change (checked before anything is written,
+            also by a dry run).
         InstallError: install would overwrite files it does not own.
         OSError: from the file system (permissions, a full disk).
     """
@@ -418,7 +445,27 @@ def apply_plan(plan: InstallPlan | UninstallPlan, *, dry_run: bool = False) -> l
     return lines + [f"run: {' '.join(argv)}" for argv in plan.actions]
 
 
+def _refuse_untrusted(plan: InstallPlan) -> None:
+    """Raise UntrustedExecutable when root would run a file another user could change (#31).
+
+    Also the monitor command of a config the install keeps: the generator
+    takes that one at boot.
+    """
+    paths = list(plan.runs_as_root)
+    config = _real(plan.root, CONFIG_PATH)
+    if plan.runs_as_root and config.is_file():
+        kept, _problems = generator.load_config(str(config))
+        if kept.monitor_exec is not None:
+            paths.append(kept.monitor_exec)
+    problems = [
+        why for path in dict.fromkeys(paths) if (why := who_could_change(path, root=plan.root))
+    ]
+    if problems:
+        raise UntrustedExecutable(problems)
+
+
 def _install(plan: InstallPlan, dry_run: bool) -> list[str]:
+    _refuse_untrusted(plan)
     old = load_manifest_file(plan.scope, plan.root, plan.manifest)
     owned = {e.path: e for e in old.files} if old else {}
     lines: list[str] = []

@@ -95,12 +95,16 @@ def _size(field: str, value: object, low: int) -> int:
 
 def _quota(field: str, value: object) -> int:
     # CPUQuota=200% is two CPUs' time per second: CPUQuotaPerSecUSec = 2,000,000.
-    allowed = "a percentage of one CPU above 0% and at most 100000%, e.g. '50%' or '200%'"
+    allowed = (
+        "a percentage of one CPU above 0% and at most 100000%, two decimals at most, "
+        "e.g. '50%' or '12.5%'"
+    )
     text = value.strip() if isinstance(value, str) else ""
     if not text.endswith("%"):
         raise InvalidConfig(field, value, allowed)
     whole, dot, frac = text[:-1].partition(".")
-    if not _numbers.is_digits(whole) or (dot and not _numbers.is_digits(frac)):
+    # systemd's own CPUQuota= takes two decimals (parse_permyriad): so do we.
+    if not _numbers.is_digits(whole) or (dot and not (_numbers.is_digits(frac) and len(frac) <= 2)):
         raise InvalidConfig(field, value, allowed)
     percent = _numbers.real(field, text[:-1], low=0, high=100_000, above_low=True, allowed=allowed)
     usec = round(percent * 10000)
@@ -201,6 +205,11 @@ def build(
         ("cpu_weight", "CPUWeight", cpu_weight),
         ("io_weight", "IOWeight", io_weight),
     )
+    if properties is not None and not callable(getattr(properties, "items", None)):
+        # A list of "NAME=VALUE" texts (the CLI's -p form) ended in dict()'s ValueError.
+        raise InvalidConfig(
+            "properties", properties, "a mapping of property names to values, e.g. {'TasksMax': 64}"
+        )
     for key, name, value in keywords:
         if value is None:
             continue

@@ -81,7 +81,10 @@ def _run_actions(actions: Sequence[Sequence[str]], as_json: bool) -> None:
     import subprocess
 
     for argv in actions:
-        done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+        try:
+            done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+        except OSError as exc:  # no systemctl here, say
+            raise Failed(f"{' '.join(argv)} could not be run: {exc.strerror}", "failed") from exc
         if done.returncode != 0:
             raise Failed(
                 f"{' '.join(argv)} failed (exit {done.returncode}): "
@@ -129,10 +132,36 @@ def install(
         fleets=[options(ctx).fleet],
         mglru_min_ttl_ms=inst.MGLRU_MIN_TTL_DEFAULT if mglru_protection else None,
     )
-    lines = inst.apply_plan(plan, dry_run=dry_run)
+    first = inst.load_manifest(scope) is None  # type: ignore[arg-type]
+    try:
+        lines = inst.apply_plan(plan, dry_run=dry_run)
+    except inst.UntrustedExecutable as exc:  # the command's own input: exit 2
+        raise BadInput(str(exc)) from exc
     if not dry_run:
-        _run_actions(plan.actions, options(ctx).json)
+        reload, rest = plan.actions[:1], plan.actions[1:]
+        try:
+            _run_actions(reload, options(ctx).json)
+        except Failed as exc:
+            # The manager never read the files: a first install takes them
+            # back, so a failed install leaves nothing behind (#28).
+            if first:
+                _take_back(scope)
+                message = f"{exc}; nothing was installed (the files are removed)"
+                raise Failed(message, exc.kind) from exc
+            raise
+        _run_actions(rest, options(ctx).json)
     said(ctx, "install", {"scope": scope, "dry_run": dry_run, "done": lines}, "\n".join(lines))
+
+
+def _take_back(scope: str) -> None:
+    """Remove what the install just wrote (its manifest says what), running no command."""
+    import dataclasses
+
+    from agentscope import install as inst
+
+    manifest = inst.load_manifest(scope)  # type: ignore[arg-type]
+    if manifest is not None:
+        inst.apply_plan(dataclasses.replace(inst.plan_uninstall(manifest), actions=()))
 
 
 def uninstall(

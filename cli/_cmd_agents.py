@@ -6,7 +6,9 @@ command: ``ls --json`` prints without rich (issue 28).
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -83,9 +85,11 @@ def run(
     extra = parse_env(env or [])
     agent_env = {**os.environ, **extra} if extra else None
     _check_command(cmd, agent_env, cwd)
+    if tmux and log is not None:
+        raise BadInput("--log and --tmux do not mix: a tmux agent's output is its window")
+    if log is not None:
+        _check_log(log)
     if tmux:
-        if log is not None:
-            raise BadInput("--log and --tmux do not mix: a tmux agent's output is its window")
         with fleet_of(ctx) as fleet:
             agent = fleet.launch(
                 name,
@@ -141,6 +145,22 @@ def _print_launched(opts: Options, result: dict[str, Any], issues: list[dict[str
             sys.stdout.write(f"{key:<5} {value}\n")
 
 
+def _check_log(log: Path) -> None:
+    """``--log`` names a regular file, or nothing yet: checked before the bus is reached (#31).
+
+    A FIFO there would hang the open for ever (no reader), a directory or a
+    device is no log; each was refused only after the fleet connected.
+    """
+    try:
+        mode = log.stat().st_mode
+    except FileNotFoundError:
+        return  # made by _open_log, its directories too
+    except OSError as exc:
+        raise BadInput(f"--log {log}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise BadInput(f"--log {log} is not a regular file: name a file for the agent's output")
+
+
 def _open_log(opts: Options, name: str, log: Path | None) -> tuple[Path, int]:
     """The agent's log file, opened for appending (0600): where it is, its fd.
 
@@ -153,7 +173,14 @@ def _open_log(opts: Options, name: str, log: Path | None) -> tuple[Path, int]:
     try:
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
-            return log, os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # O_NONBLOCK: a FIFO put there since _check_log fails at once, not hangs.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+            fd = os.open(log, flags, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file")
+            os.set_blocking(fd, True)
+            return log, fd
         base, parts = _fleet.log_location(opts, name)
         return base.joinpath(*parts), open_under(base, parts)
     except OSError as exc:

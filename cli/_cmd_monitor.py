@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from . import _fleet
-from ._context import emit_json, fleet_of, history_of, options, show
+from ._context import emit_json, fleet_of, history_of, options, show, valid_agent
 from ._errors import BadInput, Failed, Interrupted
 from ._parse import parse_since, real_option, whole_option
 
@@ -68,7 +68,9 @@ def events(
         str | None, typer.Option(help="Only events before this (same forms as --since).")
     ] = None,
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
-    agent: Annotated[str | None, typer.Option(help="Only events of this agent.")] = None,
+    agent: Annotated[
+        str | None, typer.Option(help="Only events of this agent.", callback=valid_agent)
+    ] = None,
     limit: Annotated[
         int | None,
         typer.Option(
@@ -276,17 +278,16 @@ def monitor(
 
     opts = options(ctx)
     address = parse_listen(listen, any_address=listen_any) if listen is not None else None
-    guard_config = (
-        _guard_config(
-            guard_mem_available,
-            guard_swap_free,
-            guard_psi_full,
-            guard_psi_seconds,
-            process=guard_process,
-        )
-        if guard
-        else False
+    # Checked also when the guard is off: a bad value in the unit's
+    # environment is refused now, not when the guard is next turned on.
+    checked = _guard_config(
+        guard_mem_available,
+        guard_swap_free,
+        guard_psi_full,
+        guard_psi_seconds,
+        process=guard_process,
     )
+    guard_config = checked if guard else False
     notifier = Notifier()
     fatal = _monitor_fatal_log(opts)
     from agentscope import RegistryError

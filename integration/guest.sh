@@ -58,6 +58,9 @@ for manager in $MANAGERS; do
         # and vm.py's matrix table at the end of the log can say why.
         set -- env CI=true python -m pytest -c /tmp/it/pytest.ini "$@" tests
     fi
+    # How busy the guest's vCPUs were during the suite (a suite that waits
+    # leaves room for another VM on the host's cores: make test's JOBS).
+    cpu0=$(head -n 1 /proc/stat) t1=$(date +%s)
     if [ "$manager" = system ]; then
         (cd /tmp/it && env $common "$@")
     else
@@ -68,7 +71,13 @@ for manager in $MANAGERS; do
             XDG_RUNTIME_DIR=/run/user/$TEST_UID DBUS_SESSION_BUS_ADDRESS=unix:path=$bus \
             $common "$@")
     fi
-    status="$status $manager=$?"
+    rc=$?
+    echo "$cpu0" "$(head -n 1 /proc/stat)" | awk -v m="$manager" -v s="$(($(date +%s) - t1))" -v n="$(nproc)" '{
+        busy0 = $2 + $3 + $4 + $7 + $8; all0 = busy0 + $5 + $6
+        busy1 = $13 + $14 + $15 + $18 + $19; all1 = busy1 + $16 + $17
+        if (all1 > all0) printf "guest: the %s suite took %d s; its %d vCPUs were busy %.0f%% of it\n", m, s, n, 100 * (busy1 - busy0) / (all1 - all0)
+    }'
+    status="$status $manager=$rc"
 done
 kill "$helper" 2>/dev/null
 echo "@@AGENTSCOPE-STATUS$status@@"

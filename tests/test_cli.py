@@ -2366,3 +2366,18 @@ def test_event_lines_show_c0_c1_and_bidi_controls_as_question_marks(comm: str) -
     assert "\u202e" not in line
     assert "\u2066" not in line
     assert f"comm={comm[0]}?" in line
+
+
+@pytest.mark.timeout(30)
+def test_run_log_that_is_no_regular_file_is_refused_before_the_bus(
+    fleet: FakeFleet, tmp_path: Path
+) -> None:
+    # A FIFO at --log hung the open for ever (no reader), after the fleet
+    # had connected; a directory failed only then too (#31).
+    os.mkfifo(tmp_path / "fifo")
+    for log in (tmp_path / "fifo", tmp_path):
+        result = run("run", "a", "--log", str(log), "--", "true")
+        assert result.code == 2, result.stderr
+        assert f"--log {log} is not a regular file" in result.stderr
+        assert fleet.opened == []  # type: ignore[attr-defined]
+        assert fleet.calls == []

@@ -273,6 +273,31 @@ def test_a_process_may_adopt_itself_as_exec_does() -> None:
     assert _never_adopted(os.getppid()) is not None
 
 
+def test_a_user_may_not_adopt_another_users_process() -> None:
+    # A non-root fleet (the user manager's) refuses a process of another
+    # user, a system service's main process among them (#31), by its reason.
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the check as another user")
+    roots = subprocess.Popen(["sleep", "30"])
+    try:
+        # Imports first (this Python's files may be root's alone), then nobody's uid.
+        code = (
+            "import os, sys; from agentscope._fleet_adopt import _never_adopted; "
+            "os.setegid(65534); os.seteuid(65534); print(_never_adopted(int(sys.argv[1])))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(roots.pid)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        ).stdout
+        assert "not your process (it runs as uid 0)" in out
+    finally:
+        roots.kill()
+        roots.wait()
+
+
 async def test_adopt_refuses_a_kernel_thread(fleet: AsyncFleet) -> None:
     try:
         comm = Path("/proc/2/comm").read_text().strip()

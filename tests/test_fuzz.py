@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,123 @@ def test_spool_entries_decode_whole_and_checked_or_not_at_all(fields: list[bytes
     assert entry.start_time >= 0
     assert entry.unit.startswith(f"agentscope-{entry.fleet}-{entry.name}-")
     assert entry.argv
+
+
+# -- every other parser #31 touched ---------------------------------------------------------
+
+_JOURNAL_VALUES = st.one_of(
+    st.sampled_from(["kernel", "syslog", "stdout", "journal", "systemd-oomd.service", "x.service"]),
+    st.text(max_size=12),
+    st.integers(),
+    st.none(),
+    st.lists(st.integers(min_value=-2, max_value=300), max_size=8),
+)
+
+
+@FAST
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(["_BOOT_ID", "MESSAGE", "_TRANSPORT", "_SYSTEMD_UNIT", "PRIORITY"]),
+        _JOURNAL_VALUES,
+    ),
+    cursor=st.sampled_from(["s=0a;i=1;b=2;m=3;t=4;x=5", "", "s=\n", "x" * 600]),
+)
+def test_journal_entries_are_believed_kernel_only_by_their_transport(
+    fields: dict[str, object], cursor: str
+) -> None:
+    entry = {"__CURSOR": cursor, **fields}
+    line = _journal.parse_journal_entry(json.dumps(entry).encode())
+    if line is None:
+        return
+    assert isinstance(line.text, str)
+    assert line.from_kernel == (fields.get("_TRANSPORT") == "kernel")
+
+
+@FAST
+@given(
+    name=st.sampled_from(
+        [
+            "TasksMax",
+            "MemoryMax",
+            "MemorySwapMax",
+            "CPUWeight",
+            "IOWeight",
+            "CPUQuota",
+            "AllowedCPUs",
+        ]
+    ),
+    value=_NUMBERISH | st.text(alphabet="0123456789-,%.² ", max_size=16) | st.integers(),
+)
+def test_scope_properties_give_a_bus_value_or_invalid_config(name: str, value: object) -> None:
+    from agentscope import InvalidConfig, _scopeprops
+
+    try:
+        _dbus, _sig, parsed = _scopeprops.parse_property(name, value)
+    except InvalidConfig:
+        return
+    assert isinstance(parsed, (int, bytes, list)), parsed
+    text = str(value)
+    assert all(c.isascii() for c in text if c.isdigit())
+    if name == "CPUQuota":
+        assert text.strip().endswith("%")
+        assert len(text.strip()[:-1].partition(".")[2]) <= 2
+
+
+@pytest.mark.parametrize("parse", ["size", "duration", "since", "signal", "listen", "env"])
+@FAST
+@given(text=_NUMBERISH | st.text(max_size=24))
+def test_the_command_lines_parsers_give_a_value_or_bad_input(parse: str, text: str) -> None:
+    from agentscope import AgentscopeError
+    from cli import _http, _parse
+    from cli._errors import BadInput
+
+    try:
+        if parse == "size":
+            _parse.parse_size(text)
+        elif parse == "duration":
+            assert _parse.parse_duration(text) >= 0
+        elif parse == "since":
+            assert math.isfinite(_parse.parse_since(text, 1.7e9))
+        elif parse == "signal":
+            assert 1 <= int(_parse.parse_signal(text)) <= 64
+        elif parse == "listen":
+            _host, port = _http.parse_listen(text)
+            assert 0 <= port <= 65535
+        else:
+            assert all("=" not in k and k for k in _parse.parse_env([text]))
+    except (BadInput, AgentscopeError):
+        return
+
+
+@FAST
+@given(line=st.binary(max_size=300))
+def test_a_shebang_line_gives_an_interpreter_or_a_reason(
+    tmp_path_factory: pytest.TempPathFactory, line: bytes
+) -> None:
+    from agentscope import _trust
+
+    root = tmp_path_factory.mktemp("root")
+    (root / "x").write_bytes(b"#!" + line)
+    try:
+        interpreter = _trust._interpreter("/x", root)
+    except ValueError:
+        return
+    assert interpreter is None or isinstance(interpreter, str)
+    if interpreter is not None:
+        assert "\n" not in interpreter
+        assert interpreter.strip() == interpreter
+
+
+@FAST
+@given(data=st.binary(max_size=200) | _NUMBERISH.map(str.encode))
+def test_children_files_give_pids_only(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes
+) -> None:
+    from agentscope import _escape
+
+    proc = tmp_path_factory.mktemp("proc")
+    task = proc / "42/task/42"
+    task.mkdir(parents=True)
+    (task / "children").write_bytes(data)
+    children = _escape.read_children(42, proc)
+    assert all(isinstance(p, int) and p > 0 for p in children)

@@ -14,6 +14,7 @@ import pytest
 from agentscope import _install, generator
 from agentscope._errors import InvalidName
 from agentscope._install import InstallError, apply_plan, plan_install, plan_uninstall
+from tests.test_cli import run
 
 EXEC = "/opt/agentscope/bin/agentscope"
 HOME = PurePosixPath("/home/alice")
@@ -31,11 +32,32 @@ OOMD_DROPINS = [
 ]
 
 
+#: The generator's Python in a system plan: in the fake root, as EXEC is.
+PYTHON = "/usr/bin/python3"
+#: What a system install runs, made in the fake root by :func:`runnable`.
+_RUNTIME = frozenset(
+    ("opt", "opt/agentscope", "opt/agentscope/bin", EXEC[1:], "usr", "usr/bin", PYTHON[1:])
+)
+
+
+def runnable(root: Path) -> None:
+    """EXEC (a script run by PYTHON) and PYTHON under ``root``: root's, as on a sound host."""
+    if os.geteuid() != 0:
+        pytest.skip("a system install checks that root owns what it runs: needs root")
+    for path, content in ((EXEC, f"#!{PYTHON} -I\n".encode()), (PYTHON, b"\x7fELF")):
+        real = root / path.lstrip("/")
+        real.parent.mkdir(parents=True, exist_ok=True)
+        real.write_bytes(content)
+        real.chmod(0o755)
+
+
 def tree(top: Path) -> dict[str, tuple[str, bytes | str]]:
-    """Every file, symlink and directory under ``top``."""
+    """Every file, symlink and directory under ``top`` (but what :func:`runnable` made)."""
     out: dict[str, tuple[str, bytes | str]] = {}
     for path in sorted(top.rglob("*")):
         rel = str(path.relative_to(top))
+        if rel in _RUNTIME:
+            continue
         if path.is_symlink():
             out[rel] = ("link", os.readlink(path))
         elif path.is_dir():
@@ -48,6 +70,7 @@ def tree(top: Path) -> dict[str, tuple[str, bytes | str]]:
 def system_plan(
     root: Path, version: int | None = 252, fleets: tuple[str, ...] = ("default",)
 ) -> _install.InstallPlan:
+    runnable(root)
     return plan_install(
         "system",
         root=root,
@@ -55,7 +78,7 @@ def system_plan(
         linger=False,
         fleets=list(fleets),
         agentscope_exec=EXEC,
-        python=sys.executable,
+        python=PYTHON,
     )
 
 
@@ -99,7 +122,7 @@ def test_system_plan_lists_exactly_these_files(
     assert str(plan.manifest) == "/var/lib/agentscope/install-manifest.json"
     modes = {str(f.path): f.mode for f in plan.files}
     assert modes[GEN.format("system")] == 0o755
-    assert not list(tmp_path.iterdir()), "planning must not write"
+    assert tree(tmp_path) == {}, "planning must not write"
 
 
 @pytest.mark.parametrize(("version", "dropin"), [(252, True), (None, True), (262, False)])
@@ -135,7 +158,7 @@ def test_dry_run_lists_and_writes_nothing(tmp_path: Path) -> None:
         "run: systemctl daemon-reload",
         "run: systemctl start agentscope-monitor@default.service",
     ]
-    assert list(tmp_path.iterdir()) == []
+    assert tree(tmp_path) == {}
 
 
 def test_system_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
@@ -159,7 +182,7 @@ def test_system_install_then_uninstall_leaves_nothing(tmp_path: Path) -> None:
         "SYSTEMD_LOG_TARGET": "console",
         "SYSTEMD_SCOPE": "system",
     }
-    subprocess.run([str(generated), str(out)], env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, "-I", generated, out], env=env, check=True, timeout=60)
     monitor = (out / "agentscope-monitor@.service").read_text()
     # The installed config spells out the guard's defaults, so the unit does too.
     guard = (
@@ -417,7 +440,7 @@ def test_mglru_protection_is_an_opt_in_that_uninstall_removes(tmp_path: Path) ->
         linger=False,
         fleets=["default"],
         agentscope_exec=EXEC,
-        python=sys.executable,
+        python=PYTHON,
         mglru_min_ttl_ms=1000,
     )
     assert ("systemd-tmpfiles", "--create", "/etc/tmpfiles.d/agentscope-mglru.conf") in (
@@ -454,3 +477,206 @@ def test_mglru_protection_refuses_bad_values_and_user_installs(tmp_path: Path) -
             agentscope_exec=EXEC,
             mglru_min_ttl_ms=1000,
         )
+
+
+# -- what root runs: only files no other user can change (#31 item 6) -------------------
+
+ALICE = 1000
+
+
+def _alice_owns(path: Path) -> None:
+    os.chown(path, ALICE, ALICE, follow_symlinks=False)
+
+
+def _shared_bin(path: Path) -> None:
+    os.chown(path.parent, 0, ALICE)
+    path.parent.chmod(0o775)
+
+
+def _world_writable(path: Path) -> None:
+    path.chmod(0o757)
+
+
+def _elsewhere(path: Path) -> None:
+    home = path.parents[3] / "home/alice/venv/bin"
+    home.mkdir(parents=True)
+    (home / "agentscope").write_bytes(path.read_bytes())
+    (home / "agentscope").chmod(0o755)
+    _alice_owns(path.parents[3] / "home/alice")
+    path.unlink()
+    path.symlink_to("/home/alice/venv/bin/agentscope")
+
+
+def _alices_interpreter(path: Path) -> None:
+    python = path.parents[3] / "usr/bin/python3"
+    _alice_owns(python)
+
+
+def _env_finds_alices(path: Path) -> None:
+    path.write_bytes(b"#!/usr/bin/env python3\n")
+    env = path.parents[3] / "usr/bin/env"
+    env.write_bytes(b"\x7fELF")
+    env.chmod(0o755)
+    local = path.parents[3] / "usr/local/bin"
+    local.mkdir(parents=True)
+    _alice_owns(local)
+    (local / "python3").write_bytes(b"\x7fELF")
+    (local / "python3").chmod(0o755)
+
+
+def _acl_for_alice(path: Path) -> None:
+    # system.posix_acl_access: version 2, then (tag, perm, id) entries: owner
+    # rwx, uid 1000 rwx, group r-x, mask rwx, other r-x.
+    entries = [(0x01, 7, 0xFFFFFFFF), (0x02, 7, ALICE), (0x04, 5, 0xFFFFFFFF)]
+    entries += [(0x10, 7, 0xFFFFFFFF), (0x20, 5, 0xFFFFFFFF)]
+    data = (2).to_bytes(4, "little") + b"".join(
+        t.to_bytes(2, "little") + p.to_bytes(2, "little") + i.to_bytes(4, "little")
+        for t, p, i in entries
+    )
+    try:
+        os.setxattr(path.parent, "system.posix_acl_access", data)
+    except OSError as exc:
+        pytest.skip(f"no POSIX ACLs on this file system ({exc.strerror})")
+
+
+def _config_names_alices(path: Path) -> None:
+    root = path.parents[3]
+    (root / "etc/agentscope").mkdir(parents=True)
+    (root / "etc/agentscope/agentscope.toml").write_text(
+        '[monitor]\nexec = "/home/alice/agentscope"\n'
+    )
+    (root / "home/alice").mkdir(parents=True)
+    (root / "home/alice/agentscope").write_bytes(b"\x7fELF")
+    (root / "home/alice/agentscope").chmod(0o755)
+    _alice_owns(root / "home/alice/agentscope")
+
+
+@pytest.mark.parametrize(
+    ("spoil", "why"),
+    [
+        (_alice_owns, r"/opt/agentscope/bin/agentscope is owned by uid 1000, not root"),
+        (lambda p: _alice_owns(p.parents[1]), r"/opt/agentscope is owned by uid 1000"),
+        (_shared_bin, r"/opt/agentscope/bin is writable by group 1000 \(mode 0775\)"),
+        (_world_writable, r"agentscope is writable by every user \(mode 0757\)"),
+        (_elsewhere, r"/home/alice is owned by uid 1000"),
+        (_alices_interpreter, r"\(#! /usr/bin/python3\): /usr/bin/python3 is owned by uid 1000"),
+        (_env_finds_alices, r"\(#! /usr/local/bin/python3\): /usr/local/bin is owned by uid 1000"),
+        (_acl_for_alice, r"/opt/agentscope/bin is writable by uid 1000 through an ACL"),
+        (_config_names_alices, r"/home/alice/agentscope: /home/alice/agentscope is owned by uid"),
+        (lambda p: p.chmod(0o644), r"agentscope is not executable"),
+        (lambda p: p.unlink(), r"/opt/agentscope/bin/agentscope does not exist"),
+    ],
+)
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_system_install_refuses_what_another_user_could_change(
+    tmp_path: Path, spoil: object, why: str, dry_run: bool
+) -> None:
+    plan = system_plan(tmp_path)
+    spoil(tmp_path / EXEC.lstrip("/"))  # type: ignore[operator]
+    before = tree(tmp_path)
+    with pytest.raises(_install.UntrustedExecutable, match=why) as info:
+        apply_plan(plan, dry_run=dry_run)
+    assert "install --user" in str(info.value)  # and what to do
+    assert "/opt/agentscope/bin/pip install agentscope-systemd" in str(info.value)
+    assert tree(tmp_path) == before  # nothing written, no manifest
+
+
+def test_the_generator_s_python_is_checked_too(tmp_path: Path) -> None:
+    plan = system_plan(tmp_path)
+    (tmp_path / "usr/bin").chmod(0o777)
+    with pytest.raises(_install.UntrustedExecutable, match=r"/usr/bin is writable by every user"):
+        apply_plan(plan)
+    assert not (tmp_path / "var").exists()
+
+
+def test_root_s_own_sticky_or_root_group_directories_pass(tmp_path: Path) -> None:
+    # A sticky world-writable directory (as /tmp) lets no one else rename or
+    # remove root's entries in it; a group-writable one of group root is root's.
+    plan = system_plan(tmp_path)
+    (tmp_path / "opt").chmod(0o1777)
+    (tmp_path / "opt/agentscope/bin").chmod(0o775)
+    apply_plan(plan)
+    assert (tmp_path / "var/lib/agentscope/install-manifest.json").is_file()
+
+
+def test_user_installs_are_not_checked(tmp_path: Path) -> None:
+    # The user's own manager runs the user's own files: nothing to guard.
+    apply_plan(user_plan(tmp_path))
+    assert (tmp_path / USER_UNITS.lstrip("/") / "agentscope-monitor@.service").is_file()
+
+
+# -- the install command ------------------------------------------------------------------
+
+
+def _alices_agentscope(tmp_path: Path) -> str:
+    alices = tmp_path / "alice/venv/bin"
+    alices.mkdir(parents=True)
+    (alices / "agentscope").write_bytes(b"\x7fELF")
+    (alices / "agentscope").chmod(0o755)
+    _alice_owns(tmp_path / "alice")
+    return str(alices / "agentscope")
+
+
+def test_install_system_with_another_user_s_agentscope_is_exit_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `sudo ~alice/venv/bin/agentscope install --system`: root would run alice's files.
+    if os.geteuid() != 0:
+        pytest.skip("install --system needs root")
+    alices = _alices_agentscope(tmp_path)
+    monkeypatch.setattr(_install, "find_agentscope_exec", lambda: alices)
+    before = tree(tmp_path)
+    # --dry-run: were the check ever gone, this test must not write into the host.
+    result = run("install", "--system", "--dry-run")
+    assert result.code == 2, result.stderr
+    assert f"{tmp_path}/alice is owned by uid 1000, not root" in result.stderr
+    assert "install --user" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert tree(tmp_path) == before
+    data = json.loads(run("--json", "install", "--system", "--dry-run").stderr)
+    assert data["kind"] == "bad_input"
+    assert "could change" in data["error"]
+
+
+def _systemctl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, script: str) -> tuple[Path, Path]:
+    """A HOME and a ``systemctl`` on PATH that runs ``script`` (sh): both in ``tmp_path``."""
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    home.mkdir()
+    bin_dir.mkdir()
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text(f"#!/bin/sh\n{script}\n")
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return home, systemctl
+
+
+def test_install_user_failing_at_daemon_reload_leaves_no_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No user manager to reload (no bus): the files it never read are taken back.
+    home, _ = _systemctl(
+        monkeypatch, tmp_path, "echo 'Failed to connect to bus: No medium' >&2; exit 1"
+    )
+    result = run("install", "--user")
+    assert result.code == 1
+    assert "systemctl --user daemon-reload failed (exit 1): Failed to connect to bus" in (
+        result.stderr
+    )
+    assert "nothing was installed" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(home.rglob("*")) == []
+
+
+def test_install_user_over_an_earlier_install_keeps_it_when_reload_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An earlier install is the user's working setup: a failed reload leaves it.
+    home, systemctl = _systemctl(monkeypatch, tmp_path, "exit 0")
+    assert run("install", "--user").code == 0
+    installed = tree(home)
+    systemctl.write_text("#!/bin/sh\nexit 1\n")
+    result = run("install", "--user")
+    assert result.code == 1
+    assert "nothing was installed" not in result.stderr
+    assert tree(home) == installed

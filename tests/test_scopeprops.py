@@ -54,10 +54,13 @@ def test_keywords_and_properties_pack_as_systemd_takes_them() -> None:
         ({"properties": {"KillMode": "none"}}, "one of AllowedCPUs"),
         ({"properties": {"CPUQuota": "2"}}, "percentage"),
         ({"properties": {"CPUQuota": "0%"}}, "percentage"),
+        # docs/cli.md's range and systemd's CPUQuota= grammar: two decimals at most.
+        ({"properties": {"CPUQuota": "1.234%"}}, "two decimals at most"),
         ({"properties": {"AllowedCPUs": "3-1"}}, "AllowedCPUs"),
         ({"properties": {"AllowedCPUs": "99999"}}, "from 0 to 8191"),
         ({"properties": {"MemoryMax": "lots"}}, "MemoryMax"),
         ({"tasks_max": 8, "properties": {"TasksMax": "9"}}, "given once"),
+        ({"properties": ["TasksMax=5"]}, "a mapping of property names"),
     ],
 )
 def test_bad_values_are_refused_with_the_property_named(

@@ -11,9 +11,13 @@ and a second monitor with ``reclaim_escaped`` moves it back all the same
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
+import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from conftest import MANAGER
@@ -21,6 +25,7 @@ from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
 from agentscope import AsyncFleet, Escaped, Monitor
+from agentscope._escape import Escapee, find_escapes, reclaim
 from agentscope._monitor import ESCAPE_AUDIT_EVERY
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -111,3 +116,69 @@ async def test_systemd_run_scope_is_reported_once_and_moved_back(
             check=False,
             capture_output=True,
         )
+
+
+def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def _ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat.rpartition(b")")[2].split()[1])
+
+
+async def test_an_escapee_is_moved_only_while_it_is_that_descendant(fleet: AsyncFleet) -> None:
+    # #31: the escapee's identity is checked again when it is moved. A
+    # descendant found by an audit is moved back; the same pid with another
+    # start time (a reused pid) and an escapee whose parent chain no longer
+    # leads into the agent's scope (its parent died, it was reparented) are
+    # left where they are, with the reason: never written into cgroup.procs.
+    units = [f"esc-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    user = "--user " if MANAGER == "user" else ""
+    # The middle sh (`; true` keeps it from exec'ing) stays the sleep's parent
+    # until it is killed; the sleep then belongs to the subreaper.
+    inner = [f"systemd-run {user}--scope --quiet --unit={u} sleep 600; true" for u in units]
+    script = " & ".join(f"sh -c '{s}'" for s in inner) + " & wait"
+    try:
+        agent = await fleet.launch(
+            "esc2", ["sh", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        slice_path = await fleet.slice_cgroup()
+        found: tuple[Escapee, ...] = ()
+
+        def both_found() -> bool:
+            nonlocal found
+            procs = (slice_path / agent.unit / "cgroup.procs").read_text().split()
+            found = find_escapes(slice_path, {agent.unit: [int(p) for p in procs]})
+            return len(found) == 2
+
+        assert _wait(both_found, 60), found
+        stays, orphan = sorted(found, key=lambda e: e.to_unit or "")
+        assert {stays.to_unit, orphan.to_unit} == {f"{u}.scope" for u in units}
+        middle = _ppid(orphan.pid)
+        os.kill(middle, signal.SIGKILL)
+        assert _wait(lambda: _ppid(orphan.pid) != middle, 10)
+        reused = dataclasses.replace(stays, start_time=stays.start_time + 1)
+        outcome = await reclaim([reused, orphan], fleet._attach, slice_path)
+        assert outcome[stays.pid] is not None
+        assert "exited" in outcome[stays.pid]
+        assert outcome[orphan.pid] is not None
+        assert "no longer a descendant" in outcome[orphan.pid]
+        assert _cgroup(stays.pid) == stays.cgroup
+        assert _cgroup(orphan.pid) == orphan.cgroup
+        # The real one, still the agent's descendant, is moved back.
+        outcome = await reclaim([stays], fleet._attach, slice_path)
+        assert outcome == {stays.pid: None}
+        assert _cgroup(stays.pid).endswith(f"/{agent.unit}")
+    finally:
+        for u in units:
+            subprocess.run(
+                ["systemctl", *(["--user"] if MANAGER == "user" else []), "stop", f"{u}.scope"],
+                check=False,
+                capture_output=True,
+            )

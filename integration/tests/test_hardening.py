@@ -8,6 +8,7 @@ OOM-killed. Lean: a few seconds each.
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import shutil
 import socket
@@ -15,10 +16,12 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import GROW, MANAGER
 
+import agentscope
 from agentscope import AsyncFleet
 from agentscope._bus import SD_MANAGER, SD_PATH, SystemdBus
 
@@ -130,3 +133,105 @@ async def test_idle_connections_do_not_blind_the_monitor(fleet: AsyncFleet) -> N
             monitor.wait()
         if monitor.stderr is not None:
             monitor.stderr.close()
+
+
+def _main_pid(unit: str, *, user: bool) -> int:
+    out = subprocess.run(
+        ["systemctl", *(["--user"] if user else []), "show", "-p", "MainPID", "--value", unit],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return int(out.strip())
+
+
+async def test_adopt_refuses_what_is_never_an_agent(fleet: AsyncFleet) -> None:
+    # #31: PID 1, an ancestor of the manager (it would move into the agent's
+    # scope with it), the main process of a service of this manager and of the
+    # system's are refused with the reason, before anything is created.
+    user = MANAGER == "user"
+    service = f"agentscope-svc-{uuid.uuid4().hex[:6]}"
+    run = ["systemd-run", *(["--user"] if user else []), "--quiet", f"--unit={service}"]
+    subprocess.run(
+        [*run, "sleep", "600"],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        own_main = _main_pid(f"{service}.service", user=user)
+        journald = _main_pid("systemd-journald.service", user=False)
+        assert own_main > 1
+        assert journald > 1
+        cases = {
+            1: "PID 1",
+            os.getppid(): "ancestor of this process",
+            own_main: f"main process of {service}.service",
+            journald: "systemd-journald.service" if not user else "not your process",
+        }
+        before = _agent_scopes()
+        for pid, why in cases.items():
+            with pytest.raises(agentscope.InvalidConfig, match=why) as info:
+                await fleet.adopt(pid, f"never-{pid}")
+            assert "Traceback" not in str(info.value)
+        assert _agent_scopes() == before
+        assert await fleet.agents(all=True) == []
+        assert [e for e in await fleet.events() if e.kind == "adopted"] == []
+        assert _main_pid(f"{service}.service", user=user) == own_main  # still its service's
+    finally:
+        subprocess.run(
+            ["systemctl", *(["--user"] if user else []), "stop", f"{service}.service"],
+            check=False,
+            capture_output=True,
+        )
+
+
+def _agent_scopes() -> set[str]:
+    out = subprocess.run(
+        ["systemctl", *(["--user"] if MANAGER == "user" else []), "list-units", "--plain",
+         "--no-legend", "--all", "agentscope-*.scope"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(MANAGER != "system", reason="a system install is root's")
+def test_install_system_refuses_to_run_another_users_files() -> None:
+    # #31 item 6 on a real system: `sudo ~agent/venv/bin/agentscope install
+    # --system` would make root's monitor run a file the user agent can change.
+    import pwd
+
+    from agentscope import install
+    from agentscope._install import plan_install
+
+    home = Path(pwd.getpwnam(OTHER_USER).pw_dir)
+    venv = home / f"venv-{uuid.uuid4().hex[:6]}" / "bin"
+    subprocess.run(["runuser", "-u", OTHER_USER, "--", "mkdir", "-p", str(venv)], check=True)
+    try:
+        script = venv / "agentscope"
+        subprocess.run(
+            [
+                "runuser",
+                "-u",
+                OTHER_USER,
+                "--",
+                "cp",
+                shutil.which("agentscope") or CLI,
+                str(script),
+            ],
+            check=True,
+        )
+        plan = plan_install(
+            "system", systemd_version=None, linger=False, fleets=[], agentscope_exec=str(script)
+        )
+        with pytest.raises(install.UntrustedExecutable, match=f"{home} is owned by uid") as info:
+            install.apply_plan(plan, dry_run=True)
+        print(info.value)
+        # The same command line from the test image's root-owned venv is fine.
+        done = subprocess.run(
+            [CLI, "--json", "install", "--system", "--dry-run"], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    finally:
+        shutil.rmtree(venv.parent, ignore_errors=True)
