@@ -321,9 +321,11 @@ def monitor(
                 state = FaceState(fleet.name, fleet.manager, interval, __version__)
                 if guard_config:
                     state.guard = lambda: stream.guard_running
-                # The read API's events: a registry connection of the face's
-                # own, read on its threads, never through the monitor's loop.
-                face = start_face(address, state, _fleet.open_history(opts))
+                # The read API's events come from this fleet, whose core reads
+                # its registry off its loop (cli/_readapi.py says why not a
+                # registry of the face's own); the face closes before it.
+                face = start_face(address, state, fleet)
+                stack.callback(face.close)
                 sys.stderr.write(f"serving /health, /metrics and /v1/ on {face.url}\n")
                 sys.stderr.flush()
             _monitor_loop(fleet, stream, interval, notifier, opts.json, state)

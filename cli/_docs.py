@@ -155,9 +155,9 @@ and the read API `/v1/` (docs/json.md), and promises:
 - at most 16 of them in a long poll (`/v1/events?wait=`); one more is
   answered 429 at once;
 - a scrape never waits for the monitor's loop, a D-Bus call or a cgroup
-  read: it reads the last sample (`/v1/events` reads the registry file,
-  on its own connection). A client that resets its connection leaves no
-  traceback in the journal;
+  read: it reads the last sample (`/v1/events` reads the registry through
+  the monitor's fleet, on a worker thread). A client that resets its
+  connection leaves no traceback in the journal;
 - on a Unix socket, the socket's mode is the access control: 0600, or
   0660 in a set-group-ID directory (its group may connect); no `Host` check
   there (no browser reaches a Unix socket).

@@ -470,6 +470,7 @@ class HttpFace:
 
     def __init__(self, server: _Server) -> None:
         self._server = server
+        self._closed = False
         self._thread = threading.Thread(
             target=server.serve_forever, name="agentscope-http", daemon=True
         )
@@ -494,6 +495,10 @@ class HttpFace:
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def close(self) -> None:
+        """Stop serving, end the long polls, remove a Unix socket; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self._server.api.close()  # ends the long polls: shutdown waits for none of them
         self._server.shutdown()
         self._server.server_close()
@@ -507,8 +512,9 @@ def start_face(
     """Bind ``address`` and serve ``/health``, ``/metrics`` and ``/v1/`` of ``state`` on a thread.
 
     ``address`` is (host, port) or a Unix socket's path (:func:`parse_listen`).
-    ``history``, the fleet's recorded events (the face's own, closed with
-    it), serves ``/v1/events``; without it that route is 404.
+    ``history``, the fleet's recorded events (the monitor's own fleet,
+    borrowed: close the face first), serves ``/v1/events``; without it that
+    route is 404.
 
     Raises:
         Failed: prometheus-client is not installed, or the address cannot be bound.
@@ -518,8 +524,6 @@ def start_face(
     try:
         from prometheus_client import CollectorRegistry, ProcessCollector
     except ImportError as exc:
-        if history is not None:
-            history.close()  # the face owns it from here on, served or not
         raise Failed(
             "--listen needs prometheus-client: pip install 'agentscope-systemd[monitor]'", "failed"
         ) from exc
@@ -534,7 +538,6 @@ def start_face(
     try:
         server = _Server(address, state, registry, api)
     except OSError as exc:
-        api.close()
         where = address if isinstance(address, str) else f"{address[0]}:{address[1]}"
         raise Failed(f"cannot listen on {where}: {exc.strerror or exc}", "failed") from exc
     return HttpFace(server)

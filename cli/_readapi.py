@@ -12,9 +12,13 @@ functions of :mod:`agentscope._contract` (docs/json.md, "The read API"):
 
 Agents and the report are the monitor's last sample (:class:`FaceState`),
 at most one ``--interval`` old: a request costs no D-Bus call and no cgroup
-read, and never reaches the monitor's loop. Events are read from the
-registry file through a connection of the face's own, on the request's own
-thread: a slow read holds that request only.
+read. Events are read through the monitor's own fleet (``Fleet.events``),
+whose core reads its registry on a worker thread, off its event loop: a
+slow read holds that request only. Not through a second registry
+connection in the monitor's process: opening one opens and closes the
+database's files, which drops the POSIX locks sqlite holds on them for the
+monitor's connection (fcntl(2): a process's locks on a file go with any of
+its descriptors), and a VM run saw the two then disagree.
 
 ``/v1/events`` takes ``after=ID`` (the events with a greater id, oldest
 first), ``limit=N`` (at most N: the first N after ``after``, else the
@@ -120,8 +124,8 @@ class _NoRoute(Failed):
 class ReadApi:
     """The routes under ``/v1/``, over a face's state and the fleet's recorded history.
 
-    ``history`` is the face's own (closed by :meth:`close`); None serves
-    ``/v1/events`` as 404. Thread-safe: each request runs on its own thread.
+    ``history`` is borrowed (its owner closes it, after the face); None
+    serves ``/v1/events`` as 404. Thread-safe: each request runs on its own thread.
     """
 
     def __init__(
@@ -138,15 +142,18 @@ class ReadApi:
         self._closed = threading.Event()
 
     def close(self) -> None:
-        """End every long poll now (each answers what it has), then close the history."""
+        """End every long poll now (each answers what it has); idempotent.
+
+        Waits (at most 5 s) until no poll reads the history any more: its
+        owner closes it next.
+        """
+        if self._closed.is_set():
+            return
         self._closed.set()
         self._state.wake()
-        # Every slot back: no poll is still reading the history it closes.
         deadline = time.monotonic() + 5.0
         for _ in range(self._max_polls):
             self._polls.acquire(timeout=max(0.0, deadline - time.monotonic()))
-        if self._history is not None:
-            self._history.close()
 
     def answer(self, path: str, query: str) -> Answer:
         """The answer to ``GET path?query`` (``path`` under ``/v1/``)."""

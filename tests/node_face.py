@@ -78,8 +78,8 @@ def serve() -> None:
         fleet = _fleet.open_fleet(Options(manager="user"))
         state = FaceState("default", "user", period=2.0, version=agentscope.__version__)
         _sample(fleet, state)
-        tcp = start_face(("127.0.0.1", 0), state, _fleet.open_history(Options(manager="user")))
-        unix = start_face(str(root / "monitor.sock"), state, _fleet.open_history(Options()))
+        tcp = start_face(("127.0.0.1", 0), state, fleet)
+        unix = start_face(str(root / "monitor.sock"), state, fleet)
         try:
             print(json.dumps({"url": tcp.url, "socket": unix.address}), flush=True)
             for line in sys.stdin:

@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from agentscope._contract import stamped
-from agentscope._registry import Registry
 from cli import _fleet, _readapi
 from cli._cmd_monitor import _sample
 from cli._errors import BadInput, Failed
@@ -79,8 +78,7 @@ def served(real: FakeSystemd, tmp_path: Path) -> Iterator[tuple[HttpFace, FaceSt
     assert json_of("run", "b", "--", "sleep", "30")["name"] == "b"
     fleet = _fleet.open_fleet(Options(manager="user"))
     state = FaceState("default", "user", period=2.0, version="1.0")
-    history = _fleet._History(Registry(tmp_path / "registry.db"), "default")
-    face = start_face(("127.0.0.1", 0), state, history)
+    face = start_face(("127.0.0.1", 0), state, fleet)  # as the monitor does
     try:
         yield face, state, fleet
     finally:
@@ -308,8 +306,7 @@ def test_a_unix_socket_serves_the_read_api(
     tcp, state, fleet = served
     _sample(fleet, state)
     path = str(tmp_path / "api.sock")
-    history = _fleet._History(Registry(tmp_path / "registry.db"), "default")
-    face = start_face(path, state, history)
+    face = start_face(path, state, fleet)
     try:
         for route in ("/v1/agents", "/v1/agents/a", "/v1/report", "/v1/events"):
             code, _, body = get(face, route, host="anything.example")
