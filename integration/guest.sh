@@ -42,6 +42,7 @@ helper=$!
 rm -rf /tmp/it && cp -r /payload/integration /tmp/it && chmod -R a+rwX /tmp/it
 [ -d /payload/benchmarks ] && cp -r /payload/benchmarks /tmp/it/benchmarks
 [ -d /payload/docs ] && cp -r /payload/docs/. /tmp/it/  # README.md and docs/
+[ -d /payload/clients ] && cp -r /payload/clients /tmp/it/clients  # test_node.py
 status=""
 for manager in $MANAGERS; do
     eval "set -- $PYTEST_ARGS"

@@ -92,7 +92,8 @@ DISTROS: dict[str, Distro] = {
             hooks=(_SD247_DOWNGRADE,),
         ),
         Distro("bookworm", "bookworm", "252", "3.11"),
-        Distro("trixie", "trixie", "257", "3.13", packages=("systemd-oomd",)),
+        # nodejs: the Node client's VM test (integration/tests/test_node.py) runs here.
+        Distro("trixie", "trixie", "257", "3.13", packages=("systemd-oomd", "nodejs")),
         Distro(
             "sid",
             "sid",

@@ -118,6 +118,12 @@ def _payload(
             tree / "benchmarks",
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
         )
+    # The Node client, for integration/tests/test_node.py (its tests and fixtures stay home).
+    shutil.copytree(
+        _PROJECT / "clients" / "node",
+        tree / "clients" / "node",
+        ignore=shutil.ignore_patterns("test", "scripts", "node_modules"),
+    )
     # The pages whose examples integration/tests/test_docs_examples.py runs.
     shutil.copytree(_PROJECT / "docs", tree / "docs" / "docs", ignore=shutil.ignore_patterns("img"))
     shutil.copy(_PROJECT / "README.md", tree / "docs" / "README.md")
