@@ -133,6 +133,8 @@ export type GuardHeldDetail = {
   mem_available_percent: number;
   swap_free_percent: number;
   psi_full_avg10: (number | null);
+  /** the shortage: "host", or the cgroup of a memory limit above the agents */
+  limit?: string;
 };
 
 /** detail of a guard_kill event: The memory guard killed a process of an agent before the kernel had to (docs/guard.md). */
@@ -150,6 +152,10 @@ export type GuardKillDetail = {
   psi_some_avg10: (number | null);
   reaction_seconds: number;
   released: boolean;
+  /** the shortage acted on: "host", or the cgroup of a memory limit above the agents (relative to the cgroup root the guard reads; "/" inside a container's cgroup namespace) */
+  limit?: string;
+  limit_bytes?: (number | null);
+  limit_available_percent?: (number | null);
 };
 
 /** detail of a launched event: The fleet started the agent's scope and its command exec'd. */
