@@ -206,17 +206,25 @@ def delegation(scope_dir: str) -> str | None:
     missing = [c for c in CONTROLLERS if c not in enabled.split()]
     if not missing:
         return None
-    available = (_read(scope_dir + "/cgroup.controllers") or "").split()
-    lacking = [c for c in missing if c not in available]
-    if lacking:
-        return (
-            f"the {' and '.join(lacking)} controller is not delegated to the agent's scope "
-            f"(its cgroup.controllers: {' '.join(available) or 'none'}); for a user manager: "
-            "systemctl edit user@.service, [Service] Delegate=pids memory"
-        )
+    lacking = _not_available(scope_dir)
+    if lacking is not None:
+        return lacking
     return (
         "the agent's scope is not delegated (systemd refused Delegate=yes, or the agent "
         "was started before agentscope delegated scopes): restart the agent"
+    )
+
+
+def _not_available(scope_dir: str) -> str | None:
+    """Which of :data:`CONTROLLERS` the scope cannot have, said for the user; None: all."""
+    available = (_read(scope_dir + "/cgroup.controllers") or "").split()
+    lacking = [c for c in CONTROLLERS if c not in available]
+    if not lacking:
+        return None
+    return (
+        f"the {' and '.join(lacking)} controller is not delegated to the agent's scope "
+        f"(its cgroup.controllers: {' '.join(available) or 'none'}); for a user manager: "
+        "systemctl edit user@.service, [Service] Delegate=pids memory"
     )
 
 
@@ -229,13 +237,9 @@ def settle(scope_dir: str, pid: int) -> str | None:
     ``claude-code-bash`` is made with no swap. On failure the process stays
     where it was and the scope works as an undelegated one.
     """
-    available = (_read(scope_dir + "/cgroup.controllers") or "").split()
-    lacking = [c for c in CONTROLLERS if c not in available]
-    if lacking:
-        return (
-            f"the {' and '.join(lacking)} controller is not available in the agent's scope "
-            f"(cgroup.controllers: {' '.join(available) or 'none'})"
-        )
+    lacking = _not_available(scope_dir)
+    if lacking is not None:
+        return lacking
     leaf = f"{scope_dir}/{AGENT_LEAF}"
     try:
         _mkdir(leaf)

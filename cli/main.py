@@ -16,7 +16,7 @@ from ._options import MANAGER_FLAGS, Options, choose_manager
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import NoReturn
 
 __all__ = ["hoist_globals", "main", "print_version", "split_globals", "version_only"]
@@ -193,14 +193,23 @@ def _command_word(args: Sequence[str]) -> str | None:
     return None
 
 
-def _run_fast_call(opts: Options, args: Sequence[str]) -> NoReturn:
-    """``call``, dispatched as ``exec`` is: nothing but what it needs imported (docs/calls.md)."""
-    from ._call import HELP, CallHelp, run_call
+def _run_fast(command: str, opts: Options, args: Sequence[str]) -> NoReturn:
+    """``exec`` or ``call``: nothing imported but what it needs, its own exit codes."""
+    run: Callable[[Options, Sequence[str]], None]
+    asked_help: type[Exception]
+    if command == "exec":
+        from ._exec import HELP, ExecHelp, run_exec
 
+        run, help_text, asked_help = run_exec, HELP, ExecHelp
+    else:
+        from ._call import HELP as CALL_HELP
+        from ._call import CallHelp, run_call
+
+        run, help_text, asked_help = run_call, CALL_HELP, CallHelp
     try:
-        run_call(opts, args)
-    except CallHelp:
-        sys.stdout.write(HELP)
+        run(opts, args)
+    except asked_help:
+        sys.stdout.write(help_text)
         sys.exit(0)
     except (Exception, KeyboardInterrupt) as exc:
         from ._errors import exec_status, report_error
@@ -216,22 +225,8 @@ def _main(argv: Sequence[str] | None) -> NoReturn:
     opts = (
         split[0] if split is not None else Options(json="--json" in args, debug="--debug" in args)
     )
-    if split is not None and split[1] == "exec":
-        from ._exec import HELP, ExecHelp, run_exec
-
-        try:
-            run_exec(opts, split[2])
-        except ExecHelp:
-            sys.stdout.write(HELP)
-            sys.exit(0)
-        except (Exception, KeyboardInterrupt) as exc:
-            from ._errors import exec_status, report_error
-
-            report_error(exc, json_mode=opts.json, debug=opts.debug)
-            sys.exit(exec_status(exc))
-        sys.exit(0)  # reached only with a stand-in exec
-    if split is not None and split[1] == "call":
-        _run_fast_call(opts, split[2])
+    if split is not None and split[1] in ("exec", "call"):
+        _run_fast(split[1], opts, split[2])
     version = version_only(args)
     if version is not None:
         print_version(as_json=version)

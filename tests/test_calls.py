@@ -175,7 +175,7 @@ def test_without_the_memory_controller_the_agent_stays_where_it_is_and_says_why(
     # A user manager whose user@.service delegates no memory controller.
     scope = agent_scope(kernel, controllers="pids")
     why = _calls.settle_process(PID, str(kernel.root), str(kernel.proc))
-    assert "memory controller is not available" in str(why)
+    assert "memory controller is not delegated" in str(why)
     assert cgroup_of(kernel) == f"/{SLICE}/{UNIT}"
     assert not (scope / "agent").exists()
     assert "memory controller is not delegated" in str(_calls.delegation(str(scope)))
