@@ -41,10 +41,10 @@ def _scope_dir() -> Path:
 
 
 def _registry_bytes() -> int:
-    state = os.environ.get("XDG_STATE_HOME") or (
-        "/var/lib" if os.getuid() == 0 else str(Path.home() / ".local/state")
-    )
-    return sum(p.stat().st_size for p in Path(state, "agentscope").glob("*") if p.is_file())
+    from agentscope import _names, _spool
+
+    state = Path(_spool.state_dir(_names.resolve_manager("auto")))
+    return sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
 
 
 def inside(cli: str, fleet: str, rounds: int, calls: int) -> None:
