@@ -210,8 +210,9 @@ def delegation(scope_dir: str) -> str | None:
     if lacking is not None:
         return lacking
     return (
-        "the agent's scope is not delegated (systemd refused Delegate=yes, or the agent "
-        "was started before agentscope delegated scopes): restart the agent"
+        "the agent's processes are in its scope itself, not in an agent leaf (an adopted "
+        "agent, one in a tmux window, one started before agentscope delegated scopes, or "
+        "systemd did not delegate the scope)"
     )
 
 

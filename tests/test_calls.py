@@ -183,7 +183,7 @@ def test_without_the_memory_controller_the_agent_stays_where_it_is_and_says_why(
 
 def test_an_undelegated_scope_is_said_to_be_so(kernel: FakeKernel) -> None:
     scope = agent_scope(kernel)
-    assert "not delegated" in str(_calls.delegation(str(scope)))
+    assert "not in an agent leaf" in str(_calls.delegation(str(scope)))
 
 
 def test_claude_codes_cgroup_beside_its_own_lands_inside_its_agent(kernel: FakeKernel) -> None:
