@@ -25,6 +25,7 @@ from agentscope._cgroup import read_subtree_procs
 from agentscope._errors import AgentNotFound, InvalidConfig, InvalidName, LaunchError
 from agentscope._scopefiles import read_scopes
 from cli._call import call_command, parse_call_args
+from cli.main import hoist_globals
 from cli._errors import BadInput, CommandNotFound, exec_status
 from cli._options import Options
 from tests.fakefs import holding_kernel, make_cgroup, make_cgroup_root
@@ -473,3 +474,14 @@ def test_call_starts_without_typer_asyncio_dbus_or_sqlite(tmp_path: Path) -> Non
     heavy = {"typer", "click", "rich", "asyncio", "dbus_fast", "sqlite3", "logging", "psutil"}
     assert {m.partition(".")[0] for m in modules} & heavy == set()
     assert "cli._app" not in modules
+
+
+@pytest.mark.parametrize(
+    ("args", "hoisted"),
+    [
+        (["call", "--name", "x", "make", "--json"], ["call", "--name", "x", "make", "--json"]),
+        (["call", "--json", "--", "make", "--json"], ["--json", "call", "--", "make", "--json"]),
+    ],
+)
+def test_options_after_calls_command_are_the_commands(args: list[str], hoisted: list[str]) -> None:
+    assert hoist_globals(args) == hoisted
