@@ -25,9 +25,9 @@ from agentscope._cgroup import read_subtree_procs
 from agentscope._errors import AgentNotFound, InvalidConfig, InvalidName, LaunchError
 from agentscope._scopefiles import read_scopes
 from cli._call import call_command, parse_call_args
-from cli.main import hoist_globals
 from cli._errors import BadInput, CommandNotFound, exec_status
 from cli._options import Options
+from cli.main import hoist_globals
 from tests.fakefs import holding_kernel, make_cgroup, make_cgroup_root
 from tests.fakesystemd import FakeSystemd, end_children
 from tests.test_cli_fast import imported_by
