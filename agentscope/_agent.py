@@ -125,7 +125,11 @@ class Agent:
 
     @property
     def cgroup(self) -> str | None:
-        """The agent's cgroup path (``/.../unit.scope``), None once it exited."""
+        """The agent's cgroup path, None once it exited.
+
+        ``/.../unit.scope``, or its ``agent`` leaf (``/.../unit.scope/agent``)
+        where the scope is delegated for calls (docs/calls.md).
+        """
         return read_cgroup(self.pid)
 
     async def _attach_streams(self) -> None:

@@ -17,6 +17,7 @@ from typing import IO, Any, TypeVar
 
 from . import _names, _numbers
 from ._bus import SystemdBus
+from ._callrun import Call
 from ._errors import AgentscopeError
 from ._events import Event as MonitorEvent
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
@@ -26,7 +27,7 @@ from ._registry import EventRecord
 from ._report import MemoryReport
 from ._scopeprops import DEFAULT_REAP_AFTER
 
-__all__ = ["BlockingAgent", "BlockingMonitor", "Fleet", "probe_sync"]
+__all__ = ["BlockingAgent", "BlockingCall", "BlockingMonitor", "Fleet", "probe_sync"]
 
 T = TypeVar("T")
 Stdio = int | IO[Any] | None
@@ -66,6 +67,25 @@ class _LoopThread:
         self._thread.join()
         with self._lock:
             self.loop.close()
+
+
+class BlockingCall:
+    """A tool call as the blocking :class:`Fleet` hands it out (:meth:`Fleet.call`)."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self.agent = call.agent
+        self.name = call.name
+        self.cgroup = call.cgroup
+        self.pid = call.pid
+        self.popen = call.popen
+
+    def __repr__(self) -> str:
+        return f"<BlockingCall {self.name} of {self.agent} pid={self.pid}>"
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The command's exit status once it has ended (``-N``: ended by signal N)."""
+        return self.popen.wait(timeout)
 
 
 class BlockingAgent:
@@ -268,6 +288,38 @@ class Fleet:
             )
         )
         return BlockingAgent(self._portal, agent)
+
+    def call(
+        self,
+        agent: str,
+        argv: Sequence[str],
+        *,
+        memory_max: int | str | None = None,
+        tasks_max: int | str | None = None,
+        name: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: Stdio = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+    ) -> BlockingCall:
+        """See :meth:`AsyncFleet.call`."""
+        return BlockingCall(
+            self._portal.call(
+                self._fleet.call(
+                    agent,
+                    argv,
+                    memory_max=memory_max,
+                    tasks_max=tasks_max,
+                    name=name,
+                    cwd=cwd,
+                    env=env,
+                    stdin=stdin,
+                    stdout=stdout,
+                    stderr=stderr,
+                )
+            )
+        )
 
     def adopt(
         self,

@@ -51,6 +51,7 @@ __all__ = [
     "read_cgroup_memory",
     "read_charge",
     "read_scope_counters",
+    "read_subtree_procs",
     "scan_slice",
     "scan_slice_counters",
     "user_manager_cgroup",
@@ -380,6 +381,35 @@ class CgroupMemory:
         return as_dict(self)
 
 
+def read_subtree_procs(path: str | Path) -> bytes | None:
+    """``cgroup.procs`` of a scope and of every cgroup below it, joined; None: gone.
+
+    A delegated scope holds no process itself: its agent's are in its
+    ``agent`` leaf and its calls' in theirs (:mod:`._calls`), so "the
+    processes of this agent" are its whole subtree's. A scope with
+    processes of its own has no sub-cgroup to walk (cgroup v2's
+    no-internal-processes rule, once its controllers are enabled): one read.
+
+    Raises:
+        OSError: other than the cgroup vanishing.
+    """
+    base = os.fspath(path)
+    # A Path stays one (the report's readers), a str too (the monitor's per-tick ones).
+    own = _read_kernel_file(
+        path / "cgroup.procs" if isinstance(path, Path) else base + "/cgroup.procs"
+    )
+    if own is None or own.strip():
+        return own
+    parts = [own]
+    for top, dirs, _files in os.walk(base):
+        for d in dirs:
+            # Gone meanwhile, or a threaded cgroup (EOPNOTSUPP): its processes are not listed.
+            procs = _read_kernel_file(f"{top}/{d}/cgroup.procs", _GONE_OR_UNSUPPORTED)
+            if procs:
+                parts.append(procs if procs.endswith(b"\n") else procs + b"\n")
+    return b"".join(parts)
+
+
 def read_cgroup_memory(path: Path) -> CgroupMemory | None:
     """Read the memory figures of the cgroup directory ``path``.
 
@@ -401,7 +431,7 @@ def read_cgroup_memory(path: Path) -> CgroupMemory | None:
     peak = _read_kernel_file(path / "memory.peak")
     events = _read_kernel_file(path / "memory.events")
     stat = _read_kernel_file(path / "memory.stat")
-    procs = _read_kernel_file(path / "cgroup.procs")
+    procs = read_subtree_procs(path)
     if events is None or stat is None or procs is None:
         return None
     pressure = _read_kernel_file(path / "memory.pressure", _GONE_OR_UNSUPPORTED)
@@ -473,7 +503,7 @@ def read_scope_counters(path: str | Path) -> ScopeCounters | None:
     if current is None:
         return None
     events = _read_kernel_file(base + "/memory.events")
-    procs = _read_kernel_file(base + "/cgroup.procs")
+    procs = read_subtree_procs(base)
     if events is None or procs is None:
         return None
     try:

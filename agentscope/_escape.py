@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _numbers
+from ._calls import AGENT_LEAF
 from ._cgroup import _GONE, CGROUP_ROOT, _read_kernel_file
 from ._dicts import as_dict
 from ._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss
@@ -319,9 +320,15 @@ def write_procs(slice_path: Path, scope: str, pid: int) -> None:
             scope, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=slice_fd
         )
         try:
-            fd = os.open(
-                "cgroup.procs", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=scope_fd
-            )
+            # A delegated scope holds its processes in its agent leaf (_calls.py):
+            # its own cgroup.procs refuses them (cgroup v2's no-internal-processes rule).
+            target = "cgroup.procs"
+            try:
+                os.stat(AGENT_LEAF, dir_fd=scope_fd, follow_symlinks=False)
+                target = f"{AGENT_LEAF}/cgroup.procs"
+            except FileNotFoundError:
+                pass
+            fd = os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=scope_fd)
             try:
                 os.write(fd, f"{pid}\n".encode())
             finally:
@@ -438,6 +445,9 @@ async def _move(
     refused: dict[str, str] = {}
     direct: set[str] = set()
     for scope, pids in by_scope.items():
+        if await asyncio.to_thread(os.path.isdir, slice_path / scope / AGENT_LEAF):
+            direct.add(scope)  # systemd would write the scope's own cgroup.procs: refused
+            continue
         try:
             await attach(scope, pids)
         except BusError as exc:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import _names, _scope, _scopeprops, _spool, _wire
+from . import _calls, _names, _scope, _scopeprops, _spool, _wire
 from ._errors import BusError, LaunchError, SystemdUnavailable
 
 TYPE_CHECKING = False
@@ -110,6 +110,10 @@ def adopt_self(
         except FileNotFoundError:
             pass
         raise
+    # Still this scope's only process: into its agent leaf, so calls get cgroups (_calls.py).
+    why = _calls.settle_process(pid)
+    if why is not None:
+        _calls.say_not_isolated(why, warn)
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write(str(agent_oom_score_adj))

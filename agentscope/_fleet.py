@@ -24,6 +24,7 @@ from typing import Any
 from . import _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
+from ._callrun import Call, start_call
 from ._errors import (
     AgentNotFound,
     AgentscopeError,
@@ -482,6 +483,55 @@ class AsyncFleet:
             if listed.owner == (self.name, name):
                 return listed.unit
         raise AgentNotFound(self.name, name)
+
+    async def call(
+        self,
+        agent: str,
+        argv: Sequence[str],
+        *,
+        memory_max: int | str | None = None,
+        tasks_max: int | str | None = None,
+        name: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: Stdio = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+    ) -> Call:
+        """Run ``argv`` as a tool call inside ``agent``: a cgroup of its own in its scope.
+
+        The call gets ``memory_max`` (bytes or a size such as ``"2G"``, no
+        swap), ``tasks_max`` and ``memory.oom.group`` 1: past its cap it is
+        killed as a whole, never the agent. Returns a :class:`Call` (``pid``,
+        ``wait()``) once the command has exec'd inside it (docs/calls.md).
+
+        Raises:
+            AgentNotFound; InvalidConfig, InvalidName (nothing made);
+            LaunchError: calls are not isolated in that agent (and why), or
+                the command could not start.
+        """
+        self._check_open()
+        unit = await self._resolve(agent)
+
+        async def attach(sub: str, pids: Sequence[int]) -> None:
+            await self._manager.attach(unit, pids, sub)
+
+        return await start_call(
+            agent,
+            unit,
+            await self.slice_cgroup(),
+            argv,
+            attach,
+            memory_max=memory_max,
+            tasks_max=tasks_max,
+            name=name,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            oom_score_adj=self.agent_oom_score_adj,
+        )
 
     async def stop(self, name: str, timeout: float = 10) -> None:
         """Stop an agent: SIGTERM to all its processes, SIGKILL after ``timeout``.

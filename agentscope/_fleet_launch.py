@@ -171,6 +171,7 @@ class Launcher:
                         stdout=stdio[1],
                         stderr=stdio[2],
                         oom_score_adj=self.agent_oom_score_adj,
+                        into_leaf=True,  # delegated: into the scope's agent leaf (#26)
                     )
                 break
             except OSError as exc:

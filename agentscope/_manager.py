@@ -157,8 +157,9 @@ class ScopeManager(Protocol):
         """Thaw a frozen ``unit``."""
         ...
 
-    async def attach(self, unit: str, pids: Sequence[int]) -> None:
-        """Move ``pids`` into the running ``unit`` (BusError when refused)."""
+    async def attach(self, unit: str, pids: Sequence[int], subcgroup: str = "") -> None:
+        """Move ``pids`` into the running ``unit``, or into ``subcgroup`` of its
+        delegated cgroup (a tool call's, docs/calls.md); BusError when refused."""
         ...
 
     async def list_scopes(self, agent: str | None = None) -> list[ListedScope]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._cgroup import read_subtree_procs
 from ._errors import AgentscopeError, InvalidTransition, RegistryError
 from ._proc import PROC_ROOT, read_stat, read_statm_rss
 from ._registry import AgentRecord
@@ -119,8 +120,10 @@ def read_leftovers(
     memory and leave with their parent).
     """
     try:
-        data = (scope_dir / "cgroup.procs").read_bytes()
+        data = read_subtree_procs(scope_dir)  # a delegated scope's are in its leaves
     except OSError:
+        return None
+    if data is None:
         return None
     out: list[Leftover] = []
     for pid in map(int, data.split()):
@@ -150,7 +153,10 @@ def _look(slice_dir: Path, rows: Sequence[AgentRecord]) -> list[_Seen]:
         if r.closed or r.state == "starting":
             continue
         try:
-            procs = (slice_dir / r.unit / "cgroup.procs").read_bytes().split()
+            raw = read_subtree_procs(slice_dir / r.unit)
+            if raw is None:
+                raise FileNotFoundError(r.unit)
+            procs = raw.split()
         except OSError:
             out.append(_Seen(r, False, None))  # gone: the listing closes its row
             continue

@@ -67,6 +67,9 @@ def scope_properties(
         "Slice": ("s", slice),
         "CollectMode": ("s", "inactive-or-failed"),
         "MemoryAccounting": ("b", True),
+        # Calls get cgroups of their own inside the scope (#26, _calls.py):
+        # systemd leaves a delegated scope's subtree to its owner.
+        "Delegate": ("b", True),
     }
     props.update(controls or {})
     return props

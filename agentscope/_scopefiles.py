@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._cgroup import parse_memory_events
+from ._cgroup import parse_memory_events, read_subtree_procs
 from ._proc import read_stat
 from ._registry import LiveScope
 
@@ -51,7 +51,11 @@ def read_scopes(slice_dir: Path, live: Mapping[str, tuple[str, str]]) -> dict[st
     """The processes of each live scope, from cgroup.procs and /proc (no D-Bus)."""
     out: dict[str, LiveScope] = {}
     for unit, (_name, active) in live.items():
-        procs = read_text(slice_dir / unit / "cgroup.procs")
+        try:
+            raw = read_subtree_procs(slice_dir / unit)  # a delegated scope's are in its leaves
+        except OSError:
+            raw = None
+        procs = None if raw is None else raw.decode()
         if procs is None:
             # Unreadable (gone this instant, or not where we looked): no
             # verdict on its row rather than a wrong "headless".

@@ -67,7 +67,7 @@ _REFUSED = {
     "OOMPolicy": "agentscope sets it (continue) itself",
     "Slice": "agentscope chooses the slice",
     "Description": "agentscope names the scope",
-    "Delegate": "an agent may not manage its own cgroups",
+    "Delegate": "agentscope delegates every agent's scope itself, for its calls (docs/calls.md)",
 }
 
 

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from . import _calls
 from ._fdlimit import child_limit
 from ._proc import exec_comm
 
@@ -91,6 +92,7 @@ class GatedChild:
 
     def __init__(self, pid: int, go_w: int, popen: asyncio.Future[subprocess.Popen[bytes]]):
         self.pid = pid
+        self.into_leaf = False
         self._go_w = go_w
         self._popen = popen
 
@@ -105,8 +107,18 @@ class GatedChild:
     async def release(self) -> subprocess.Popen[bytes]:
         """Let the child exec; return its Popen once the exec happened.
 
+        When spawned with ``into_leaf``, the child, still the only process of its delegated
+        scope, first moves into the scope's agent leaf (:func:`._calls.settle`),
+        so that its tool calls can have cgroups of their own; where that
+        cannot be, the agent runs as in an undelegated scope, and why is
+        logged once.
+
         Raises the exec's error (FileNotFoundError, PermissionError, ...).
         """
+        if self.into_leaf and self._go_w >= 0:
+            why = await asyncio.to_thread(_calls.settle_process, self.pid)
+            if why is not None:
+                _calls.say_not_isolated(why)
         self._send(_GO)
         return await self._popen
 
@@ -131,8 +143,13 @@ async def spawn_gated(
     stdout: Stdio,
     stderr: Stdio,
     oom_score_adj: int | None,
+    into_leaf: bool = False,
 ) -> GatedChild:
-    """Fork a child that waits at the gate; return once its PID is known."""
+    """Fork a child that waits at the gate; return once its PID is known.
+
+    ``into_leaf``: its scope is delegated, and :meth:`GatedChild.release` moves
+    it into the scope's agent leaf before it execs (:mod:`._calls`).
+    """
     loop = asyncio.get_running_loop()
     opened: list[int] = []
     try:  # one may fail with EMFILE: the others are closed, not leaked
@@ -196,7 +213,9 @@ async def spawn_gated(
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if pid_fut.done() and pid_fut.result():
             ok = True
-            return GatedChild(int(pid_fut.result()), go_w, popen_fut)
+            child = GatedChild(int(pid_fut.result()), go_w, popen_fut)
+            child.into_leaf = into_leaf
+            return child
         await popen_fut  # the child failed before the gate (a bad cwd, say): Popen raises it
         raise RuntimeError("the child exited before reporting its pid")
     finally:

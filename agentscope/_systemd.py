@@ -138,9 +138,9 @@ class SystemdManager:
     async def thaw_unit(self, unit: str) -> None:
         await self._bus.call("ThawUnit", "s", [unit])
 
-    async def attach(self, unit: str, pids: Sequence[int]) -> None:
+    async def attach(self, unit: str, pids: Sequence[int], subcgroup: str = "") -> None:
         """AttachProcessesToUnit (systemd 238+; refused for a scope without Delegate=yes)."""
-        await self._bus.call("AttachProcessesToUnit", "ssau", [unit, "", list(pids)])
+        await self._bus.call("AttachProcessesToUnit", "ssau", [unit, subcgroup, list(pids)])
 
     async def unit_active(self, unit: str) -> bool:
         try:

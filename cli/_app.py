@@ -36,6 +36,7 @@ __all__ = ["app", "run_app"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("_cmd_agents", "run"),
     "exec": ("_cmd_agents", "exec_"),
+    "call": ("_cmd_call", "call"),
     "ls": ("_cmd_agents", "ls"),
     "stop": ("_cmd_agents", "stop"),
     "kill": ("_cmd_agents", "kill"),

@@ -386,9 +386,16 @@ def _adopt(
         sys.stderr.write(f"agentscope: DEBUG: exec takes the slow path: {slow}\n")
     fleet = _fleet.open_fleet(opts)
     try:
-        return fleet.adopt(os.getpid(), name, memory_max=size, **controls).unit
+        unit = fleet.adopt(os.getpid(), name, memory_max=size, **controls).unit
     finally:
         fleet.close()
+    # Still its scope's only process, as on the fast path: into the agent leaf (#26).
+    from agentscope import _calls
+
+    why = _calls.settle_process(os.getpid())
+    if why is not None:
+        _calls.say_not_isolated(why, _warn)
+    return unit
 
 
 def _warn(message: str) -> None:

@@ -1,6 +1,6 @@
 """Entry point of the ``agentscope`` command.
 
-``exec`` takes a fast path that imports neither typer nor rich (nor
+``exec`` and ``call`` take a fast path that imports neither typer nor rich (nor
 logging, nor anything it can do without): it moves this process into a
 scope and execs, so its start-up is the command's. ``--version`` is
 answered before typer is imported. Every other command goes through the
@@ -16,7 +16,7 @@ from ._options import MANAGER_FLAGS, Options, choose_manager
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import NoReturn
 
 __all__ = ["hoist_globals", "main", "print_version", "split_globals", "version_only"]
@@ -62,6 +62,10 @@ def _exec_command_start(args: Sequence[str]) -> int:
     """
     from ._exec import VALUED as EXEC_VALUED
 
+    CALL_VALUED: dict[str, str] = {}
+    if "call" in args:  # not imported on exec's path
+        from ._call import VALUED as CALL_VALUED
+
     i, seen_command, name_seen = 0, False, False
     while i < len(args):
         arg = args[i]
@@ -70,12 +74,13 @@ def _exec_command_start(args: Sequence[str]) -> int:
         key = arg.partition("=")[0]
         if arg in _FLAGS or arg in ("-q", "--quiet", "-h", "--help"):
             pass
-        elif key in _VALUED or key in EXEC_VALUED:
+        elif key in _VALUED or key in EXEC_VALUED or key in CALL_VALUED:
             i += 0 if "=" in arg else 1
         elif not seen_command:
-            if arg != "exec":
+            if arg not in ("exec", "call"):
                 return len(args)
             seen_command = True
+            name_seen = arg == "call"  # call has no NAME: its next word is the command
         elif not name_seen:
             name_seen = True
         else:
@@ -188,26 +193,40 @@ def _command_word(args: Sequence[str]) -> str | None:
     return None
 
 
+def _run_fast(command: str, opts: Options, args: Sequence[str]) -> NoReturn:
+    """``exec`` or ``call``: nothing imported but what it needs, its own exit codes."""
+    run: Callable[[Options, Sequence[str]], None]
+    asked_help: type[Exception]
+    if command == "exec":
+        from ._exec import HELP, ExecHelp, run_exec
+
+        run, help_text, asked_help = run_exec, HELP, ExecHelp
+    else:
+        from ._call import HELP as CALL_HELP
+        from ._call import CallHelp, run_call
+
+        run, help_text, asked_help = run_call, CALL_HELP, CallHelp
+    try:
+        run(opts, args)
+    except asked_help:
+        sys.stdout.write(help_text)
+        sys.exit(0)
+    except (Exception, KeyboardInterrupt) as exc:
+        from ._errors import exec_status, report_error
+
+        report_error(exc, json_mode=opts.json, debug=opts.debug)
+        sys.exit(exec_status(exc))
+    sys.exit(0)  # reached only with a stand-in exec
+
+
 def _main(argv: Sequence[str] | None) -> NoReturn:
     args = hoist_globals(sys.argv[1:] if argv is None else argv)
     split = split_globals(args)
     opts = (
         split[0] if split is not None else Options(json="--json" in args, debug="--debug" in args)
     )
-    if split is not None and split[1] == "exec":
-        from ._exec import HELP, ExecHelp, run_exec
-
-        try:
-            run_exec(opts, split[2])
-        except ExecHelp:
-            sys.stdout.write(HELP)
-            sys.exit(0)
-        except (Exception, KeyboardInterrupt) as exc:
-            from ._errors import exec_status, report_error
-
-            report_error(exc, json_mode=opts.json, debug=opts.debug)
-            sys.exit(exec_status(exc))
-        sys.exit(0)  # reached only with a stand-in exec
+    if split is not None and split[1] in ("exec", "call"):
+        _run_fast(split[1], opts, split[2])
     version = version_only(args)
     if version is not None:
         print_version(as_json=version)
@@ -218,8 +237,8 @@ def _main(argv: Sequence[str] | None) -> NoReturn:
     from ._app import run_app
 
     code = run_app(args, opts)
-    if code not in (0, 130) and _command_word(args) == "exec":
-        # exec with global options typer had to read: they were bad. Its own code.
+    if code not in (0, 130) and _command_word(args) in ("exec", "call"):
+        # exec or call with global options typer had to read: they were bad. Its own code.
         from ._errors import EXIT_EXEC_FAILED
 
         code = EXIT_EXEC_FAILED

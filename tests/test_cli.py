@@ -1259,6 +1259,7 @@ EXEC_IMPORTS = {
     "_struct",
     "struct",
     "agentscope",
+    "agentscope._calls",  # the scope's agent leaf for its calls (#26): os only
     "agentscope._distribution",  # the foreign-package check at import: os and sys only
     "agentscope._errors",
     "agentscope._exec",

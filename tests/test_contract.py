@@ -118,6 +118,7 @@ def json_of(*args: str, code: int = 0) -> Any:
 COMMAND_SHAPES: dict[str, str | None] = {
     "run": "launched",
     "exec": None,  # it becomes the agent's command: nothing of ours on stdout
+    "call": None,  # it becomes the call's command, as exec does
     "ls": "agent",  # an array, each element stamped
     "stop": "stop",
     "kill": "kill",

@@ -137,7 +137,7 @@ class MemoryManager:
     async def thaw_unit(self, unit: str) -> None:
         self._scope("thaw", unit).frozen = False
 
-    async def attach(self, unit: str, pids: Sequence[int]) -> None:
+    async def attach(self, unit: str, pids: Sequence[int], subcgroup: str = "") -> None:
         self._scope("attach", unit).pids.extend(pids)
 
     async def list_scopes(self, agent: str | None = None) -> list[ListedScope]:

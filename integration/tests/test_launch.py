@@ -53,6 +53,11 @@ def cgroup_of(pid: int) -> str:
     return Path(f"/proc/{pid}/cgroup").read_text().strip().split("::", 1)[1]
 
 
+def scope_part(cgroup: str) -> str:
+    """``cgroup`` without the ``/agent`` leaf a delegated scope holds its agent in (#26)."""
+    return cgroup.removesuffix("/agent")
+
+
 def oom_score_adj(pid: int) -> int:
     return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
 
@@ -72,7 +77,7 @@ async def test_agent_in_own_scope_with_policies(
     caplog.set_level(logging.WARNING, "agentscope")
     agent = await fleet.launch("builder-1", ["sleep", "300"], stdout=subprocess.DEVNULL)
     assert agent.unit.startswith(f"agentscope-{fleet.name}-builder-1-")
-    assert cgroup_of(agent.pid).endswith(f"/{SLICE}/{agent.unit}"), cgroup_of(agent.pid)
+    assert scope_part(cgroup_of(agent.pid)).endswith(f"/{SLICE}/{agent.unit}"), cgroup_of(agent.pid)
     assert agent.cgroup == cgroup_of(agent.pid)
     props = show(agent.unit, "Slice", "CollectMode", "OOMPolicy", "Description", "MemoryMax")
     assert props["Slice"] == SLICE
@@ -100,7 +105,7 @@ async def test_fork_race_50_launches(fleet: AsyncFleet) -> None:
         assert await agent.wait() == 0
         assert len(lines) == 2, lines
         for line in lines:
-            assert line.endswith(f"/{agent.unit}"), (i, lines)
+            assert scope_part(line).endswith(f"/{agent.unit}"), (i, lines)
 
 
 async def test_stale_slice_limits_are_cleared(caplog: pytest.LogCaptureFixture) -> None:
@@ -324,7 +329,7 @@ async def test_user_manager_through_its_private_socket_alone(tmp_path: Path) -> 
                 assert agent.stdout is not None
                 line = (await agent.stdout.read()).decode().strip()
                 assert await agent.wait() == 0
-            assert line.endswith(f"/{agent.unit}"), line
+            assert scope_part(line).endswith(f"/{agent.unit}"), line
             assert fleet.bus_address.endswith("/systemd/private"), fleet.bus_address
         finally:
             await fleet.aclose()
@@ -338,7 +343,7 @@ async def test_100_concurrent_launches(fleet: AsyncFleet) -> None:
     units = {a.unit for a in agents}
     assert len(units) == 100
     for a in agents:
-        assert cgroup_of(a.pid).endswith(f"/{a.unit}")
+        assert scope_part(cgroup_of(a.pid)).endswith(f"/{a.unit}")
     assert len(await fleet.agents()) == 100
 
 
@@ -371,7 +376,7 @@ def test_blocking_fleet_from_script_and_threads(tmp_path: Path) -> None:
             try:
                 for i in range(3):
                     agent = fleet.launch(f"th{n}-{i}", ["sleep", "60"])
-                    assert cgroup_of(agent.pid).endswith(f"/{agent.unit}")
+                    assert scope_part(cgroup_of(agent.pid)).endswith(f"/{agent.unit}")
                     fleet.stop(agent.name, timeout=5)
                     assert agent.wait(10) == -signal.SIGTERM
             except BaseException as exc:

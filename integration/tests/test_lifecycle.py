@@ -17,6 +17,7 @@ from pathlib import Path
 from conftest import MANAGER
 
 from agentscope import AsyncFleet, _tmux
+from agentscope._cgroup import read_subtree_procs
 
 CLI = shutil.which("agentscope") or "agentscope"
 # Its main process (sh) ends at once; the sleep it started stays in its scope.
@@ -35,11 +36,11 @@ async def _until(cond: object, timeout: float = 30.0) -> None:
 
 
 def _procs(scope: Path) -> list[str]:
-    """The comms of the processes in a scope's cgroup ([] once it is gone)."""
-    try:
-        pids = (scope / "cgroup.procs").read_text().split()
-    except FileNotFoundError:
+    """The comms of the processes in a scope's cgroup and below it ([] once it is gone)."""
+    procs = read_subtree_procs(scope)  # a delegated scope's are in its leaves (#26)
+    if procs is None:
         return []
+    pids = procs.decode().split()
     comms = []
     for pid in pids:
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
