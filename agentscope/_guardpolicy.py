@@ -331,6 +331,7 @@ class HostReader:
             sys_root = Path("/sys") if proc_root == PROC_ROOT else Path(proc_root).parent / "sys"
         self._sources = MemSources(Path(proc_root), sys_root)
         self._last_full_total: int | None = None
+        self._last_refaults: int | None = None
 
     def read(self, now: float) -> HostReading:
         """A reading now.
@@ -350,9 +351,15 @@ class HostReader:
         # The refault counters matter only to the thrash rule, which needs
         # PSI full stalls: on a host that stalled not at all since the last
         # reading, /proc/vmstat (the dearest of these files) is not read.
+        # Not read, the last count stands: a reading without one would end
+        # the thrash rule's whole window when it becomes the window's base
+        # (seen: readings ten times as often as the stall counter moved left
+        # the base without a count for seconds, and thrashing never fired).
         full_total = reading.psi_full_total
         if full_total is not None and full_total != self._last_full_total:
-            reading = replace(reading, refaults=self._sources.refaults())
+            self._last_refaults = self._sources.refaults()
+        if full_total is not None:
+            reading = replace(reading, refaults=self._last_refaults)
         self._last_full_total = full_total
         if reading.swap_total:
             zram = self._sources.zram()
