@@ -169,7 +169,7 @@ async def test_an_escapee_is_moved_only_while_it_is_that_descendant(fleet: Async
         os.kill(middle, signal.SIGKILL)
         assert _wait(lambda: _ppid(orphan.pid) != middle, 10)
         reused = dataclasses.replace(stays, start_time=stays.start_time + 1)
-        outcome = await reclaim([reused, orphan], fleet._attach, slice_path)
+        outcome = await reclaim([reused, orphan], fleet._manager.attach, slice_path)
         assert outcome[stays.pid] is not None
         assert "exited" in outcome[stays.pid]
         assert outcome[orphan.pid] is not None
@@ -177,7 +177,7 @@ async def test_an_escapee_is_moved_only_while_it_is_that_descendant(fleet: Async
         assert _cgroup(stays.pid) == stays.cgroup
         assert _cgroup(orphan.pid) == orphan.cgroup
         # The real one, still the agent's descendant, is moved back.
-        outcome = await reclaim([stays], fleet._attach, slice_path)
+        outcome = await reclaim([stays], fleet._manager.attach, slice_path)
         assert outcome == {stays.pid: None}
         assert _cgroup(stays.pid).endswith(f"/{agent.unit}")
     finally:
