@@ -162,7 +162,10 @@ async def test_a_runaway_under_a_memory_max_is_killed_by_the_guard_before_the_ke
     assert kill["trigger"] == "memory"
     assert kill["limit"].endswith(f"/{parent}"), kill["limit"]
     assert kill["limit_bytes"] == LIMIT
-    assert kill["mem_available_percent"] > 30  # the host was never short
+    # The host was never short: above 1.5x its own 10 % threshold (the guard's
+    # near band). sid's base system leaves 22 % of the 768 MB VM available
+    # while the limit's 300 MiB are full (trixie 34-36 %).
+    assert kill["mem_available_percent"] > 15
     assert result["runaway_alive"], "the agent's shell lives on"
     assert all(result["siblings_alive"])
     assert result["recorded"] == [["runaway", "guard_kill"]]
