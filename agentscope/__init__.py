@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from ._errors import InvalidConfig as InvalidConfig
     from ._errors import InvalidName as InvalidName
     from ._errors import LaunchError as LaunchError
+    from ._errors import ModeUnavailable as ModeUnavailable
+    from ._errors import ModeUnsupported as ModeUnsupported
     from ._errors import RegistryCorrupt as RegistryCorrupt
     from ._errors import RegistryError as RegistryError
     from ._errors import SystemdTimeout as SystemdTimeout
@@ -80,6 +82,8 @@ _LAZY = {
     "InvalidConfig": "._errors",
     "InvalidName": "._errors",
     "LaunchError": "._errors",
+    "ModeUnavailable": "._errors",
+    "ModeUnsupported": "._errors",
     "RegistryCorrupt": "._errors",
     "RegistryError": "._errors",
     "SystemdTimeout": "._errors",
@@ -142,6 +146,8 @@ __all__ = [
     "LaunchError",
     "LimitFound",
     "MemoryReport",
+    "ModeUnavailable",
+    "ModeUnsupported",
     "Monitor",
     "OomKill",
     "OomdKill",

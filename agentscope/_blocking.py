@@ -225,6 +225,16 @@ class Fleet:
         """See :attr:`AsyncFleet.bus_address`."""
         return self._fleet.bus_address
 
+    @property
+    def mode(self) -> str:
+        """See :attr:`AsyncFleet.mode`."""
+        return self._fleet.mode
+
+    @property
+    def mode_reason(self) -> str:
+        """See :attr:`AsyncFleet.mode_reason`."""
+        return self._fleet.mode_reason
+
     def __enter__(self) -> Fleet:
         return self
 

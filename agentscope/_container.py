@@ -201,7 +201,8 @@ def not_systemd_note(proc_root: Path | None = None) -> str | None:
     return (
         f"PID 1 is not systemd: this looks like {_looks_like(kind, evidence)}; "
         f"PID 1 is {pid1!r}. "
-        "agentscope's fleets need a systemd manager today (managers for containers without "
-        f"one are coming: issue #27); {todo}, or run each agent unconfined with "
-        "`agentscope exec --fallback run NAME -- CMD`"
+        "The systemd manager mode needs one: leave --manager at auto (the default) to run "
+        "the fleet without it (cgroup or process mode, docs/containers.md), "
+        f"or {todo}; `agentscope exec` needs systemd: `agentscope exec --fallback run NAME -- CMD` "
+        "runs the agent unconfined"
     )

@@ -15,7 +15,9 @@ against the classes)::
     ├── AgentNotFound            no running agent of that name in this fleet
     ├── AgentExists              an agent of that name is already running
     ├── SystemdUnavailable       no systemd manager reachable on the bus we tried
-    │   └── SystemdTimeout       one was reached but did not answer in time
+    │   ├── SystemdTimeout       one was reached but did not answer in time
+    │   └── ModeUnavailable      a manager mode asked for cannot work here (#27)
+    ├── ModeUnsupported          the fleet's manager mode cannot do that (a cap, a freeze)
     ├── BusError                 systemd refused a D-Bus call (keeps its error name)
     ├── RegistryError            the registry file cannot be used (names the file)
     │   ├── RegistryCorrupt      not a database, or a damaged one: move it aside
@@ -51,6 +53,8 @@ __all__ = [
     "InvalidName",
     "InvalidTransition",
     "LaunchError",
+    "ModeUnavailable",
+    "ModeUnsupported",
     "RegistryCorrupt",
     "RegistryError",
     "SystemdTimeout",
@@ -228,6 +232,39 @@ class SystemdTimeout(SystemdUnavailable):
             f"no {waiting} within {seconds:.0f}s",
             hint=f"the manager is busy or hung; retry later, and see `{status}`",
         )
+
+
+class ModeUnavailable(SystemdUnavailable):
+    """A manager mode asked for by name (``--manager cgroup``) cannot work here.
+
+    ``mode`` names it, ``reason`` says why and ``enable`` what would make it
+    work. Raised when the fleet opens, before anything is created; a
+    :class:`SystemdUnavailable` so that whoever handles "no manager" handles it.
+    """
+
+    def __init__(self, mode: str, reason: str, enable: str) -> None:
+        self.mode = mode
+        self.enable = enable
+        AgentscopeError.__init__(
+            self, f"the {mode} manager mode cannot work here: {reason}; {enable}"
+        )
+        self.manager = mode
+        self.bus = ""
+        self.reason = reason
+
+
+class ModeUnsupported(AgentscopeError):
+    """The fleet's manager mode cannot do what was asked (a per-agent cap, a freeze).
+
+    ``mode`` names the mode, ``what`` what was refused and ``enable`` what
+    would make it possible. Nothing was changed.
+    """
+
+    def __init__(self, mode: str, what: str, enable: str) -> None:
+        self.mode = mode
+        self.what = what
+        self.enable = enable
+        super().__init__(f"{what} is not possible in the {mode} manager mode; {enable}")
 
 
 class BusError(AgentscopeError):

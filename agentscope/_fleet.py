@@ -43,8 +43,10 @@ from ._fleet_tmux import Terminals
 from ._guardpolicy import GuardConfig
 from ._launchargs import check_argv
 from ._manager import ScopeManager
+from ._modes import ModeChoice, check_forced, choose_mode, parse_manager
 from ._monitor import Monitor
 from ._proc import exec_comm
+from ._procscopes import ProcessManager, refuse_calls
 from ._reaper import DEFAULT_REAP_AFTER, Reaper
 from ._registry import (
     EventRecord,
@@ -129,9 +131,17 @@ class AsyncFleet:
         # The tests' seams: _bus, a SystemdBus that answers for the manager
         # over a cgroup tree at its cgroup_root (tests/fakesystemd.py), or
         # _manager, another implementation of the interface.
+        # The mode (#27, _modes.py): systemd, a delegated cgroup, or process
+        # trees; chosen here without side effects, refused at open if forced
+        # where it cannot work.
+        if _manager is not None or _bus is not None:
+            mode, flavour = parse_manager(manager)
+            mode = "systemd" if mode == "auto" else mode
+            self._mode = ModeChoice(mode, flavour, "the manager given")
+        else:
+            self._mode = choose_mode(manager, env=env)
         if _manager is None:
-            bus = _bus if _bus is not None else SystemdBus(manager, env=env)
-            _manager = SystemdManager(bus, self.name, self.slice)
+            _manager = self._make_manager(_bus, env, tmux_dir)
         self._manager: ScopeManager = _manager
         self.manager = _manager.manager
         self.agent_oom_score_adj = agent_oom_score_adj
@@ -197,6 +207,30 @@ class AsyncFleet:
             agent_oom_score_adj=agent_oom_score_adj,
         )
 
+    def _make_manager(
+        self,
+        bus: SystemdBus | None,
+        env: Mapping[str, str] | None,
+        tmux_dir: str | os.PathLike[str] | None,
+    ) -> ScopeManager:
+        """The manager of the chosen mode (systemd's, or the process trees')."""
+        flavour = self._mode.flavour
+        if self._mode.mode == "systemd":
+            return SystemdManager(
+                bus if bus is not None else SystemdBus(flavour, env=env), self.name, self.slice
+            )
+        return ProcessManager(flavour, self.name, self.slice, _tmux.runtime_dir(flavour, env))
+
+    @property
+    def mode(self) -> str:
+        """The manager mode the fleet runs in: ``systemd``, ``cgroup`` or ``process``."""
+        return self._mode.mode
+
+    @property
+    def mode_reason(self) -> str:
+        """Why that mode: asked for, or what ``auto`` found here."""
+        return self._mode.reason
+
     async def __aenter__(self) -> AsyncFleet:
         await self.open()
         return self
@@ -215,6 +249,7 @@ class AsyncFleet:
         Raises:
             SystemdUnavailable, RegistryError.
         """
+        check_forced(self._mode)
         await self._manager.connect()
         try:
             if self.manager_oom_score_adj is not None:
@@ -512,6 +547,8 @@ class AsyncFleet:
         """
         self._check_open()
         unit = await self._resolve(agent)
+        if self._manager.mode == "process":
+            refuse_calls()  # no cgroup to make a call's in (#27)
 
         async def attach(sub: str, pids: Sequence[int]) -> None:
             await self._manager.attach(unit, pids, sub)

@@ -171,7 +171,9 @@ class Launcher:
                         stdout=stdio[1],
                         stderr=stdio[2],
                         oom_score_adj=self.agent_oom_score_adj,
-                        into_leaf=True,  # delegated: into the scope's agent leaf (#26)
+                        # delegated: into the scope's agent leaf (#26); a process
+                        # mode scope has no cgroup of its own (#27)
+                        into_leaf=self._manager.mode != "process",
                     )
                 break
             except OSError as exc:

@@ -241,6 +241,10 @@ class OomRecovery:
             return []
 
     def _slice_relpath(self, slice_dir: Path) -> str:
+        # The process mode's scopes are a mirror outside the cgroup tree
+        # (_procscopes.py): no kernel line names it, so no kill is ever matched.
+        if not slice_dir.is_relative_to(self._manager.cgroup_root):
+            return str(slice_dir)
         return "/" + str(slice_dir.relative_to(self._manager.cgroup_root))
 
     def _recover_sync(

@@ -74,6 +74,9 @@ class ScopeManager(Protocol):
     #: ``system`` or ``user``: whose state and runtime directories the fleet
     #: uses (registry, tmux sockets) and how a user is told to look.
     manager: Manager
+    #: The mode (_modes.py): ``systemd``, ``cgroup`` or ``process``. Only the
+    #: process mode gives scopes no cgroup (no leaf for tool calls).
+    mode: str
     #: The fleet's name and its slice, as it was made for.
     fleet: str
     slice: str

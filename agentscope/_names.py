@@ -88,16 +88,26 @@ def parse_description(description: str) -> tuple[str, str] | None:
     return (words[5], words[2]) if words[2] and words[5] else None
 
 
+#: The manager modes (_modes.py, #27): their state and runtime directories
+#: are the system's for root, the user's otherwise, as ``auto``'s are.
+MODES = ("systemd", "cgroup", "process")
+
+
 def resolve_manager(manager: str) -> str:
     """``auto`` means the system manager for root, the user manager otherwise.
 
-    The one place of this rule (the fleet's bus, exec's fast path).
+    The one place of this rule (the fleet's bus, exec's fast path). A mode
+    (``systemd``, ``cgroup``, ``process``) resolves as ``auto`` does: whose
+    directories the fleet uses.
 
     Raises:
-        ValueError: not ``auto``, ``system`` or ``user``.
+        ValueError: not ``auto``, ``system``, ``user`` or a mode.
     """
-    if manager == "auto":
+    if manager == "auto" or manager in MODES:
         return "system" if os.geteuid() == 0 else "user"
     if manager not in ("system", "user"):
-        raise ValueError(f"manager must be 'auto', 'system' or 'user', not {manager!r}")
+        raise ValueError(
+            "manager must be 'auto', 'system', 'user', 'systemd', 'cgroup' or 'process', "
+            f"not {manager!r}"
+        )
     return manager

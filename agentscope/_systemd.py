@@ -75,6 +75,7 @@ class SystemdManager:
         self.fleet = fleet
         self.slice = slice
         self.manager: Manager = bus.manager
+        self.mode = "systemd"
         self._oom_policy = _scope.OOMPolicyFallback()
         self._slice_cgroup: Path | None = None
 

@@ -139,8 +139,12 @@ app = typer.Typer(
 
 
 class Manager(enum.StrEnum):
+    auto = "auto"
     user = "user"
     system = "system"
+    systemd = "systemd"
+    cgroup = "cgroup"
+    process = "process"
 
 
 # -- global options -----------------------------------------------------------
@@ -167,7 +171,12 @@ def _globals(
     ctx: typer.Context,
     manager: Annotated[
         Manager | None,
-        typer.Option(help="The systemd manager: system when root, else user.", show_default=False),
+        typer.Option(
+            help="Who runs the agents: auto (systemd if it answers, else a delegated cgroup, "
+            "else process trees), systemd, cgroup, process; or which systemd manager, "
+            "system or user (auto: system when root).",
+            show_default=False,
+        ),
     ] = None,
     user: Annotated[
         bool, typer.Option("--user", help="Your user manager: --manager user.")

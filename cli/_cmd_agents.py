@@ -240,7 +240,8 @@ def exec_(
 def ls(ctx: typer.Context) -> None:
     """List the fleet's agents."""
     with fleet_of(ctx) as fleet:
-        agents = [a.to_dict() for a in fleet.agents()]
+        # Each agent says which manager runs it (#27): systemd, cgroup or process.
+        agents = [{**a.to_dict(), "mode": fleet.mode} for a in fleet.agents()]
     if options(ctx).json:
         from agentscope._contract import agent_list
 

@@ -45,9 +45,10 @@ traceback.
 | | | `no_log`, `terminated`, `internal`; and the host's conditions: |
 | | | `host_under_pressure`, `tmux_unavailable`, `tmux_error` |
 | 2 | bad usage or bad input | `usage`, `bad_input`, `invalid_name`, `invalid_config`, |
-| | | `launch_error` |
+| | | `launch_error`, `mode_unsupported` (the manager mode cannot do it) |
 | 3 | no such agent | `not_found` |
-| 4 | systemd unreachable, not answering in time, or unsupported here | `systemd_unavailable` |
+| 4 | systemd unreachable, not answering in time, or unsupported here | `systemd_unavailable`, |
+| | | `mode_unavailable` (a `--manager` mode forced where it cannot work) |
 | 130 | interrupted (Ctrl-C) | `interrupted` |
 
 `exec` becomes its command, so its exit status is the command's (128+N when

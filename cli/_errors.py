@@ -6,9 +6,10 @@ This is the one place that maps exceptions to exit codes::
     1  the operation failed        BusError, AgentExists, HostUnderPressure, TmuxError,
                                other AgentscopeError, OSError
     2  bad usage or bad input      usage errors, BadInput, InvalidName, InvalidConfig,
-                               LaunchError (its other kinds)
+                               LaunchError (its other kinds), ModeUnsupported
     3  no such agent               AgentNotFound
-    4  systemd unreachable         SystemdUnavailable
+    4  systemd unreachable         SystemdUnavailable (ModeUnavailable: a mode forced
+                               where it cannot work)
   130  interrupted                 Ctrl-C (KeyboardInterrupt, Interrupted), as a shell
                                reports SIGINT, in every command
 
@@ -131,7 +132,9 @@ def classify(exc: BaseException) -> tuple[int, str]:
             (a.TmuxUnavailable, EXIT_FAILED, "tmux_unavailable"),
             (a.TmuxError, EXIT_FAILED, "tmux_error"),
             (a.LaunchError, EXIT_USAGE, "launch_error"),
+            (a.ModeUnsupported, EXIT_USAGE, "mode_unsupported"),
             (a.AgentNotFound, EXIT_NOT_FOUND, "not_found"),
+            (a.ModeUnavailable, EXIT_UNAVAILABLE, "mode_unavailable"),
             (a.SystemdUnavailable, EXIT_UNAVAILABLE, "systemd_unavailable"),
             (a.AgentExists, EXIT_FAILED, "agent_exists"),
             (a.BusError, EXIT_FAILED, "bus_error"),

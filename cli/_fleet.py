@@ -86,6 +86,8 @@ class FleetLike(HistoryLike, Protocol):
 
     name: str
     manager: str
+    mode: str
+    mode_reason: str
 
     def launch(
         self,

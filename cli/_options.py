@@ -11,8 +11,9 @@ import os
 __all__ = ["MANAGERS", "MANAGER_FLAGS", "Options", "choose_manager"]
 
 #: The manager's spellings, taken by every command as global options:
-#: ``--manager user`` is ``--user``, ``--manager system`` is ``--system``.
-MANAGERS = ("auto", "user", "system")
+#: ``--manager user`` is ``--user``, ``--manager system`` is ``--system``;
+#: ``systemd``, ``cgroup`` and ``process`` force a mode (agentscope/_modes.py).
+MANAGERS = ("auto", "user", "system", "systemd", "cgroup", "process")
 MANAGER_FLAGS = {"--user": "user", "--system": "system"}
 
 
@@ -30,7 +31,7 @@ def choose_manager(manager: str | None, *flags: str) -> str:
     named = {MANAGER_FLAGS[f] for f in flags}
     if manager is not None and manager != "auto":
         if manager not in MANAGERS:
-            raise BadInput(f"--manager {manager!r} is not one of user, system, auto")
+            raise BadInput(f"--manager {manager!r} is not one of {', '.join(MANAGERS)}")
         named.add(manager)
     if len(named) > 1:
         raise BadInput("choose one manager: --user (--manager user) or --system (--manager system)")
@@ -56,9 +57,9 @@ class Options:
 
     @property
     def resolved_manager(self) -> str:
-        if self.manager != "auto":
+        if self.manager in ("system", "user"):
             return self.manager
-        return "system" if os.geteuid() == 0 else "user"
+        return "system" if os.geteuid() == 0 else "user"  # auto, or a mode (_names.MODES)
 
     def _fields(self) -> tuple[str, str, bool, bool]:
         return (self.manager, self.fleet, self.json, self.debug)

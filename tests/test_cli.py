@@ -141,6 +141,8 @@ class FakeFleet:
 
     name: str = "default"
     manager: str = "user"
+    mode: str = "systemd"
+    mode_reason: str = "PID 1 is systemd and its bus answers"
     fail: BaseException | None = None
     agent_list: list[FakeRecord] = field(
         default_factory=lambda: [_agent("builder-1"), _agent("reviewer", state="frozen")]
@@ -1849,7 +1851,16 @@ def test_parse_signal_is_a_signal_or_bad_input(text: str) -> None:
 
 def test_a_malformed_bus_address_is_exit_4() -> None:
     result = subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()", "--json", "ls"],
+        # The systemd mode named: auto takes process mode where PID 1 is not systemd.
+        [
+            sys.executable,
+            "-c",
+            "from cli.main import main; main()",
+            "--json",
+            "--manager",
+            "systemd",
+            "ls",
+        ],
         env={
             **os.environ,
             "DBUS_SYSTEM_BUS_ADDRESS": "garbage",

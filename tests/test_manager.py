@@ -62,6 +62,7 @@ class MemoryManager:
     slice: str
     root: Path
     manager: Any = "user"
+    mode: str = "memory"
     scopes: dict[str, MemoryScope] = field(default_factory=dict)
     asked: list[tuple[str, str]] = field(default_factory=list)
     connected: bool = False
