@@ -67,6 +67,8 @@ from ._guardpolicy import under_pressure as under_pressure
 from ._journal import JournalAccess as JournalAccess
 from ._journal import journal_access as journal_access
 from ._journal import kmsg_readable as kmsg_readable
+from ._modes import ModeChoice as ModeChoice
+from ._modes import choose_mode as choose_mode
 from ._names import DEFAULT_SLICE as DEFAULT_SLICE
 from ._names import describe as describe
 from ._names import parse_description as parse_description
@@ -125,6 +127,7 @@ __all__ = [
     "MemInfo",
     "MemoryEvents",
     "MemoryStat",
+    "ModeChoice",
     "OomdConfig",
     "OomdLine",
     "OomdRule",
@@ -151,6 +154,7 @@ __all__ = [
     "cgroup_chain",
     "cgroup_path_for_unit",
     "cgroup_v2_mounted",
+    "choose_mode",
     "choose_victim",
     "counter_delta",
     "describe",

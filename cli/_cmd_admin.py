@@ -26,7 +26,8 @@ def doctor(
 ) -> None:
     """Check this host for what agentscope needs, one line per check.
 
-    Exits 1 when a check fails, 4 when systemd is unreachable.
+    Exits 1 when a check fails, 4 when systemd is unreachable and the fleet
+    needs it (the systemd mode: docs/containers.md).
     """
     from . import _doctor, _render
 
@@ -40,11 +41,17 @@ def doctor(
     version = facts.capabilities["systemd_version"] if facts.capabilities else None
     if opts.json:
         emit_json(
-            "doctor", {"systemd_version": version, "manager": facts.manager, "checks": results}
+            "doctor",
+            {
+                "systemd_version": version,
+                "manager": facts.manager,
+                "mode": facts.mode,
+                "checks": results,
+            },
         )
     else:
         show(_render.doctor_view(version, facts.manager, results))
-    if facts.capabilities is None:
+    if facts.capabilities is None and not _doctor.runs_without_systemd(facts):
         raise typer.Exit(4)
     if any(c["status"] == "fail" for c in results):
         raise typer.Exit(1)

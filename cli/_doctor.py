@@ -61,6 +61,9 @@ class Facts:
     #: Where PID 1 is not systemd: the container this looks like, its cgroup
     #: and memory limit (agentscope.lowlevel.inspect_container; None: not looked).
     container: Any = None
+    #: The manager mode the fleet gets here and why (agentscope.lowlevel.choose_mode).
+    mode: str | None = None
+    mode_reason: str | None = None
 
 
 def foreign_distribution() -> tuple[str, str] | None:
@@ -142,6 +145,7 @@ def gather(opts: Options) -> Facts:
     """Probe systemd, the cgroup tree and this process for :func:`checks`."""
     import agentscope
     from agentscope.lowlevel import (
+        choose_mode,
         inspect_container,
         journal_access,
         kmsg_readable,
@@ -164,6 +168,7 @@ def gather(opts: Options) -> Facts:
         policy, policy_error, oomd = asyncio.run(_manager_facts(manager))
         oomd_facts = asyncio.run(_oomd_facts(manager, str(caps.get("slice") or _AGENTS_SLICE)))
     journal = journal_access()
+    choice = choose_mode(opts.manager)
     return Facts(
         manager=manager,
         user=user,
@@ -180,6 +185,8 @@ def gather(opts: Options) -> Facts:
         journal_groups=journal.groups,
         journal_member=_listed_in(user, journal.groups),
         container=inspect_container(),
+        mode=choice.mode,
+        mode_reason=choice.reason,
         **{"oomd_state": oomd, **oomd_facts},
     )
 
@@ -279,24 +286,47 @@ def _oomd_check(facts: Facts) -> dict[str, Any]:
     )
 
 
+def runs_without_systemd(facts: Facts) -> bool:
+    """The fleet runs here in a mode that needs no systemd (doctor's exit is not 4 then)."""
+    return facts.mode in ("cgroup", "process")
+
+
 def _container_checks(facts: Facts, box: Any) -> list[dict[str, Any]]:
     """Where PID 1 is not systemd (a container): what it is, its cgroups, its memory limit."""
-    out = [
-        _check(
-            "systemd",
-            "fail",
-            f"PID 1 is not systemd: this looks like {box.describe()}; PID 1 is {box.pid1!r}",
-            "agentscope exec --fallback run NAME -- CMD  # each agent unconfined, for now; "
-            "or start the container with systemd as PID 1 (podman run --systemd=always)",
-        ),
-        _check(
-            "container",
-            "warn",
-            f"{box.describe()}: agentscope's fleets need a systemd manager today; managers "
-            "for containers without one are coming (issue #27)",
-        ),
-    ]
-    out.append(_cgroup_v2_check(box.cgroup_v2, "run the container on a host booted with"))
+    systemd = f"PID 1 is not systemd: this looks like {box.describe()}; PID 1 is {box.pid1!r}"
+    if runs_without_systemd(facts):
+        # The fleet runs in another mode here (manager_mode says which): no failure.
+        out = [
+            _check("systemd", "warn", f"{systemd}; `agentscope exec` needs systemd"),
+            _check(
+                "container",
+                "warn",
+                f"{box.describe()}: the fleet runs in the {facts.mode} manager mode "
+                "(docs/containers.md)",
+            ),
+        ]
+    else:
+        out = [
+            _check(
+                "systemd",
+                "fail",
+                systemd,
+                "leave --manager at auto (the fleet runs in the process mode), "
+                "agentscope exec --fallback run NAME -- CMD  # each agent unconfined; "
+                "or start the container with systemd as PID 1 (podman run --systemd=always)",
+            ),
+            _check(
+                "container",
+                "warn",
+                f"{box.describe()}: the systemd manager mode needs systemd",
+            ),
+        ]
+    v2 = _cgroup_v2_check(box.cgroup_v2, "run the container on a host booted with")
+    if facts.mode == "process" and v2["status"] == "fail":
+        # The process mode runs agents without it; the guard cannot see the container's limit.
+        v2["status"] = "warn"
+        v2["detail"] += ": the guard cannot read the container's memory limit"
+    out.append(v2)
     if box.own_cgroup is not None:
         if box.writable:
             out.append(
@@ -520,4 +550,6 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
                 f"pip uninstall -y agentscope && pip install --force-reinstall {_distribution()}",
             )
         )
+    if facts.mode is not None:  # next to the systemd check, which it explains
+        out.insert(1, _check("manager_mode", "pass", f"{facts.mode}: {facts.mode_reason}"))
     return out

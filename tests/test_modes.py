@@ -28,7 +28,7 @@ from agentscope._procscopes import ProcessManager
 from agentscope._registry import Registry
 from tests.fakefs import make_cgroup_root, write
 from tests.fakesystemd import end_children
-from tests.test_cli import run
+from tests.test_cli import run, run_json
 
 
 @pytest.fixture(autouse=True)
@@ -287,3 +287,33 @@ async def test_a_second_fleet_object_finds_process_mode_agents_and_their_leftove
         await second.stop("left", timeout=5)
         await _wait_for(lambda: not _running(orphan))
         assert _running(keep.pid)
+
+
+def test_doctor_says_the_mode_and_a_container_in_process_mode_is_no_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cli import _doctor
+    from tests.test_container import container_facts
+
+    box = tmp_path / "root"
+    (box / "proc" / "1").mkdir(parents=True)
+    write(box / "proc" / "1" / "comm", "bash\n")
+    write(box / ".dockerenv", "")
+    monkeypatch.setattr(_container, "PROC_ROOT", box / "proc")
+    monkeypatch.setattr(_container, "FS_ROOT", box)
+    reason = "PID 1 is 'bash', not systemd: a container (docker: /.dockerenv); read-only"
+    facts = container_facts(box, tmp_path, mode="process", mode_reason=reason)
+    monkeypatch.setattr(_doctor, "gather", lambda opts: facts)
+    result, data = run_json("doctor")
+    assert result.code == 0, result.stdout  # the fleet runs here: not "systemd unreachable"
+    assert data["mode"] == "process"
+    checks = {c["name"]: c for c in data["checks"]}
+    assert checks["manager_mode"]["detail"] == f"process: {reason}"
+    assert checks["systemd"]["status"] == "warn"
+    assert "process manager mode" in checks["container"]["detail"]
+    # The systemd mode forced there: the failure and exit 4 as before.
+    facts = container_facts(box, tmp_path, mode="systemd", mode_reason="--manager systemd")
+    monkeypatch.setattr(_doctor, "gather", lambda opts: facts)
+    result, data = run_json("doctor")
+    assert result.code == 4
+    assert {c["name"]: c["status"] for c in data["checks"]}["systemd"] == "fail"
