@@ -25,6 +25,7 @@ from . import _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
 from ._callrun import Call, start_call
+from ._cgroupmode import CgroupManager
 from ._errors import (
     AgentNotFound,
     AgentscopeError,
@@ -219,6 +220,8 @@ class AsyncFleet:
             return SystemdManager(
                 bus if bus is not None else SystemdBus(flavour, env=env), self.name, self.slice
             )
+        if self._mode.mode == "cgroup":
+            return CgroupManager(flavour, self.name, self.slice, _tmux.runtime_dir(flavour, env))
         return ProcessManager(flavour, self.name, self.slice, _tmux.runtime_dir(flavour, env))
 
     @property

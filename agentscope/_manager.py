@@ -2,29 +2,30 @@
 
 The fleet (:mod:`._fleet` and the parts it holds) never speaks to systemd
 itself: it holds one :class:`ScopeManager` and calls only what is declared
-here. systemd is the first implementation (:class:`._systemd.SystemdManager`,
-over :class:`._bus.SystemdBus`). The containers issue (#27) adds two more
-as implementations of this same interface, not as branches in the fleet:
+here. Three implementations, one per mode (:mod:`._modes` picks one):
 
-- a *cgroup* mode, for a writable delegated cgroup v2 subtree: a scope is
-  a child cgroup of the fleet's slice directory that the manager makes,
-  writes the resource controls on and moves the gated child into
-  (``cgroup.procs``); stop and kill are ``cgroup.kill`` and signals,
-  freeze is ``cgroup.freeze``, the listing a scan of the slice directory;
-- a *process* mode, for a read-only cgroupfs: a scope is a process tree
-  tracked by pidfd, with no cgroup of its own; what it cannot do (a
-  per-agent cap, a freeze) it refuses with an :class:`AgentscopeError`
-  that names the mode and what would enable it.
+- systemd (:class:`._systemd.SystemdManager`, over :class:`._bus.SystemdBus`);
+- the *cgroup* mode (:class:`._cgroupmode.CgroupManager`), for a writable
+  delegated cgroup v2 subtree: a scope is a child cgroup of the fleet's
+  slice directory that the manager makes, writes the resource controls on
+  and moves the gated child into (``cgroup.procs``); stop and kill are
+  signals and ``cgroup.kill``, freeze is ``cgroup.freeze``, the listing a
+  scan of the slice directory;
+- the *process* mode (:class:`._procscopes.ProcessManager`), for a
+  read-only cgroupfs: a scope is a process tree tracked by pid and start
+  time, with no cgroup of its own; what it cannot do (a per-agent cap, a
+  freeze, a tool call's cgroup) it refuses with :class:`ModeUnsupported`.
 
 Words used here: a *unit* is the name a scope is known by
 (``agentscope-FLEET-AGENT-xxxxxx.scope``: :func:`._names.scope_unit_name`
-makes it, whatever the mode); the *slice* is the one directory of the
-cgroup tree every scope of the fleet lives under (:meth:`slice_cgroup`).
-The fleet reads its scopes' files there itself (``cgroup.procs``,
-``memory.events``, through :mod:`._scopefiles` and :mod:`._reaper`): the
-cgroup mode keeps that tree as systemd does, the process mode will have to
-answer those reads another way (#27 item 3), which this interface does not
-cover yet.
+makes it, whatever the mode); the *slice* is the one directory every scope
+of the fleet lives under (:meth:`slice_cgroup`). The fleet reads its
+scopes' files there itself (``cgroup.procs``, ``memory.events``, through
+:mod:`._scopefiles` and :mod:`._reaper`): the cgroup mode keeps that tree
+as systemd does; the process mode keeps a mirror of it outside the
+cgroupfs, one directory per scope with the ``cgroup.procs`` of its tree as
+last listed, so those readers work unchanged (memory files are absent:
+no figures).
 
 Every method may raise :class:`SystemdUnavailable` (the manager cannot be
 reached) and :class:`BusError` (it refused a request; ``dbus_name`` says

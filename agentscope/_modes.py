@@ -42,9 +42,6 @@ __all__ = ["MODES", "ModeChoice", "check_forced", "choose_mode", "parse_manager"
 #: The modes, in the order ``auto`` tries them.
 MODES = ("systemd", "cgroup", "process")
 
-#: The cgroup mode's manager is not in this version yet: ``auto`` passes it by.
-CGROUP_MODE_BUILT = False
-
 #: What ``manager`` accepts: a mode, ``auto``, or which systemd manager.
 CHOICES = ("auto", "systemd", "system", "user", "cgroup", "process")
 
@@ -140,10 +137,6 @@ def choose_mode(
     else:
         not_systemd = f"PID 1 is {view.pid1!r}, not systemd: {view.describe()}"
     why_not = _delegated(view, cgroup_root)
-    if why_not is None and not CGROUP_MODE_BUILT:
-        why_not = (
-            f"its own cgroup {view.own_cgroup} is writable, but the cgroup mode is not built yet"
-        )
     if why_not is None:
         return ModeChoice(
             "cgroup", flavour, f"{not_systemd}; its own cgroup {view.own_cgroup} is writable"
@@ -169,10 +162,6 @@ def check_forced(
     """
     if not choice.forced or choice.mode != "cgroup":
         return
-    if not CGROUP_MODE_BUILT:
-        raise ModeUnavailable(
-            "cgroup", "this version of agentscope does not have it yet", "use --manager process"
-        )
     view = inspect_container(proc_root, cgroup_root, env=os.environ if env is None else env)
     why_not = _delegated(view, cgroup_root)
     if why_not is not None:

@@ -123,11 +123,10 @@ def test_auto_in_a_container_with_a_read_only_cgroupfs_is_process_mode(
     assert "is not a cgroup v2 mount" in v1.reason
 
 
-def test_a_writable_cgroup_is_noticed_and_the_reason_says_what_auto_did(
-    host: Path, tmp_path: Path
-) -> None:
+def test_auto_where_its_own_cgroup_is_writable_is_cgroup_mode(host: Path, tmp_path: Path) -> None:
     write(host / "1" / "comm", "bash\n")
     choice = choose_mode(cgroup_root=cgroup_tree(tmp_path, delegated=True), env={})
+    assert choice.mode == "cgroup"
     assert "its own cgroup /app is writable" in choice.reason
 
 
@@ -317,3 +316,76 @@ def test_doctor_says_the_mode_and_a_container_in_process_mode_is_no_failure(
     result, data = run_json("doctor")
     assert result.code == 4
     assert {c["name"]: c["status"] for c in data["checks"]}["systemd"] == "fail"
+
+
+# -- cgroup mode -----------------------------------------------------------------
+
+
+def test_the_default_agent_cap_leaves_the_manager_its_headroom_or_is_reported() -> None:
+    from agentscope._cgroupmode import default_agent_max
+
+    # 400 MiB: 10 % is under the 64 MiB floor, so 64 MiB stay with the manager.
+    assert default_agent_max(400 << 20) == ((400 - 64) << 20, None)
+    assert default_agent_max(8 << 30) == ((8 << 30) - int((8 << 30) * 0.10), None)
+    assert default_agent_max(None) == (None, None)
+    cap, note = default_agent_max(150 << 20)
+    assert cap is None
+    assert note is not None
+    assert "150 MiB" in note
+    assert "leaves no room" in note
+
+
+def test_cgroup_mode_moves_the_manager_into_a_leaf_and_enables_controllers(
+    tmp_path: Path,
+) -> None:
+    from agentscope._cgroupmode import CgroupManager
+    from tests.fakefs import make_cgroup
+
+    root = make_cgroup_root(tmp_path / "cg")
+    base = make_cgroup(root, "app", procs=[os.getpid()], max=400 << 20)
+    write(base / "cgroup.subtree_control", "")
+    leaf = make_cgroup(root, "app/agentscope-manager")
+    agents = make_cgroup(root, "app/app-agentscope-agents.slice")
+    write(agents / "cgroup.subtree_control", "")
+    manager = CgroupManager(
+        "user",
+        "t",
+        "app-agentscope-agents.slice",
+        tmp_path / "run",
+        cgroup_root=root,
+        own_cgroup="/app",
+    )
+    asyncio.run(manager.connect())
+    assert (leaf / "cgroup.procs").read_text() == str(os.getpid())
+    assert (base / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (agents / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert asyncio.run(manager.slice_cgroup()) == agents
+    assert manager.default_max == (400 - 64) << 20
+    assert manager.limit_note is None
+    # Its units are found in a /proc/PID/cgroup path, at any depth.
+    unit = "agentscope-t-a-000000.scope"
+    assert manager.unit_of_cgroup(f"/app/app-agentscope-agents.slice/{unit}/agent") == unit
+    assert manager.unit_of_cgroup("/app/agentscope-manager") is None
+
+
+def test_cgroup_mode_under_a_limit_with_no_room_reports_it(tmp_path: Path) -> None:
+    from agentscope._cgroupmode import CgroupManager
+    from tests.fakefs import make_cgroup
+
+    root = make_cgroup_root(tmp_path / "cg")
+    base = make_cgroup(root, "app", max=100 << 20)
+    write(base / "cgroup.subtree_control", "")
+    make_cgroup(root, "app/agentscope-manager")
+    write(make_cgroup(root, "app/app-agentscope-agents.slice") / "cgroup.subtree_control", "")
+    manager = CgroupManager(
+        "user",
+        "t",
+        "app-agentscope-agents.slice",
+        tmp_path / "run",
+        cgroup_root=root,
+        own_cgroup="/app",
+    )
+    asyncio.run(manager.connect())
+    assert manager.default_max is None
+    assert manager.limit_note is not None
+    assert "100 MiB" in manager.limit_note
