@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import signal
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 from . import _names
 from ._cgroup import CGROUP_ROOT, cgroup_chain, read_ceiling, read_subtree_procs
 from ._errors import AgentscopeError, BusError, LaunchError, ModeUnavailable
-from ._manager import Controls, ListedScope
+from ._manager import Controls, ListedScope, stop_escalating
+from ._procscopes import read_meta, write_atomic
 
 if TYPE_CHECKING:
     from ._bus import Manager
@@ -222,7 +222,8 @@ class CgroupManager:
         except OSError as exc:
             raise LaunchError(f"cannot make the cgroup {d}: {exc}") from exc
         try:
-            _write_meta(self._meta / unit, description or _names.describe(self.fleet, name))
+            text = json.dumps({"description": description or _names.describe(self.fleet, name)})
+            write_atomic(self._meta / unit, text)
             issues = _apply(d, controls, self.default_max)
             for pid in pids:
                 _move(d, pid)
@@ -234,22 +235,15 @@ class CgroupManager:
 
     async def stop_unit(self, unit: str, timeout: float) -> str:
         d = self._slice() / unit
-        if not await asyncio.to_thread(_signal_all, d, signal.SIGTERM):
-            await asyncio.to_thread(self._forget, unit)
-            return "done"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            if not await asyncio.to_thread(_populated, d):
-                await asyncio.to_thread(self._forget, unit)
-                return "done"
-        await asyncio.to_thread(_kill_all, d)
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if not await asyncio.to_thread(_populated, d):
-                await asyncio.to_thread(self._forget, unit)
-                return "done"
-        raise AgentscopeError(f"{d} still has processes 5 s after SIGKILL")
+        result = await stop_escalating(
+            str(d),
+            lambda: _signal_all(d, signal.SIGTERM),
+            lambda: _kill_all(d),
+            lambda: _populated(d),
+            timeout,
+        )
+        await asyncio.to_thread(self._forget, unit)
+        return result
 
     def _forget(self, unit: str) -> None:
         _remove_tree(self._slice() / unit)
@@ -304,7 +298,8 @@ class CgroupManager:
             if not _populated(d):
                 self._forget(unit)  # its last process ended: the scope is gone, as systemd's
                 continue
-            owner = _names.parse_description(_read_meta(self._meta / unit))
+            meta = read_meta(self._meta / unit) or {}
+            owner = _names.parse_description(str(meta.get("description", "")))
             out.append(ListedScope(unit, owner, "active"))
         return out
 
@@ -442,20 +437,6 @@ def _remove_tree(d: Path) -> None:
                 os.rmdir(os.path.join(top, sub))
     with contextlib.suppress(OSError):
         os.rmdir(d)
-
-
-def _write_meta(path: Path, description: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"description": description}))
-    os.replace(tmp, path)
-
-
-def _read_meta(path: Path) -> str:
-    try:
-        data = json.loads(path.read_bytes()[:65536])
-    except (OSError, ValueError):
-        return ""
-    return str(data.get("description", "")) if isinstance(data, dict) else ""
 
 
 def _unlink(path: Path) -> None:

@@ -35,7 +35,9 @@ whatever the mode: the fleet and the CLI act on those two only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ._bus import Manager
 
-__all__ = ["Controls", "ListedScope", "ScopeManager"]
+__all__ = ["Controls", "ListedScope", "ScopeManager", "stop_escalating"]
 
 #: Resource controls by property name: ``{name: (D-Bus signature, value)}``,
 #: as :func:`._scopeprops.build` makes them.
@@ -193,3 +195,40 @@ class ScopeManager(Protocol):
     def status_command(self, unit: str) -> str:
         """The command a user runs to see what became of ``unit`` (for messages)."""
         ...
+
+
+#: How long a stop waits for processes to go after SIGKILL before it gives up.
+KILL_WAIT = 5.0
+
+
+async def stop_escalating(
+    what: str,
+    terminate: Callable[[], bool],
+    kill: Callable[[], object],
+    alive: Callable[[], bool],
+    timeout: float,
+) -> str:
+    """A stop as systemd does it, for the modes that do it themselves (cgroup, process).
+
+    ``terminate`` sends SIGTERM (False: nothing was there), ``kill`` SIGKILL
+    after ``timeout`` seconds, ``alive`` says whether anything is left; each
+    runs in a worker thread (they read /proc or cgroupfs). Returns ``done``.
+
+    Raises:
+        AgentscopeError: something of ``what`` was left :data:`KILL_WAIT` s after SIGKILL.
+    """
+    from ._errors import AgentscopeError
+
+    if not await asyncio.to_thread(terminate):
+        return "done"
+    deadline = time.monotonic() + timeout
+    killed = False
+    while True:
+        await asyncio.sleep(0.05)
+        if not await asyncio.to_thread(alive):
+            return "done"
+        if not killed and time.monotonic() >= deadline:
+            await asyncio.to_thread(kill)
+            killed, deadline = True, time.monotonic() + KILL_WAIT
+        elif killed and time.monotonic() >= deadline:
+            raise AgentscopeError(f"{what} still has processes {KILL_WAIT:.0f} s after SIGKILL")

@@ -41,14 +41,21 @@ from typing import TYPE_CHECKING, Any
 
 from . import _names
 from ._cgroup import CGROUP_ROOT
-from ._errors import AgentscopeError, BusError, LaunchError, ModeUnsupported
-from ._manager import Controls, ListedScope
+from ._errors import BusError, LaunchError, ModeUnsupported
+from ._manager import Controls, ListedScope, stop_escalating
 from ._proc import PROC_ROOT, iter_pids, read_stat
 
 if TYPE_CHECKING:
     from ._bus import Manager
 
-__all__ = ["ProcessManager", "mirror_root", "refuse_calls", "refuse_controls"]
+__all__ = [
+    "ProcessManager",
+    "mirror_root",
+    "read_meta",
+    "refuse_calls",
+    "refuse_controls",
+    "write_atomic",
+]
 
 log = logging.getLogger("agentscope")
 
@@ -161,14 +168,14 @@ class ProcessManager:
             "main": pids[0] if pids else 0,
             "started": time.time(),
         }
-        _write(d / "scope.json", json.dumps(meta))
+        write_atomic(d / "scope.json", json.dumps(meta))
         self._store(unit, members)
         return []
 
     def _store(self, unit: str, members: dict[int, int]) -> None:
         d = self._dir / unit
-        _write(d / "members", "".join(f"{p} {s}\n" for p, s in sorted(members.items())))
-        _write(d / "cgroup.procs", "".join(f"{p}\n" for p in sorted(members)))
+        write_atomic(d / "members", "".join(f"{p} {s}\n" for p, s in sorted(members.items())))
+        write_atomic(d / "cgroup.procs", "".join(f"{p}\n" for p in sorted(members)))
 
     def _recorded(self, unit: str) -> dict[int, int]:
         try:
@@ -241,7 +248,7 @@ class ProcessManager:
         children = self._children()
         out = []
         for unit in units:
-            meta = _read_meta(self._dir / unit)
+            meta = read_meta(self._dir / unit / "scope.json")
             if meta is None or not self._refresh(unit, children):
                 continue
             owner = _names.parse_description(str(meta.get("description", "")))
@@ -249,19 +256,13 @@ class ProcessManager:
         return out
 
     async def stop_unit(self, unit: str, timeout: float) -> str:
-        if not await asyncio.to_thread(self._signal, unit, signal.SIGTERM):
-            return "done"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            if not await asyncio.to_thread(self._alive, unit):
-                return "done"
-        await asyncio.to_thread(self._signal, unit, signal.SIGKILL)
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if not await asyncio.to_thread(self._alive, unit):
-                return "done"
-        raise AgentscopeError(f"{unit} still has processes 5 s after SIGKILL (process mode)")
+        return await stop_escalating(
+            f"{unit} (process mode)",
+            lambda: self._signal(unit, signal.SIGTERM),
+            lambda: self._signal(unit, signal.SIGKILL),
+            lambda: self._alive(unit),
+            timeout,
+        )
 
     def _alive(self, unit: str) -> bool:
         return bool(self._refresh(unit, self._children()))
@@ -339,15 +340,17 @@ def signal_process(pid: int, start: int, sig: int, proc_root: Path = PROC_ROOT) 
         os.close(fd)
 
 
-def _write(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path``'s content at once (a reader sees the old or the new, never half)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
 
-def _read_meta(d: Path) -> dict[str, Any] | None:
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """A scope's small JSON record (its owner's description), None when unreadable."""
     try:
-        data = json.loads((d / "scope.json").read_bytes()[:65536])
+        data = json.loads(path.read_bytes()[:65536])
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -22,11 +22,12 @@ import pytest
 
 import agentscope
 from agentscope import _container
+from agentscope._cgroupmode import CgroupManager, default_agent_max
 from agentscope._fleet import AsyncFleet
 from agentscope._modes import check_forced, choose_mode, parse_manager
 from agentscope._procscopes import ProcessManager
 from agentscope._registry import Registry
-from tests.fakefs import make_cgroup_root, write
+from tests.fakefs import make_cgroup, make_cgroup_root, write
 from tests.fakesystemd import end_children
 from tests.test_cli import run, run_json
 
@@ -322,7 +323,6 @@ def test_doctor_says_the_mode_and_a_container_in_process_mode_is_no_failure(
 
 
 def test_the_default_agent_cap_leaves_the_manager_its_headroom_or_is_reported() -> None:
-    from agentscope._cgroupmode import default_agent_max
 
     # 400 MiB: 10 % is under the 64 MiB floor, so 64 MiB stay with the manager.
     assert default_agent_max(400 << 20) == ((400 - 64) << 20, None)
@@ -335,18 +335,13 @@ def test_the_default_agent_cap_leaves_the_manager_its_headroom_or_is_reported() 
     assert "leaves no room" in note
 
 
-def test_cgroup_mode_moves_the_manager_into_a_leaf_and_enables_controllers(
-    tmp_path: Path,
-) -> None:
-    from agentscope._cgroupmode import CgroupManager
-    from tests.fakefs import make_cgroup
-
+def delegated_base(tmp_path: Path, limit: int) -> tuple[Path, CgroupManager]:
+    """A base cgroup ``/app`` holding this process under ``limit``, and a manager over it."""
     root = make_cgroup_root(tmp_path / "cg")
-    base = make_cgroup(root, "app", procs=[os.getpid()], max=400 << 20)
+    base = make_cgroup(root, "app", procs=[os.getpid()], max=limit)
     write(base / "cgroup.subtree_control", "")
-    leaf = make_cgroup(root, "app/agentscope-manager")
-    agents = make_cgroup(root, "app/app-agentscope-agents.slice")
-    write(agents / "cgroup.subtree_control", "")
+    make_cgroup(root, "app/agentscope-manager")
+    write(make_cgroup(root, "app/app-agentscope-agents.slice") / "cgroup.subtree_control", "")
     manager = CgroupManager(
         "user",
         "t",
@@ -355,6 +350,14 @@ def test_cgroup_mode_moves_the_manager_into_a_leaf_and_enables_controllers(
         cgroup_root=root,
         own_cgroup="/app",
     )
+    return base, manager
+
+
+def test_cgroup_mode_moves_the_manager_into_a_leaf_and_enables_controllers(
+    tmp_path: Path,
+) -> None:
+    base, manager = delegated_base(tmp_path, 400 << 20)
+    leaf, agents = base / "agentscope-manager", base / "app-agentscope-agents.slice"
     asyncio.run(manager.connect())
     assert (leaf / "cgroup.procs").read_text() == str(os.getpid())
     assert (base / "cgroup.subtree_control").read_text() == "+memory +pids"
@@ -369,22 +372,7 @@ def test_cgroup_mode_moves_the_manager_into_a_leaf_and_enables_controllers(
 
 
 def test_cgroup_mode_under_a_limit_with_no_room_reports_it(tmp_path: Path) -> None:
-    from agentscope._cgroupmode import CgroupManager
-    from tests.fakefs import make_cgroup
-
-    root = make_cgroup_root(tmp_path / "cg")
-    base = make_cgroup(root, "app", max=100 << 20)
-    write(base / "cgroup.subtree_control", "")
-    make_cgroup(root, "app/agentscope-manager")
-    write(make_cgroup(root, "app/app-agentscope-agents.slice") / "cgroup.subtree_control", "")
-    manager = CgroupManager(
-        "user",
-        "t",
-        "app-agentscope-agents.slice",
-        tmp_path / "run",
-        cgroup_root=root,
-        own_cgroup="/app",
-    )
+    _base, manager = delegated_base(tmp_path, 100 << 20)
     asyncio.run(manager.connect())
     assert manager.default_max is None
     assert manager.limit_note is not None
