@@ -240,8 +240,7 @@ def exec_(
 def ls(ctx: typer.Context) -> None:
     """List the fleet's agents."""
     with fleet_of(ctx) as fleet:
-        # Each agent says which manager runs it (#27): systemd, cgroup or process.
-        agents = [{**a.to_dict(), "mode": fleet.mode} for a in fleet.agents()]
+        agents = _fleet.agent_dicts(fleet, fleet.agents())  # each says which mode runs it (#27)
     if options(ctx).json:
         from agentscope._contract import agent_list
 

@@ -605,10 +605,12 @@ def _sample(fleet: FleetLike, face: FaceState | None) -> str:
     """
     from agentscope import AgentscopeError
 
+    from ._fleet import agent_dicts
+
     agents = fleet.agents()
     status = _status(fleet, agents)
     if face is not None:
-        data = [a.to_dict() for a in agents]
+        data = agent_dicts(fleet, agents)
         try:
             report = fleet.report(top=0).to_dict()
         except (OSError, ValueError, AgentscopeError) as exc:

@@ -153,6 +153,11 @@ class FleetLike(HistoryLike, Protocol):
     ) -> AbstractContextManager[GuardedStream]: ...
 
 
+def agent_dicts(fleet: FleetLike, agents: Sequence[Any]) -> list[dict[str, Any]]:
+    """Agents as ``ls --json`` and ``GET /v1/agents`` give them: each with the mode running it."""
+    return [{**a.to_dict(), "mode": fleet.mode} for a in agents]
+
+
 def open_fleet(opts: Options) -> FleetLike:
     """Connect to the fleet the options name.
 
