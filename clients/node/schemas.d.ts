@@ -19,6 +19,8 @@ export type Agent = {
   terminal: "tmux" | null;
   leftovers?: (number | null);
   reap_after?: number | "keep";
+  /** The manager mode running the agent (ls --json): systemd, cgroup or process. */
+  mode?: "systemd" | "cgroup" | "process";
 };
 
 /** attach --json: The tmux command that attaches to the agent's window. */
@@ -49,6 +51,8 @@ export type Doctor = {
   schema: "agentscope.doctor/1";
   systemd_version: (string | null);
   manager: "system" | "user";
+  /** The manager mode a fleet gets here (docs/containers.md); null: not looked at. */
+  mode?: "systemd" | "cgroup" | "process" | null;
   checks: Array<{
     name: string;
     status: "pass" | "warn" | "fail";
