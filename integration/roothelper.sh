@@ -76,11 +76,8 @@ oomd)
 profile)
     lib=/usr/lib/systemd
     uid=$(id -u "${TEST_USER:?no test user}")
-    # The user manager reloads only where its own units change (Fedora's
-    # user/slice.d): a daemon-reload costs seconds under TCG (issue #29).
     reload() {
         systemctl daemon-reload
-        [ "${1:-}" = user ] || return 0
         runuser -u "$TEST_USER" -- env XDG_RUNTIME_DIR="/run/user/$uid" systemctl --user daemon-reload
     }
     mem_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
@@ -105,14 +102,13 @@ profile)
                     >"$f/10-oomd-per-slice-defaults.conf"
             done
         fi
-        reload "$([ "$2" = fedora ] && echo user)"
+        reload
         systemctl unmask systemd-oomd.socket systemd-oomd.service >/dev/null 2>&1
         systemctl start systemd-oomd.service || exit 1
         echo "profile $2: $(swapon --show=NAME,TYPE,SIZE --noheadings | tr '\n' ' ')"
         oomctl 2>&1 | head -n 40
         ;;
     debian)
-        users=$([ -e "$lib/user/slice.d/10-oomd-per-slice-defaults.conf" ] && echo user)
         systemctl stop systemd-oomd.service systemd-oomd.socket 2>/dev/null
         systemctl mask systemd-oomd.service systemd-oomd.socket >/dev/null 2>&1
         rm -f "$lib/system/-.slice.d/10-oomd-root-slice-defaults.conf" \
@@ -134,7 +130,7 @@ profile)
             [ -b "$z" ] && { zramctl --reset "$z" 2>/dev/null || { sleep 1; zramctl --reset "$z"; }; }
         done
         modprobe -r zram 2>/dev/null
-        reload "$users"
+        reload
         echo "profile debian: swap '$(swapon --show --noheadings)'"
         ;;
     *) echo "profile: ubuntu, fedora or debian"; exit 2 ;;
