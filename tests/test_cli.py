@@ -621,6 +621,7 @@ def test_exit_codes(
     assert result.code == code
     assert result.stdout == ""
     assert result.stderr.startswith("agentscope: error: ")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert_no_traceback(result)
     result = run("--json", *command)
     assert result.code == code

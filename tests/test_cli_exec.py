@@ -60,6 +60,38 @@ def test_no_manager_is_125_and_the_command_does_not_run(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_a_bus_that_is_not_there_is_exit_4_and_the_registry_still_serves(tmp_path: Path) -> None:
+    # A well-formed address whose socket is not there (the manager down), not
+    # a malformed one: the connect itself fails. Moved from the VM suite
+    # (integration/tests/test_cli.py): no manager is reached, so nothing in
+    # it is the kernel's or systemd's, and each CLI start there costs seconds
+    # under TCG (issue #29, CI's time).
+    marker = tmp_path / "ran"
+    gone = {"DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/bus"}
+    done = agentscope_cli(tmp_path, "--json", "ls", env=gone)
+    assert (done.returncode, json.loads(done.stderr)["kind"]) == (4, "systemd_unavailable")
+    assert "/nonexistent/bus" in done.stderr
+    done = agentscope_cli(tmp_path, "--json", "exec", "me", "--", "touch", str(marker), env=gone)
+    assert (done.returncode, json.loads(done.stderr)["kind"]) == (125, "systemd_unavailable")
+    assert not marker.exists()
+    for how, env in (
+        (["--fallback", "run"], gone),
+        ([], {**gone, "AGENTSCOPE_EXEC_FALLBACK": "run"}),
+    ):
+        done = agentscope_cli(
+            tmp_path, "exec", "me", *how, "--", "sh", "-c", "cat /proc/self/cgroup; exit 3", env=env
+        )
+        assert done.returncode == 3, done.stderr
+        assert "unconfined" in done.stderr
+        assert "/nonexistent/bus" in done.stderr
+        assert "-me-" not in done.stdout  # in no agent's scope
+    # What needs the registry alone still works: events, gc.
+    for args in (["events", "--since", "-1h"], ["gc", "--retention", "1h30min"]):
+        done = agentscope_cli(tmp_path, "--json", *args, env=gone)
+        assert done.returncode == 0, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("how", "env"),
     [

@@ -11,8 +11,13 @@ import asyncio
 import contextlib
 import functools
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -170,6 +175,57 @@ def own_children() -> set[str]:
         except FileNotFoundError:  # the thread ended meanwhile
             continue
     return found
+
+
+CLI = shutil.which("agentscope") or "agentscope"
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read a notify socket until it is closed."""
+    with contextlib.suppress(OSError):
+        while sock.recv(4096):
+            pass
+
+
+@contextlib.contextmanager
+def cli_monitor(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
+    """``agentscope ARGS`` (a monitor), yielded once it told READY=1; killed after if still up.
+
+    Its READY=1 on a NOTIFY_SOCKET of the test's says when it watches, as it
+    tells systemd under Type=notify: a fixed sleep for its start under TCG
+    was too short under load and too long without (issue #29, CI's time).
+    stdout and stderr are pipes for the test to read.
+    """
+    where = Path(tempfile.mkdtemp(prefix="as-"))  # AF_UNIX: 108 bytes
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(where / "notify"))
+    notify.settimeout(1)
+    monitor = subprocess.Popen(
+        [CLI, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {}), "NOTIFY_SOCKET": str(where / "notify")},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert monitor.poll() is None, f"the monitor ended: {monitor.communicate()[1][-2000:]}"
+            assert time.monotonic() < deadline, "no READY=1 from the monitor in 120 s"
+            with contextlib.suppress(TimeoutError):
+                if b"READY=1" in notify.recv(4096):
+                    break
+        # It goes on sending WATCHDOG/STATUS; a socket gone or full would stop it.
+        notify.settimeout(None)
+        threading.Thread(target=_drain, args=(notify,), daemon=True).start()
+        yield monitor
+    finally:
+        if monitor.poll() is None:
+            monitor.kill()
+            monitor.communicate()
+        notify.close()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def systemctl(*args: str) -> str:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -16,7 +14,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import GROW, MANAGER, SYSTEMD, systemctl, validate
+from conftest import GROW, MANAGER, SYSTEMD, cli_monitor, systemctl, validate
+
+import agentscope
 
 CLI = shutil.which("agentscope") or "agentscope"
 SLICE = "app-agentscope-agents.slice"
@@ -69,15 +69,10 @@ def test_run_ls_stop_and_the_agent_outlives_the_cli(fleet: str, tmp_path: Path) 
         if "started" in log.read_text():
             break
         time.sleep(0.1)
-    assert "started" in log.read_text()
-    # logs reads the file run wrote (--log's here), as text and as JSON.
-    logs = ok_json("--fleet", fleet, "logs", "a", "--log", str(log))
-    assert logs == {
-        "schema": "agentscope.logs/1",
-        "name": "a",
-        "log": str(log),
-        "lines": ["started"],
-    }
+    # The agent's output reached the file run named. `logs` reading it back
+    # is a file read, the same on any host: tests/test_cli.py's
+    # test_logs_reads_the_log_file_run_writes.
+    assert log.read_text() == "started\n"
     # Piped, the table is at full width: the unit name on one line with its row.
     table = cli("--fleet", fleet, "ls")
     assert any(line.startswith("a ") and out["unit"] in line for line in table.stdout.splitlines())
@@ -92,8 +87,10 @@ def test_run_ls_stop_and_the_agent_outlives_the_cli(fleet: str, tmp_path: Path) 
         "state": "running",
     }
     assert {"memory_current", "oom_kills", "started"} <= set(row)
-    for args in (["freeze", "a"], ["thaw", "a"], ["kill", "a", "--signal", "CONT"]):
-        validate(ok_json("--fleet", fleet, *args))
+    # freeze, thaw and kill are the library's calls (test_launch.py's
+    # test_stop_kill_freeze_thaw_wait drives them through this systemd) behind
+    # the CLI's own code (tests/test_cli.py's test_stop_kill_freeze_thaw): a
+    # CLI start each here costs seconds under TCG (issue #29, CI's time).
     report = ok_json("--fleet", fleet, "report", "--top", "5")
     assert isinstance(report, dict)
     assert validate(report) == "agentscope.report/1"
@@ -231,7 +228,8 @@ def test_exec_through_the_private_socket_alone(fleet: str) -> None:
 
 
 def test_exec_clears_stale_slice_limits(fleet: str) -> None:
-    ok_json("--fleet", fleet, "ls")  # the registry exists: only the limits stand in the way
+    with agentscope.Fleet(fleet):  # the registry exists: only the limits stand in the way
+        pass
     systemctl("set-property", "--runtime", SLICE, "MemoryHigh=100M")
     done = cli("--fleet", fleet, "exec", "me", "--", "true")
     assert done.returncode == 0, done.stderr
@@ -256,37 +254,8 @@ def test_bad_input_exit_codes(fleet: str, args: list[str], code: int, kind: str)
     assert done.returncode == code, done.stderr
     assert "Traceback" not in done.stderr
     assert json.loads(done.stderr)["kind"] == kind
-    human = cli("--fleet", fleet, *args)
-    assert human.returncode == code
-    assert len(human.stderr.strip().splitlines()) == 1, human.stderr
-
-
-def test_systemd_unreachable_is_exit_4(fleet: str) -> None:
-    env = {
-        "DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/bus",
-        "DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent/bus",
-        "XDG_RUNTIME_DIR": "/nonexistent",
-    }
-    done = cli("--json", "--fleet", fleet, "ls", env=env)
-    assert done.returncode == 4
-    assert json.loads(done.stderr)["kind"] == "systemd_unavailable"
-    # exec: its own 125, or with --fallback run the command, unconfined, as itself.
-    done = cli("--json", "--fleet", fleet, "exec", "me", "--", "true", env=env)
-    assert (done.returncode, json.loads(done.stderr)["kind"]) == (125, "systemd_unavailable")
-    script = "cat /proc/self/cgroup; exit 3"
-    for how in (["--fallback", "run"], []):
-        done = cli(
-            "--fleet", fleet, "exec", "me", *how, "--", "sh", "-c", script,
-            env={**env, "AGENTSCOPE_EXEC_FALLBACK": "run"} if not how else env,
-        )  # fmt: skip
-        assert done.returncode == 3, done.stderr
-        assert "unconfined" in done.stderr
-        assert f"agentscope-{fleet}-me-" not in done.stdout
-    assert "/nonexistent/bus" in done.stderr
-    # What needs the registry alone still works: events, gc (and logs of a log file).
-    for args in (["events", "--since", "-1h"], ["gc", "--retention", "1h30min"]):
-        done = cli("--json", "--fleet", fleet, *args, env=env)
-        assert done.returncode == 0, (args, done.stderr)
+    # The human form of the same error is the CLI's own formatting, the same
+    # on any host: tests/test_cli.py's test_exit_codes and test_cli_exec.py.
 
 
 def test_doctor_and_gc_json(fleet: str) -> None:
@@ -302,13 +271,6 @@ def test_doctor_and_gc_json(fleet: str) -> None:
             assert check["fix"]
     gc = ok_json("--fleet", fleet, "gc")
     assert validate(gc) == "agentscope.gc/1"
-
-
-def _drain(sock: socket.socket) -> None:
-    """Read a notify socket until it is closed."""
-    with contextlib.suppress(OSError):
-        while sock.recv(4096):
-            pass
 
 
 def test_a_systemd_run_scope_named_as_documented_is_an_agent_with_one_event_shape(
@@ -345,8 +307,6 @@ def test_a_systemd_run_scope_named_as_documented_is_an_agent_with_one_event_shap
         ],
         stdin=subprocess.DEVNULL,
     )
-    monitor = None
-    notify: socket.socket | None = None
     try:
         for _ in range(100):
             if systemctl("show", unit, "-p", "ActiveState").strip() == "ActiveState=active":
@@ -365,60 +325,60 @@ def test_a_systemd_run_scope_named_as_documented_is_an_agent_with_one_event_shap
         # The kill must come after the monitor started: one that comes before
         # is recovered at its start, and a gone scope's kill has no agent
         # without the kernel's log (a user on Debian's defaults). Its READY=1
-        # on a NOTIFY_SOCKET of the test's says when, as it tells systemd.
-        notify_path = Path(tempfile.mkdtemp(prefix="as-")) / "notify"  # AF_UNIX: 108 bytes
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(str(notify_path))
-        notify.settimeout(120)
-        monitor = subprocess.Popen(
-            [CLI, "--json", "--fleet", fleet, "monitor", "--interval", "1"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
-        )
-        while b"READY=1" not in notify.recv(4096):
-            pass
-        # It goes on sending WATCHDOG/STATUS; a socket gone or full would stop it.
-        threading.Thread(target=_drain, args=(notify,), daemon=True).start()
-        assert monitor.poll() is None
-        go.touch()
-        recorded: list[dict[str, object]] = []
-        for _ in range(60):
-            done = cli("--json", "--fleet", fleet, "events", "--kind", "oom_kill")
-            recorded = [json.loads(line) for line in done.stdout.splitlines()]
-            if recorded:
-                break
-            time.sleep(1)
-        assert recorded, "no oom_kill recorded"
-        monitor.send_signal(signal.SIGTERM)
-        out, err = monitor.communicate(timeout=60)
+        # says when (conftest.cli_monitor). The kill is awaited on the
+        # monitor's own output, not by polling events (a CLI start a poll,
+        # seconds each under TCG).
+        with cli_monitor("--json", "--fleet", fleet, "monitor", "--interval", "1") as monitor:
+            assert monitor.stdout is not None
+            assert monitor.stderr is not None
+            lines: list[str] = []
+            errs: list[str] = []
+            seen = threading.Event()
+
+            def read() -> None:
+                assert monitor.stdout is not None
+                for line in monitor.stdout:
+                    lines.append(line)
+                    if json.loads(line)["kind"] == "oom_kill":
+                        seen.set()
+
+            readers = [
+                threading.Thread(target=read, daemon=True),
+                threading.Thread(target=lambda: errs.append(monitor.stderr.read()), daemon=True),
+            ]
+            for reader in readers:
+                reader.start()
+            go.touch()
+            # A 48M cap reached at 16 MiB/s once python3 is up: seconds, but
+            # minutes on a starved TCG host (as the events polls allowed).
+            assert seen.wait(300), f"no oom_kill from the monitor: {lines}"
+            monitor.send_signal(signal.SIGTERM)
+            monitor.wait(60)
+            for reader in readers:
+                reader.join(30)
+            monitor.stdout.close()
+            monitor.stderr.close()
+        err = "".join(errs)
         assert "Traceback" not in err, err[-2000:]
-        live = [json.loads(line) for line in out.splitlines()]
+        live = [json.loads(line) for line in lines]
         kills = [e for e in live if e["kind"] == "oom_kill"]
-        assert len(kills) == 1, (kills, recorded, err[-2000:])
+        assert len(kills) == 1, (kills, err[-2000:])
         (kill,) = kills
         assert kill["agent"] == "harness", (kill, err[-2000:])
         assert kill["detail"]["unit"] == unit, kill
         assert kill["id"] is None, kill
         # One event, one shape: the record is the live line with its id. Read
-        # again now that the monitor is done: the first read may have come
-        # from a CLI call's open, which records a kill it finds before the
-        # running monitor brings its detail to that same row.
-        done = cli("--json", "--fleet", fleet, "events", "--kind", "oom_kill")
+        # now that the monitor is done: a CLI call's open while it ran could
+        # record a kill it finds before the monitor brings its detail to that
+        # same row. --kind's filter is the CLI's own (tests/test_cli.py).
+        done = cli("--json", "--fleet", fleet, "events")
         recorded = [json.loads(line) for line in done.stdout.splitlines()]
         assert {validate(e) for e in live + recorded} == {"agentscope.event/1"}
-        assert len(recorded) == 1, recorded
-        assert {**kill, "id": recorded[0]["id"]} == recorded[0], (kill, recorded)
-        found = cli("--json", "--fleet", fleet, "events", "--kind", "found")
-        assert [json.loads(line)["agent"] for line in found.stdout.splitlines()] == ["harness"]
+        oom = [e for e in recorded if e["kind"] == "oom_kill"]
+        assert len(oom) == 1, recorded
+        assert {**kill, "id": oom[0]["id"]} == oom[0], (kill, oom)
+        assert [e["agent"] for e in recorded if e["kind"] == "found"] == ["harness"]
     finally:
-        if monitor is not None and monitor.poll() is None:
-            monitor.kill()
-            monitor.wait()
-        if notify is not None:
-            notify.close()
         go.touch()
         subprocess.run(
             ["systemctl", *(["--user"] if MANAGER == "user" else []), "stop", unit],

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import own_fleet, systemctl, validate
+from conftest import cli_monitor, own_fleet, systemctl, validate
 
 import agentscope
 from agentscope import DEVNULL, AsyncFleet
@@ -161,32 +160,26 @@ async def test_two_runaways_at_once_both_killed_by_the_cli_monitor(
     fleet: AsyncFleet, work: Path
 ) -> None:
     # `agentscope monitor --guard --json` as its own process, as a harness runs it.
-    monitor = subprocess.Popen(
-        [CLI, "--json", "--fleet", fleet.name, "monitor", "--guard", "--interval", "1"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        await asyncio.sleep(8)  # its start under TCG: imports, first samples
-        assert monitor.poll() is None, monitor.stderr.read() if monitor.stderr else ""
-        kills_before = kernel_oom_kills()
-        rcs = {n: work / f"rc-{n}" for n in ("left", "right")}
-        agents = {
-            n: await fleet.launch(
-                n,
-                ["sh", "-c", TOOL_CALL, "sh", GROW, str(rc)],
-                stdin=DEVNULL,
-                stdout=DEVNULL,
-                stderr=DEVNULL,
-            )
-            for n, rc in rcs.items()
-        }
-        assert await wait_until(lambda: all(rc.exists() for rc in rcs.values()), 150)
-    finally:
-        monitor.send_signal(signal.SIGTERM)
-        out, err = monitor.communicate(timeout=60)
+    with cli_monitor(
+        "--json", "--fleet", fleet.name, "monitor", "--guard", "--interval", "1"
+    ) as monitor:
+        try:
+            kills_before = kernel_oom_kills()
+            rcs = {n: work / f"rc-{n}" for n in ("left", "right")}
+            agents = {
+                n: await fleet.launch(
+                    n,
+                    ["sh", "-c", TOOL_CALL, "sh", GROW, str(rc)],
+                    stdin=DEVNULL,
+                    stdout=DEVNULL,
+                    stderr=DEVNULL,
+                )
+                for n, rc in rcs.items()
+            }
+            assert await wait_until(lambda: all(rc.exists() for rc in rcs.values()), 150)
+        finally:
+            monitor.send_signal(signal.SIGTERM)
+            out, err = monitor.communicate(timeout=60)
     print(err[-2000:])
     assert "Traceback" not in err
     events = [json.loads(line) for line in out.splitlines()]

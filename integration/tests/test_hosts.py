@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DISTRO, MANAGER, own_fleet
+from conftest import DISTRO, MANAGER, cli_monitor, own_fleet
 from roothelper import as_root
-from test_guard import CLI, TOOL_CALL, guard_kills, kernel_oom_kills, wait_until
+from test_guard import TOOL_CALL, guard_kills, kernel_oom_kills, wait_until
 
 import agentscope
 from agentscope import DEVNULL, AsyncFleet
@@ -264,18 +264,11 @@ async def test_the_guard_acts_when_the_registry_cannot_be_opened(tmp_path: Path)
     unit = f"agentscope-r{uuid.uuid4().hex[:6]}-runaway-{uuid.uuid4().hex[:6]}.scope"
     kills_before = kernel_oom_kills()
     runaway: subprocess.Popen[bytes] | None = None
-    with unreadable_registry() as env:
-        monitor = subprocess.Popen(
-            [CLI, "--json", "monitor", "--guard", "--interval", "1"],
-            env={**os.environ, **env},
-            stdin=DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    with (
+        unreadable_registry() as env,
+        cli_monitor("--json", "monitor", "--guard", "--interval", "1", env=env) as monitor,
+    ):
         try:
-            await asyncio.sleep(8)  # its start under TCG
-            assert monitor.poll() is None, monitor.communicate()[1]
             runaway = subprocess.Popen(
                 [
                     *("systemd-run", *user, "--scope", "--quiet", f"--unit={unit}"),

@@ -211,9 +211,10 @@ def installed() -> Iterator[Installed]:
         assert "Traceback" not in done.stderr
         yield inst
     finally:
-        done = cli("--fleet", fleet, "uninstall", SCOPE_FLAG)
+        # The test's drop-in goes first: uninstall's own daemon-reload then
+        # drops it too (one reload fewer: seconds under TCG, issue #29).
         shutil.rmtree(dropin.parent, ignore_errors=True)
-        sc("daemon-reload")
+        done = cli("--fleet", fleet, "uninstall", SCOPE_FLAG)
         fatal_log(fleet).unlink(missing_ok=True)
         for core in core_files() - cores:
             core.unlink()
@@ -378,8 +379,9 @@ def _broken_config_keeps_daemon_reload_working(installed: Installed) -> None:
         assert "agentscope-generator:" in kmsg
         assert "not valid TOML" in kmsg
     finally:
-        config.write_bytes(original)  # unchanged, so uninstall removes it
-    sc("daemon-reload")
+        # Unchanged, so uninstall removes it; its daemon-reload, right after
+        # this test, runs the generator over the good config again.
+        config.write_bytes(original)
 
 
 def _oom_kill_in_a_scope_stops_only_that_process(installed: Installed) -> None:
@@ -447,11 +449,7 @@ def _oom_kill_in_a_scope_stops_only_that_process(installed: Installed) -> None:
         runner.wait()
 
 
-def test_dry_run_writes_nothing() -> None:
-    before = tree()
-    done = cli("--json", "--fleet", "dry", "install", SCOPE_FLAG, "--dry-run")
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
-    assert out["dry_run"] is True
-    assert any("agentscope-monitor@" in line for line in out["done"])
-    assert tree() == before
+# --dry-run writes nothing: the same plan on any host, checked there over a
+# tree of its own (tests/test_install.py's test_dry_run_lists_and_writes_nothing,
+# tests/test_cli.py's test_install_user_dry_run_writes_nothing): a CLI start
+# here costs seconds under TCG (issue #29, CI's time).
