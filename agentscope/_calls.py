@@ -36,6 +36,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from ._callevents import CallWatch
+
 __all__ = [
     "AGENT_LEAF",
     "CALL_PREFIX",
@@ -377,11 +379,17 @@ def populated(path: str) -> bool | None:
     return None
 
 
-def remove_when_empty(path: str, *, poll_interval: float = 1.0) -> None:
+def remove_when_empty(
+    path: str,
+    *,
+    poll_interval: float = 1.0,
+    on_empty: Callable[[str], None] | None = None,
+) -> None:
     """Wait until the cgroup ``path`` is empty, then remove it (and its empty children).
 
     ``cgroup.events`` raises a poll event at each change of ``populated``;
-    a periodic re-read covers a missed one.
+    a periodic re-read covers a missed one. ``on_empty(path)`` is called
+    once it is first found empty, before the removal (the call's last figures).
     """
     import select
 
@@ -390,6 +398,9 @@ def remove_when_empty(path: str, *, poll_interval: float = 1.0) -> None:
         if state is None:
             return
         if not state:
+            if on_empty is not None:
+                on_empty(path)
+                on_empty = None
             _remove_tree(path)
             if not os.path.isdir(path):
                 return
@@ -416,8 +427,11 @@ def _remove_tree(path: str) -> None:
     _rmdir(path)
 
 
-def fork_remover(path: str) -> None:
+def fork_remover(path: str, watch: CallWatch | None = None) -> None:
     """Fork a process that removes the cgroup ``path`` once the caller exec'd and it emptied.
+
+    With ``watch``, it also writes the call's ``call_started`` (after the
+    exec) and ``call_exited`` (once empty) events (:mod:`._callevents`).
 
     Called before the caller moves into ``path``. The remover is a
     grandchild in its own session (no terminal signal reaches it, and the
@@ -438,7 +452,12 @@ def fork_remover(path: str) -> None:
                 os.closerange(r + 1, 1 << 20)
                 while os.read(r, 1):
                     pass
-                remove_when_empty(path)
+                if watch is None:
+                    remove_when_empty(path)
+                else:
+                    watch.begin()
+                    remove_when_empty(path, on_empty=watch.measure)
+                    watch.end(None)
         finally:
             os._exit(0)
     os.close(r)

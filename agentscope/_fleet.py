@@ -24,6 +24,7 @@ from typing import Any
 from . import _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
+from ._callevents import calls_dir
 from ._callrun import Call, start_call
 from ._errors import (
     AgentNotFound,
@@ -531,6 +532,7 @@ class AsyncFleet:
             stdout=stdout,
             stderr=stderr,
             oom_score_adj=self.agent_oom_score_adj,
+            events_dir=calls_dir(self._store.path),
         )
 
     async def stop(self, name: str, timeout: float = 10) -> None:

@@ -174,9 +174,19 @@ def call_command(
                 f"cannot make a call's cgroup in {unit}: {exc.strerror or exc} "
                 f"({exc.filename or scope_dir})"
             ) from exc
+        from agentscope import _callevents
+
+        watch = _callevents.CallWatch(
+            _callevents.calls_dir_of_scope(scope),
+            unit,
+            os.path.basename(call_dir),
+            os.getpid(),
+            _callevents.argv_summary(cmd),
+            (limits.memory_max, limits.tasks_max),
+        )
         sys.stdout.flush()
         sys.stderr.flush()
-        _calls.fork_remover(call_dir)
+        _calls.fork_remover(call_dir, watch)
         try:
             _calls.enter(call_dir)
         except OSError as exc:

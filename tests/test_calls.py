@@ -277,7 +277,7 @@ def test_call_moves_itself_into_a_new_call_and_execs(
 ) -> None:
     scope = settled(kernel)
     removers: list[str] = []
-    monkeypatch.setattr(_calls, "fork_remover", removers.append)
+    monkeypatch.setattr(_calls, "fork_remover", lambda path, watch: removers.append(path))
     ran: list[tuple[str, list[str]]] = []
     call_command(
         Options(),

@@ -83,6 +83,30 @@ export type AdoptedDetail = {
   via?: "exec";
 };
 
+/** detail of a call_exited event: A tool call ended: its cgroup emptied (the command and whatever it left running) and was removed. The fields of call_started, and status as Popen.returncode (-9: SIGKILL; null for agentscope call, whose command is its caller's child: only that caller learns it), peak the call's memory.peak in bytes (null before Linux 5.19), oom_kills the OOM kills inside the call (memory.events oom_kill), seconds from its start to its end. */
+export type CallExitedDetail = {
+  unit: string;
+  call: string;
+  pid: number;
+  argv: string;
+  memory_max: (number | null);
+  tasks_max: (number | null);
+  status: (number | null);
+  peak: (number | null);
+  oom_kills: (number | null);
+  seconds: (number | null);
+};
+
+/** detail of a call_started event: A tool call started in the agent's scope (docs/calls.md): unit the agent's scope, call the call's cgroup (call-LABEL-N, unique among the scope's running calls), pid the command's, argv its command line cut at 256 characters, memory_max (bytes) and tasks_max its caps (null: none of its own). */
+export type CallStartedDetail = {
+  unit: string;
+  call: string;
+  pid: number;
+  argv: string;
+  memory_max: (number | null);
+  tasks_max: (number | null);
+};
+
 /** detail of a escaped event: A descendant of the agent that lives outside its scope (systemd-run --scope, a tmux pane scope, a process that moved itself), reported once; reclaimed says whether it was moved back (null: not tried). */
 export type EscapedDetail = {
   unit: string;
@@ -518,6 +542,8 @@ export type Version = {
 /** Each event kind's `detail` (schemas/events/KIND.json). */
 export interface EventDetails {
   adopted: AdoptedDetail;
+  call_exited: CallExitedDetail;
+  call_started: CallStartedDetail;
   escaped: EscapedDetail;
   exited: ExitedDetail;
   failed: FailedDetail;
