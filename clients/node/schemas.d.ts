@@ -161,7 +161,7 @@ export type GuardHeldDetail = {
   limit?: string;
 };
 
-/** detail of a guard_kill event: The memory guard killed a process of an agent before the kernel had to (docs/guard.md). */
+/** detail of a guard_kill event: The memory guard killed a process of an agent before the kernel had to (docs/guard.md). call: the tool call (call-LABEL-N, docs/calls.md) the process was in, killed whole with it (processes: how many it held); null for a process of the agent itself, killed alone. */
 export type GuardKillDetail = {
   unit: string;
   pid: number;
@@ -180,6 +180,8 @@ export type GuardKillDetail = {
   limit?: string;
   limit_bytes?: (number | null);
   limit_available_percent?: (number | null);
+  call?: (string | null);
+  processes?: number;
 };
 
 /** detail of a launched event: The fleet started the agent's scope and its command exec'd. */
