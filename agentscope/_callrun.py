@@ -8,8 +8,9 @@ never runs, forks or allocates outside its call. The move is the kernel's
 or a harness inside the same user manager), else systemd's
 ``AttachProcessesToUnit`` with the call as sub-cgroup, which a delegated
 unit accepts (systemd 238+; a user manager asks the system manager for a
-process outside its tree). A thread removes the call's cgroup once it is
-empty, as ``agentscope call``'s remover does.
+process outside its tree). A thread ends what the command left running once
+it has exited and removes the call's cgroup once it is empty, as
+``agentscope call``'s remover does.
 """
 
 from __future__ import annotations
@@ -142,9 +143,11 @@ async def start_call(
 
 
 def _watch(call_dir: str, popen: subprocess.Popen[bytes], watch: _callevents.CallWatch) -> None:
-    """The call's events around its life, and its cgroup's removal once it is empty."""
+    """The call's events around its life; once its command ended, its leftovers
+    (:func:`._calls.end_leftovers`) and its cgroup's removal."""
     watch.begin()
     status = popen.wait()
+    _calls.end_leftovers(call_dir)
     _calls.remove_when_empty(call_dir, on_empty=watch.measure)
     watch.end(status)
 

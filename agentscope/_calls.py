@@ -17,8 +17,10 @@ lives. Who removes a call's cgroup: a small remover process forked by the
 caller before it moves into the call (:func:`fork_remover`). It stays in
 the caller's cgroup, waits until the caller has exec'd (its pipe closes on
 exec), then until the call cgroup is empty (``cgroup.events``
-``populated 0``, pollable), and removes it. The call's command thereby
-keeps the caller's PID, signals and exit status, as with ``exec``.
+``populated 0``, pollable), and removes it; once the caller (by then the
+command) has exited, it ends what the call left running
+(:func:`end_leftovers`). The call's command thereby keeps the caller's PID,
+signals and exit status, as with ``exec``.
 
 Plain functions over a cgroup root (tests point them at a fake tree), with
 only :mod:`os`-level imports: ``agentscope call`` imports this module before
@@ -48,15 +50,19 @@ __all__ = [
     "call_limits",
     "create_call",
     "delegation",
+    "end_leftovers",
     "enter",
     "find_scope",
     "fork_remover",
+    "kill_tree",
     "own_cgroup",
     "remove_when_empty",
     "say_not_isolated",
     "settle",
     "settle_process",
+    "signal_tree",
     "sweep",
+    "wait_empty",
 ]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -387,36 +393,145 @@ def remove_when_empty(
 ) -> None:
     """Wait until the cgroup ``path`` is empty, then remove it (and its empty children).
 
+    ``on_empty(path)`` is called once it is first found empty, before the
+    removal (the call's last figures).
+    """
+    while wait_empty(path, None, poll_interval=poll_interval):
+        if on_empty is not None:
+            on_empty(path)
+            on_empty = None
+        _remove_tree(path)
+        if not os.path.isdir(path):
+            return
+
+
+def wait_empty(path: str, timeout: float | None, *, poll_interval: float = 1.0) -> bool:
+    """Wait until the cgroup ``path`` holds no process (True), it is gone or ``timeout`` passed.
+
     ``cgroup.events`` raises a poll event at each change of ``populated``;
-    a periodic re-read covers a missed one. ``on_empty(path)`` is called
-    once it is first found empty, before the removal (the call's last figures).
+    a periodic re-read covers a missed one.
     """
     import select
+    import time
 
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         state = populated(path)
         if state is None:
-            return
+            return False
         if not state:
-            if on_empty is not None:
-                on_empty(path)
-                on_empty = None
-            _remove_tree(path)
-            if not os.path.isdir(path):
-                return
+            return True
+        left = (
+            poll_interval if deadline is None else min(poll_interval, deadline - time.monotonic())
+        )
+        if left <= 0:
+            return False
         try:
             fd = os.open(path + "/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return
+            return False
         try:
             poller = select.poll()
             poller.register(fd, select.POLLPRI | select.POLLERR)
             os.read(fd, 4096)  # arm: a change after this read wakes the poll
             if populated(path) is False:
                 continue
-            poller.poll(int(poll_interval * 1000))
+            poller.poll(int(left * 1000))
         finally:
             os.close(fd)
+
+
+# A call's leftovers (``cmd &`` it did not wait for) may outlive its command
+# this long, as an agent's by default (_scopeprops.DEFAULT_REAP_AFTER); then
+# SIGTERM, and SIGKILL this long after (as the scope's stop job does).
+LEFTOVER_GRACE = 10.0
+TERM_GRACE = 5.0
+
+
+def end_leftovers(
+    path: str, proc_root: str = "/proc", *, grace: float = LEFTOVER_GRACE, term: float = TERM_GRACE
+) -> int:
+    """After a call's command ended: its leftovers get ``grace`` s, SIGTERM, ``term`` s, SIGKILL.
+
+    Returns how many processes were signalled (0: the call emptied by itself).
+    """
+    import signal
+
+    if wait_empty(path, grace) or populated(path) is None:
+        return 0
+    termed = signal_tree(path, signal.SIGTERM, proc_root)
+    if wait_empty(path, term) or populated(path) is None:
+        return termed
+    return max(termed, kill_tree(path, proc_root))
+
+
+def signal_tree(path: str, sig: int, proc_root: str = "/proc") -> int:
+    """Send ``sig`` to each process of the cgroup ``path`` and below, through a pidfd,
+    once ``/proc/PID/cgroup`` says it is still in it; how many were signalled."""
+    import signal
+
+    head, _, name = path.rstrip("/").rpartition("/")
+    inside = f"/{head.rpartition('/')[2]}/{name}/"  # the scope's unit is unique
+    sent = 0
+    for pid in _pids_below(path):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            where = own_cgroup(pid, proc_root)
+            if where is not None and inside in where + "/":
+                signal.pidfd_send_signal(pidfd, sig)
+                sent += 1
+        except OSError:
+            pass  # gone meanwhile
+        finally:
+            os.close(pidfd)
+    return sent
+
+
+def _pids_below(path: str) -> list[int]:
+    pids: list[int] = []
+    for top, _dirs, _files in os.walk(path):
+        text = _read(top + "/cgroup.procs")
+        if text is not None:
+            pids.extend(int(p) for p in text.split() if p.isdigit())
+    return pids
+
+
+def kill_tree(path: str, proc_root: str = "/proc") -> int:
+    """SIGKILL every process of the cgroup ``path`` and below; how many it held (0: gone).
+
+    ``cgroup.kill`` (Linux 5.14+) kills them all at once, forks racing the
+    kill included. Before it, the cgroup is frozen (``cgroup.freeze``, 5.2+:
+    none of it forks meanwhile; a frozen process still dies of SIGKILL,
+    Documentation/admin-guide/cgroup-v2.rst), each process killed through a
+    pidfd (:func:`signal_tree`), and thawed.
+    """
+    import signal
+
+    held = len(_pids_below(path))
+    try:
+        _write(path + "/cgroup.kill", "1")
+        return held
+    except FileNotFoundError:
+        if not os.path.isdir(path):
+            return 0
+    except OSError:
+        pass  # refused: pid by pid then
+    try:
+        _write(path + "/cgroup.freeze", "1")
+        frozen = True
+    except OSError:
+        frozen = False
+    try:
+        return signal_tree(path, signal.SIGKILL, proc_root)
+    finally:
+        if frozen:
+            try:  # noqa: SIM105 (contextlib is one import too many here)
+                _write(path + "/cgroup.freeze", "0")
+            except OSError:
+                pass
 
 
 def _remove_tree(path: str) -> None:
@@ -432,6 +547,8 @@ def fork_remover(path: str, watch: CallWatch | None = None) -> None:
 
     With ``watch``, it also writes the call's ``call_started`` (after the
     exec) and ``call_exited`` (once empty) events (:mod:`._callevents`).
+    Once the caller (by then the command) has exited, what the call left
+    running ends too (:func:`end_leftovers`).
 
     Called before the caller moves into ``path``. The remover is a
     grandchild in its own session (no terminal signal reaches it, and the
@@ -440,6 +557,10 @@ def fork_remover(path: str, watch: CallWatch | None = None) -> None:
     not held open by it.
     """
     r, w = os.pipe()  # both close-on-exec: the caller's exec closes w, and r sees EOF
+    try:  # the caller, whose exit (as its command) ends the call's leftovers
+        caller: int | None = os.pidfd_open(os.getpid())
+    except OSError:
+        caller = None  # no pidfd (Linux before 5.3): leftovers end when they do
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the forked child
         try:
@@ -448,19 +569,28 @@ def fork_remover(path: str, watch: CallWatch | None = None) -> None:
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(null, fd)
-                os.closerange(3, r)
-                os.closerange(r + 1, 1 << 20)
+                low = 3
+                for keep in sorted({r} if caller is None else {r, caller}):
+                    os.closerange(low, keep)
+                    low = keep + 1
+                os.closerange(low, 1 << 20)
                 while os.read(r, 1):
                     pass
-                if watch is None:
-                    remove_when_empty(path)
-                else:
+                if watch is not None:
                     watch.begin()
-                    remove_when_empty(path, on_empty=watch.measure)
+                if caller is not None:
+                    import select
+
+                    select.select([caller], [], [])  # readable once it exited
+                    end_leftovers(path)
+                remove_when_empty(path, on_empty=None if watch is None else watch.measure)
+                if watch is not None:
                     watch.end(None)
         finally:
             os._exit(0)
     os.close(r)
+    if caller is not None:
+        os.close(caller)
     os.waitpid(pid, 0)
     # w stays open in the caller: its exec (or exit) closes it, and that wakes the remover.
     _KEEP.append(w)

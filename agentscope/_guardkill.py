@@ -9,7 +9,7 @@
   still in its scope under the agents slice; then calls
   ``process_mrelease`` so the memory comes back before the victim has
   finished exiting. A victim in a tool call (``<scope>/call-*``, #26) takes
-  its whole call with it (:func:`kill_cgroup`): the call's other processes
+  its whole call with it (:func:`._calls.kill_tree`): the call's other processes
   (the ``make`` above the runaway compiler), never the agent's own leaf nor
   another call.
 """
@@ -25,12 +25,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._calls import CALL_PREFIX
-from ._cgroup import _read_kernel_file, parse_procs
+from ._calls import CALL_PREFIX, kill_tree
 from ._guardpolicy import GuardConfig
 from ._proc import PROC_ROOT, read_cgroup, read_stat
 
-__all__ = ["call_in", "kill_cgroup", "kill_process", "prepare_process"]
+__all__ = ["call_in", "kill_process", "prepare_process"]
 
 log = logging.getLogger("agentscope.guard")
 
@@ -183,7 +182,7 @@ def _kill(
     released = _mrelease(pidfd)
     if call is None or slice_dir is None or in_scope is None:
         return _Killed(pidfd, released, at)
-    processes = kill_cgroup(slice_dir / in_scope[1] / call, proc_root)
+    processes = kill_tree(str(slice_dir / in_scope[1] / call), os.fspath(proc_root))
     return _Killed(pidfd, released, at, call, max(processes, 1))
 
 
@@ -195,79 +194,3 @@ def call_in(path: str, slice_name: str, unit: str) -> str | None:
         return None
     child = path[at + len(marker) :].partition("/")[0]
     return child if child.startswith(CALL_PREFIX) else None
-
-
-def _pids_below(cgroup: Path) -> list[int]:
-    """The pids of ``cgroup`` and its sub-cgroups (gone ones skipped)."""
-    pids: list[int] = []
-    for top, _dirs, _files in os.walk(cgroup):
-        data = _read_kernel_file(os.path.join(top, "cgroup.procs"))
-        if data is not None:
-            pids.extend(parse_procs(data))
-    return pids
-
-
-def kill_cgroup(cgroup: Path, proc_root: Path = PROC_ROOT) -> int:
-    """SIGKILL every process of ``cgroup`` and below; how many it held (0: gone).
-
-    ``cgroup.kill`` (Linux 5.14+) kills them all at once, forks racing the
-    kill included. Before it, the cgroup is frozen (``cgroup.freeze``, 5.2+:
-    no process of it forks meanwhile; a frozen process still dies of
-    SIGKILL, Documentation/admin-guide/cgroup-v2.rst), each of its processes
-    killed through a pidfd after checking it is still in it, and thawed.
-    A cgroup gone meanwhile gives 0.
-    """
-    pids = _pids_below(cgroup)
-    try:
-        _write(cgroup / "cgroup.kill", "1")
-        return len(pids)
-    except FileNotFoundError:
-        if not cgroup.is_dir():
-            return 0
-        _say_once("cgroup.kill", "no cgroup.kill (Linux before 5.14): a call is killed pid by pid")
-    except OSError as exc:
-        _say_once(f"cgroup.kill:{exc.errno}", "cannot write cgroup.kill: %s", exc)
-    frozen = _try_write(cgroup / "cgroup.freeze", "1")
-    try:
-        killed = 0
-        inside = f"/{cgroup.parent.name}/{cgroup.name}/"  # a scope's unit is unique
-        for pid in _pids_below(cgroup):
-            killed += _kill_member(pid, inside, proc_root)
-        return killed
-    finally:
-        if frozen:
-            _try_write(cgroup / "cgroup.freeze", "0")
-
-
-def _kill_member(pid: int, inside: str, proc_root: Path) -> int:
-    """SIGKILL ``pid`` through a pidfd if its cgroup still has ``inside`` in its path; 1 if sent."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return 0
-    try:
-        path = read_cgroup(pid, proc_root)
-        if path is None or inside not in path + "/":
-            return 0
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        return 1
-    except OSError:
-        return 0
-    finally:
-        os.close(pidfd)
-
-
-def _write(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
-def _try_write(path: Path, value: str) -> bool:
-    try:
-        _write(path, value)
-    except OSError:
-        return False
-    return True

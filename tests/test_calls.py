@@ -16,6 +16,9 @@ import errno
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -485,3 +488,28 @@ def test_call_starts_without_typer_asyncio_dbus_or_sqlite(tmp_path: Path) -> Non
 )
 def test_options_after_calls_command_are_the_commands(args: list[str], hoisted: list[str]) -> None:
     assert hoist_globals(args) == hoisted
+
+
+def test_a_calls_leftovers_end_with_it_term_first(kernel: FakeKernel) -> None:
+    scope = settled(kernel)
+    call = _calls.create_call(str(scope), _calls.call_limits())
+    polite = subprocess.Popen(["sleep", "60"])
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"])
+    agents = subprocess.Popen(["sleep", "60"])
+    try:
+        kernel.write(call + "/cgroup.procs", str(polite.pid))
+        kernel.write(call + "/cgroup.procs", str(stubborn.pid))
+        kernel.write(str(scope / "agent" / "cgroup.procs"), str(agents.pid))
+        time.sleep(0.2)  # the trap is set
+        # The fake tree does not empty itself: each signal goes out, TERM then KILL.
+        assert _calls.end_leftovers(call, str(kernel.proc), grace=0.1, term=0.5) == 2
+        assert polite.wait(10) == -signal.SIGTERM
+        assert stubborn.wait(10) == -signal.SIGKILL
+        assert agents.poll() is None  # the agent's leaf is not the call's
+    finally:
+        for p in (polite, stubborn, agents):
+            p.kill()
+            p.wait()
+    kernel.leave(polite.pid)
+    kernel.leave(stubborn.pid)
+    assert _calls.end_leftovers(call, str(kernel.proc), grace=0.1) == 0  # empty: nothing to do

@@ -155,6 +155,29 @@ async def test_forty_calls_leave_no_cgroup_behind(fleet: AsyncFleet, tmp_path: P
     assert calls_left(pid, unit) == []
 
 
+async def test_what_a_call_leaves_running_ends_with_it(fleet: AsyncFleet, tmp_path: Path) -> None:
+    left = tmp_path / "left"
+    pid, unit = await launch_script(
+        fleet,
+        "leaver",
+        tmp_path,
+        f"{CLI} call --name bg -- sh -c 'sleep 300 & echo $! > {left}'\nexec sleep 300\n",
+    )
+    leftover = int((await wait_for(left)).strip())
+    if not delegated(pid, unit):
+        pytest.skip("no delegated scope under this manager")
+    assert cgroup_of(leftover).endswith(f"/{unit}/call-bg-1")
+    start = time.monotonic()
+    for _ in range(300):  # 10 s of grace, then SIGTERM
+        if not Path(f"/proc/{leftover}").exists() and not calls_left(pid, unit):
+            break
+        await asyncio.sleep(0.1)
+    print(f"the call's leftover ended after {time.monotonic() - start:.1f}s")
+    assert not Path(f"/proc/{leftover}").exists(), "the call's leftover outlived it"
+    assert calls_left(pid, unit) == []
+    assert Path(f"/proc/{pid}").exists()
+
+
 async def test_claude_codes_cgroup_beside_its_own_stays_inside_its_agent(
     fleet: AsyncFleet, tmp_path: Path
 ) -> None:
