@@ -138,6 +138,10 @@ class BlockingAgent:
         return self._agent.leftovers
 
     @property
+    def calls(self) -> int:
+        return self._agent.calls
+
+    @property
     def reap_after(self) -> float | None:
         return self._agent.reap_after
 

@@ -459,20 +459,20 @@ def end_leftovers(
 
     if wait_empty(path, grace) or populated(path) is None:
         return 0
-    termed = signal_tree(path, signal.SIGTERM, proc_root)
+    termed = len(signal_tree(path, signal.SIGTERM, proc_root))
     if wait_empty(path, term) or populated(path) is None:
         return termed
-    return max(termed, kill_tree(path, proc_root))
+    return max(termed, len(kill_tree(path, proc_root)))
 
 
-def signal_tree(path: str, sig: int, proc_root: str = "/proc") -> int:
+def signal_tree(path: str, sig: int, proc_root: str = "/proc") -> list[int]:
     """Send ``sig`` to each process of the cgroup ``path`` and below, through a pidfd,
-    once ``/proc/PID/cgroup`` says it is still in it; how many were signalled."""
+    once ``/proc/PID/cgroup`` says it is still in it; the pids signalled."""
     import signal
 
     head, _, name = path.rstrip("/").rpartition("/")
     inside = f"/{head.rpartition('/')[2]}/{name}/"  # the scope's unit is unique
-    sent = 0
+    sent = []
     for pid in _pids_below(path):
         try:
             pidfd = os.pidfd_open(pid)
@@ -482,7 +482,7 @@ def signal_tree(path: str, sig: int, proc_root: str = "/proc") -> int:
             where = own_cgroup(pid, proc_root)
             if where is not None and inside in where + "/":
                 signal.pidfd_send_signal(pidfd, sig)
-                sent += 1
+                sent.append(pid)
         except OSError:
             pass  # gone meanwhile
         finally:
@@ -499,8 +499,8 @@ def _pids_below(path: str) -> list[int]:
     return pids
 
 
-def kill_tree(path: str, proc_root: str = "/proc") -> int:
-    """SIGKILL every process of the cgroup ``path`` and below; how many it held (0: gone).
+def kill_tree(path: str, proc_root: str = "/proc") -> list[int]:
+    """SIGKILL every process of the cgroup ``path`` and below; the pids it held ([]: gone).
 
     ``cgroup.kill`` (Linux 5.14+) kills them all at once, forks racing the
     kill included. Before it, the cgroup is frozen (``cgroup.freeze``, 5.2+:
@@ -510,13 +510,13 @@ def kill_tree(path: str, proc_root: str = "/proc") -> int:
     """
     import signal
 
-    held = len(_pids_below(path))
+    held = _pids_below(path)
     try:
         _write(path + "/cgroup.kill", "1")
         return held
     except FileNotFoundError:
         if not os.path.isdir(path):
-            return 0
+            return []
     except OSError:
         pass  # refused: pid by pid then
     try:

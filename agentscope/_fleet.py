@@ -745,6 +745,7 @@ class AsyncFleet:
                 agent.memory_current, agent.memory_peak = fig.memory_current, fig.memory_peak
             if fig.oom_kills is not None:
                 agent.oom_kills = max(agent.oom_kills, fig.oom_kills)
+            agent.calls = fig.calls
             if fig.frozen and agent.state == "running":
                 agent.state = "frozen"
         return out

@@ -182,8 +182,9 @@ def _kill(
     released = _mrelease(pidfd)
     if call is None or slice_dir is None or in_scope is None:
         return _Killed(pidfd, released, at)
-    processes = kill_tree(str(slice_dir / in_scope[1] / call), os.fspath(proc_root))
-    return _Killed(pidfd, released, at, call, max(processes, 1))
+    # The victim may have left the call's cgroup.procs already (reaped by mrelease).
+    others = set(kill_tree(str(slice_dir / in_scope[1] / call), os.fspath(proc_root))) - {pid}
+    return _Killed(pidfd, released, at, call, 1 + len(others))
 
 
 def call_in(path: str, slice_name: str, unit: str) -> str | None:

@@ -18,6 +18,7 @@ export type Agent = {
   argv: Array<string>;
   terminal: "tmux" | null;
   leftovers?: (number | null);
+  calls?: number;
   reap_after?: number | "keep";
 };
 
@@ -481,6 +482,14 @@ export type ReportAgentMemory = {
   high_events: number;
   escaped?: number;
   escaped_rss?: number;
+  /** its tool calls running now (call-LABEL-N, docs/calls.md), each with its own cgroup's figures */
+  calls?: Array<{
+    call: string;
+    memory_current: number;
+    memory_peak: (number | null);
+    processes: number;
+    oom_kills: number;
+  }>;
 };
 
 export type ReportProcess = {
