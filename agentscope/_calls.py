@@ -36,7 +36,7 @@ from ._errors import AgentscopeError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from ._callevents import CallWatch
 
@@ -45,8 +45,10 @@ __all__ = [
     "CALL_PREFIX",
     "CLAUDE_CODE_BASH",
     "CONTROLLERS",
+    "DEFAULTS_ENV",
     "CallLimits",
     "NotInAgent",
+    "call_env",
     "call_limits",
     "create_call",
     "delegation",
@@ -74,6 +76,11 @@ CALL_PREFIX = "call-"
 CONTROLLERS = ("memory", "pids")
 """The controllers a delegated scope enables for its calls."""
 DEFAULT_LABEL = "cmd"
+DEFAULTS_ENV = {
+    "memory_max": "AGENTSCOPE_CALL_MEMORY_MAX",
+    "tasks_max": "AGENTSCOPE_CALL_TASKS_MAX",
+}
+"""The environment variables that give an agent's calls their caps when a call names none."""
 _MAX_TASKS = 2**22  # the kernel's PID_MAX_LIMIT: more tasks cannot exist
 _SCOPE_PREFIX = "agentscope-"
 _KEEP: list[int] = []  # the remover's pipe, held until the exec
@@ -139,6 +146,28 @@ def call_limits(
             allowed=f"a number of tasks from 1 to {_MAX_TASKS}, or 'infinity'",
         )
     return CallLimits(label, memory, swap, tasks)
+
+
+def call_env(
+    env: Mapping[str, str] | None, memory_max: object = None, tasks_max: object = None
+) -> Mapping[str, str] | None:
+    """An agent's environment with its calls' default caps (:data:`DEFAULTS_ENV`).
+
+    ``env`` None is this process's environment, as for a launch; with no
+    default given it is returned as is. The caps are checked as a call's
+    (:func:`call_limits`) and written in bytes and tasks.
+
+    Raises:
+        InvalidConfig: a cap out of range (before anything is started).
+    """
+    if memory_max is None and tasks_max is None:
+        return env
+    limits = call_limits(memory_max=memory_max, tasks_max=tasks_max)
+    out = dict(os.environ if env is None else env)
+    for key, value in (("memory_max", limits.memory_max), ("tasks_max", limits.tasks_max)):
+        if value is not None:
+            out[DEFAULTS_ENV[key]] = str(value)
+    return out
 
 
 def own_cgroup(pid: int | str = "self", proc_root: str = "/proc") -> str | None:

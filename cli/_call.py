@@ -150,6 +150,11 @@ def call_command(
     from agentscope._errors import AgentscopeError
 
     del opts  # --fleet and --manager do not matter: the agent is where this process is
+    # Unnamed caps: the agent's defaults, given at its launch (Fleet.launch's call_memory_max).
+    if memory_max is None:
+        memory_max = os.environ.get(_calls.DEFAULTS_ENV["memory_max"]) or None
+    if tasks_max is None:
+        tasks_max = os.environ.get(_calls.DEFAULTS_ENV["tasks_max"]) or None
     limits = _calls.call_limits(
         memory_max=memory_max,
         memory_swap_max="0" if memory_swap_max is None else memory_swap_max,

@@ -513,3 +513,44 @@ def test_a_calls_leftovers_end_with_it_term_first(kernel: FakeKernel) -> None:
     kernel.leave(polite.pid)
     kernel.leave(stubborn.pid)
     assert _calls.end_leftovers(call, str(kernel.proc), grace=0.1) == 0  # empty: nothing to do
+
+
+# -- an agent's call defaults, given at its launch ---------------------------------------------
+
+
+def test_a_call_naming_no_cap_takes_its_agents_defaults(
+    kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scope = settled(kernel)
+    monkeypatch.setattr(_calls, "fork_remover", lambda path, watch: None)
+    monkeypatch.setenv("AGENTSCOPE_CALL_MEMORY_MAX", str(1 << 30))
+    monkeypatch.setenv("AGENTSCOPE_CALL_TASKS_MAX", "64")
+    run = {"execv": lambda path, argv: None, "cgroup_root": str(kernel.root)}
+    call_command(Options(), ["true"], proc_root=str(kernel.proc), **run)  # type: ignore[arg-type]
+    assert (scope / "call-cmd-1" / "memory.max").read_text().strip() == str(1 << 30)
+    assert (scope / "call-cmd-1" / "pids.max").read_text().strip() == "64"
+    call_command(Options(), ["true"], memory_max="2G", proc_root=str(kernel.proc), **run)  # type: ignore[arg-type]
+    assert (scope / "call-cmd-2" / "memory.max").read_text().strip() == str(2 << 30)
+    monkeypatch.setenv("AGENTSCOPE_CALL_TASKS_MAX", "lots")
+    with pytest.raises(InvalidConfig):
+        call_command(Options(), ["true"], proc_root=str(kernel.proc), **run)  # type: ignore[arg-type]
+    assert not (scope / "call-cmd-3").exists()
+
+
+async def test_launch_gives_the_agent_its_calls_defaults(tmp_path: Path) -> None:
+    bus = FakeSystemd(tmp_path / "cgroup")
+    out = tmp_path / "env"
+    async with make_fleet(tmp_path, bus) as fleet:
+        with pytest.raises(InvalidConfig):
+            await fleet.launch("bad", ["true"], call_memory_max="-1")
+        assert await fleet.agents() == []
+        agent = await fleet.launch(
+            "a",
+            ["sh", "-c", f'echo "$AGENTSCOPE_CALL_MEMORY_MAX $AGENTSCOPE_CALL_TASKS_MAX" > {out}'],
+            call_memory_max="512M",
+            call_tasks_max=32,
+        )
+        assert await agent.wait() == 0
+        await stop_everything(bus)
+    end_children()
+    assert out.read_text().split() == [str(512 << 20), "32"]
