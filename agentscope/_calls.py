@@ -49,6 +49,7 @@ __all__ = [
     "CallLimits",
     "NotInAgent",
     "call_env",
+    "call_in",
     "call_limits",
     "create_call",
     "delegation",
@@ -168,6 +169,17 @@ def call_env(
         if value is not None:
             out[DEFAULTS_ENV[key]] = str(value)
     return out
+
+
+def call_in(path: str, unit: str) -> str | None:
+    """The call (a ``call-*`` cgroup right below the scope ``unit``) the cgroup ``path``
+    is in, at any depth; None: not in one (the agent's leaf, the scope itself)."""
+    marker = f"/{unit}/"
+    at = path.find(marker)
+    if at < 0:
+        return None
+    child = path[at + len(marker) :].partition("/")[0]
+    return child if child.startswith(CALL_PREFIX) else None
 
 
 def own_cgroup(pid: int | str = "self", proc_root: str = "/proc") -> str | None:

@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._calls import CALL_PREFIX, kill_tree
+from ._calls import call_in, kill_tree
 from ._guardpolicy import GuardConfig
 from ._proc import PROC_ROOT, read_cgroup, read_stat
 
-__all__ = ["call_in", "kill_process", "prepare_process"]
+__all__ = ["kill_process", "prepare_process"]
 
 log = logging.getLogger("agentscope.guard")
 
@@ -170,7 +170,7 @@ def _kill(
             if path is None or marker not in path + "/":
                 os.close(pidfd)
                 return None
-            call = call_in(path, *in_scope)
+            call = call_in(path, in_scope[1])
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except ProcessLookupError:
         os.close(pidfd)
@@ -185,13 +185,3 @@ def _kill(
     # The victim may have left the call's cgroup.procs already (reaped by mrelease).
     others = set(kill_tree(str(slice_dir / in_scope[1] / call), os.fspath(proc_root))) - {pid}
     return _Killed(pidfd, released, at, call, 1 + len(others))
-
-
-def call_in(path: str, slice_name: str, unit: str) -> str | None:
-    """The call (``call-*`` cgroup of ``unit``) the cgroup ``path`` is in; None: none."""
-    marker = f"/{slice_name}/{unit}/"
-    at = path.find(marker)
-    if at < 0:
-        return None
-    child = path[at + len(marker) :].partition("/")[0]
-    return child if child.startswith(CALL_PREFIX) else None

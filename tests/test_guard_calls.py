@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentscope._calls import kill_tree
+from agentscope._calls import call_in, kill_tree
 from agentscope._guardevents import GuardKill
-from agentscope._guardkill import _kill, call_in
+from agentscope._guardkill import _kill
 from tests.fakefs import make_proc
 from tests.test_guard import (
     FAST,
@@ -73,11 +73,11 @@ def agent_with_calls(tree: Tree, sleepers: list[subprocess.Popen[bytes]]) -> str
 def test_call_in_names_the_scopes_call_and_nothing_else() -> None:
     unit = "agentscope-f-a-a1b2c3.scope"
     base = f"/{SLICE}/{unit}"
-    assert call_in(f"{base}/call-make-1", "app-agentscope-agents.slice", unit) == "call-make-1"
-    assert call_in(f"{base}/call-make-1/sub", "app-agentscope-agents.slice", unit) == "call-make-1"
-    assert call_in(f"{base}/agent", "app-agentscope-agents.slice", unit) is None
-    assert call_in(f"{base}/claude-code-bash", "app-agentscope-agents.slice", unit) is None
-    assert call_in(base, "app-agentscope-agents.slice", unit) is None
+    assert call_in(f"{base}/call-make-1", unit) == "call-make-1"
+    assert call_in(f"{base}/call-make-1/sub", unit) == "call-make-1"
+    assert call_in(f"{base}/agent", unit) is None
+    assert call_in(f"{base}/claude-code-bash", unit) is None
+    assert call_in(base, unit) is None
 
 
 def test_the_guard_kills_a_runaway_call_whole_and_names_agent_and_call(

@@ -235,7 +235,7 @@ export type OomKillDetail = {
   recovered?: boolean;
 };
 
-/** detail of a oomd_kill event: systemd-oomd killed an agent's whole scope (every process in it). unit: the scope, the path component below the agents slice of the cgroup oomd named (cgroup). rule: swap (memory and swap used over limit %) or pressure (the monitored cgroup's memory pressure, pressure %, over limit % for longer than duration, as oomd wrote it). source: journal (oomd's own line). */
+/** detail of a oomd_kill event: systemd-oomd killed an agent's whole scope (every process in it), or one of its tool calls (call: its call-* cgroup, docs/calls.md; null when oomd took the scope or its agent leaf). unit: the scope, the path component below the agents slice of the cgroup oomd named (cgroup). rule: swap (memory and swap used over limit %) or pressure (the monitored cgroup's memory pressure, pressure %, over limit % for longer than duration, as oomd wrote it). source: journal (oomd's own line). */
 export type OomdKillDetail = {
   unit: string;
   cgroup: string;
@@ -245,6 +245,7 @@ export type OomdKillDetail = {
   pressure: (number | null);
   duration: (string | null);
   source: "journal";
+  call?: (string | null);
 };
 
 /** detail of a pressure event: Memory pressure crossed a threshold during a window. report (monitor --json only, not recorded) is the report taken when the window opened. */
