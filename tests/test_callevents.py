@@ -15,7 +15,7 @@ from agentscope._registry import Registry
 from cli._call import call_command
 from cli._options import Options
 from tests.fakesystemd import FakeSystemd, end_children
-from tests.test_calls import PID, SLICE, UNIT, FakeKernel, kernel, settled
+from tests.test_calls import PID, SLICE, UNIT, FakeKernel, delegated_agent, kernel, settled
 from tests.test_fleet import make_fleet, stop_everything
 
 __all__ = ["kernel"]  # the fixture, used by name
@@ -157,12 +157,7 @@ async def test_fleet_call_records_its_calls_start_and_exit_with_status(
     monkeypatch.setattr(_calls, "_SAID", set())
     bus = FakeSystemd(tmp_path / "cgroup")
     async with make_fleet(tmp_path, bus) as fleet:
-        agent = await fleet.launch("a", ["sleep", "30"])
-        scope = bus.units[agent.unit].cgroup
-        (scope / "cgroup.subtree_control").write_text("\n")
-        (scope / "cgroup.events").write_text("populated 1\nfrozen 0\n")
-        assert _calls.settle(str(scope), agent.pid) is None
-        (scope / "cgroup.procs").write_text(f"{agent.pid}\n")
+        scope = await delegated_agent(fleet, bus, "a")
         call = await fleet.call("a", ["sh", "-c", "exit 3"], memory_max="64M", name="t")
         (scope / "call-t-1" / "memory.peak").write_text(f"{5 << 20}\n")
         assert await call.wait() == 3

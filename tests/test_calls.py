@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _calls
+from agentscope import AsyncFleet, _calls
 from agentscope._cgroup import read_subtree_procs
 from agentscope._errors import AgentNotFound, InvalidConfig, InvalidName, LaunchError
 from agentscope._scopefiles import read_scopes
@@ -422,19 +422,25 @@ async def test_launch_asks_for_a_delegated_scope_and_says_once_when_calls_are_no
 # -- Fleet.call ----------------------------------------------------------------------------------
 
 
+async def delegated_agent(fleet: AsyncFleet, bus: FakeSystemd, name: str) -> Path:
+    """Launch ``name`` on the fake bus and give its scope a delegated scope's shape; the scope."""
+    agent = await fleet.launch(name, ["sleep", "30"])
+    scope = bus.units[agent.unit].cgroup
+    (scope / "cgroup.subtree_control").write_text("\n")
+    (scope / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    assert _calls.settle(str(scope), agent.pid) is None  # as on a delegated scope
+    # The fake bus knows no leaves: it collects a scope whose own cgroup.procs is empty.
+    (scope / "cgroup.procs").write_text(f"{agent.pid}\n")
+    return Path(scope)
+
+
 async def test_fleet_call_runs_in_a_new_call_of_the_named_agent(
     tmp_path: Path, kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_calls, "_SAID", set())
     bus = FakeSystemd(tmp_path / "cgroup")
     async with make_fleet(tmp_path, bus) as fleet:
-        agent = await fleet.launch("a", ["sleep", "30"])
-        scope = bus.units[agent.unit].cgroup
-        (scope / "cgroup.subtree_control").write_text("\n")
-        (scope / "cgroup.events").write_text("populated 1\nfrozen 0\n")
-        assert _calls.settle(str(scope), agent.pid) is None  # as on a delegated scope
-        # The fake bus knows no leaves: it collects a scope whose own cgroup.procs is empty.
-        (scope / "cgroup.procs").write_text(f"{agent.pid}\n")
+        scope = await delegated_agent(fleet, bus, "a")
         call = await fleet.call("a", ["true"], memory_max="64M", tasks_max=8, name="t")
         assert call.cgroup == str(scope / "call-t-1")
         assert (scope / "call-t-1" / "cgroup.procs").read_text().split() == [str(call.pid)]
