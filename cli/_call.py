@@ -58,6 +58,11 @@ Options:
   --name LABEL            the call's label in its cgroup's name (default cmd)
   -h, --help              show this message and exit
 
+Without --memory-max or --tasks-max, the agent's defaults apply:
+$AGENTSCOPE_CALL_MEMORY_MAX and $AGENTSCOPE_CALL_TASKS_MAX (Fleet.launch's
+call_memory_max and call_tasks_max set them). Once CMD has exited, what it
+left running in the call gets 10 s, then SIGTERM, then SIGKILL.
+
 Where the agent's scope is not delegated (docs/calls.md), CMD runs in the
 agent's own cgroup without the call's caps, and a line on stderr says why.
 
