@@ -69,6 +69,8 @@ class Agent:
         self.memory_current: int | None = None
         self.memory_peak: int | None = None
         self.oom_kills = 0
+        #: its tool calls running now (``call-*`` cgroups of its scope, docs/calls.md)
+        self.calls = 0
         self.argv: list[str] = []
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
@@ -120,6 +122,7 @@ class Agent:
             "argv": self.argv,
             "terminal": self.terminal,
             "leftovers": self.leftovers,
+            "calls": self.calls,
             "reap_after": "keep" if self.reap_after is None else self.reap_after,
         }
 

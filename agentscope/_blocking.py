@@ -138,6 +138,10 @@ class BlockingAgent:
         return self._agent.leftovers
 
     @property
+    def calls(self) -> int:
+        return self._agent.calls
+
+    @property
     def reap_after(self) -> float | None:
         return self._agent.reap_after
 
@@ -276,6 +280,8 @@ class Fleet:
         io_weight: int | None = None,
         properties: Mapping[str, str | int] | None = None,
         reap_after: float | str = DEFAULT_REAP_AFTER,
+        call_memory_max: int | str | None = None,
+        call_tasks_max: int | str | None = None,
     ) -> BlockingAgent:
         """See :meth:`AsyncFleet.launch`."""
         agent = self._portal.call(
@@ -294,6 +300,8 @@ class Fleet:
                 io_weight=io_weight,
                 properties=properties,
                 reap_after=reap_after,
+                call_memory_max=call_memory_max,
+                call_tasks_max=call_tasks_max,
                 _streams=False,
             )
         )

@@ -8,8 +8,9 @@ never runs, forks or allocates outside its call. The move is the kernel's
 or a harness inside the same user manager), else systemd's
 ``AttachProcessesToUnit`` with the call as sub-cgroup, which a delegated
 unit accepts (systemd 238+; a user manager asks the system manager for a
-process outside its tree). A thread removes the call's cgroup once it is
-empty, as ``agentscope call``'s remover does.
+process outside its tree). A thread ends what the command left running once
+it has exited and removes the call's cgroup once it is empty, as
+``agentscope call``'s remover does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from . import _calls
+from . import _callevents, _calls
 from ._errors import BusError, LaunchError
 from ._launchargs import check_argv
 from ._spawn import spawn_gated
@@ -72,11 +73,15 @@ async def start_call(
     stdout: Stdio = None,
     stderr: Stdio = None,
     oom_score_adj: int | None = None,
+    events_dir: str | None = None,
 ) -> Call:
     """Run ``argv`` as a call in ``unit`` (of the agents slice at ``slice_dir``).
 
     ``attach(sub_cgroup, pids)`` is systemd's ``AttachProcessesToUnit`` on
-    ``unit``. Returns once the command has exec'd inside its call.
+    ``unit``. Returns once the command has exec'd inside its call. The
+    call's ``call_started`` and ``call_exited`` go to ``events_dir`` (the
+    registry's :func:`._callevents.calls_dir`), written by the thread that
+    removes the call once it is empty.
 
     Raises:
         InvalidConfig, InvalidName: a cap or name out of range (nothing made).
@@ -116,16 +121,35 @@ async def start_call(
         await child.abort()
         await asyncio.to_thread(_calls.remove_when_empty, call_dir)
         raise
-    remover = threading.Thread(
-        target=_calls.remove_when_empty, args=(call_dir,), name="agentscope-call", daemon=True
-    )
     try:
         popen = await child.release()
     except OSError as exc:
+        threading.Thread(
+            target=_calls.remove_when_empty, args=(call_dir,), name="agentscope-call", daemon=True
+        ).start()
         raise LaunchError(f"cannot exec {argv[0]!r} in a call of {agent}: {exc}") from exc
-    finally:
-        remover.start()
+    watch = _callevents.CallWatch(
+        events_dir,
+        unit,
+        os.path.basename(call_dir),
+        popen.pid,
+        _callevents.argv_summary(argv),
+        (limits.memory_max, limits.tasks_max),
+    )
+    threading.Thread(
+        target=_watch, args=(call_dir, popen, watch), name="agentscope-call", daemon=True
+    ).start()
     return Call(agent, unit, call_dir, popen)
+
+
+def _watch(call_dir: str, popen: subprocess.Popen[bytes], watch: _callevents.CallWatch) -> None:
+    """The call's events around its life; once its command ended, its leftovers
+    (:func:`._calls.end_leftovers`) and its cgroup's removal."""
+    watch.begin()
+    status = popen.wait()
+    _calls.end_leftovers(call_dir)
+    _calls.remove_when_empty(call_dir, on_empty=watch.measure)
+    watch.end(status)
 
 
 async def _move(call_dir: str, pid: int, attach: Attach) -> None:

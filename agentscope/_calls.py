@@ -17,8 +17,10 @@ lives. Who removes a call's cgroup: a small remover process forked by the
 caller before it moves into the call (:func:`fork_remover`). It stays in
 the caller's cgroup, waits until the caller has exec'd (its pipe closes on
 exec), then until the call cgroup is empty (``cgroup.events``
-``populated 0``, pollable), and removes it. The call's command thereby
-keeps the caller's PID, signals and exit status, as with ``exec``.
+``populated 0``, pollable), and removes it; once the caller (by then the
+command) has exited, it ends what the call left running
+(:func:`end_leftovers`). The call's command thereby keeps the caller's PID,
+signals and exit status, as with ``exec``.
 
 Plain functions over a cgroup root (tests point them at a fake tree), with
 only :mod:`os`-level imports: ``agentscope call`` imports this module before
@@ -34,27 +36,36 @@ from ._errors import AgentscopeError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
+
+    from ._callevents import CallWatch
 
 __all__ = [
     "AGENT_LEAF",
     "CALL_PREFIX",
     "CLAUDE_CODE_BASH",
     "CONTROLLERS",
+    "DEFAULTS_ENV",
     "CallLimits",
     "NotInAgent",
+    "call_env",
+    "call_in",
     "call_limits",
     "create_call",
     "delegation",
+    "end_leftovers",
     "enter",
     "find_scope",
     "fork_remover",
+    "kill_tree",
     "own_cgroup",
     "remove_when_empty",
     "say_not_isolated",
     "settle",
     "settle_process",
+    "signal_tree",
     "sweep",
+    "wait_empty",
 ]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -66,6 +77,11 @@ CALL_PREFIX = "call-"
 CONTROLLERS = ("memory", "pids")
 """The controllers a delegated scope enables for its calls."""
 DEFAULT_LABEL = "cmd"
+DEFAULTS_ENV = {
+    "memory_max": "AGENTSCOPE_CALL_MEMORY_MAX",
+    "tasks_max": "AGENTSCOPE_CALL_TASKS_MAX",
+}
+"""The environment variables that give an agent's calls their caps when a call names none."""
 _MAX_TASKS = 2**22  # the kernel's PID_MAX_LIMIT: more tasks cannot exist
 _SCOPE_PREFIX = "agentscope-"
 _KEEP: list[int] = []  # the remover's pipe, held until the exec
@@ -131,6 +147,39 @@ def call_limits(
             allowed=f"a number of tasks from 1 to {_MAX_TASKS}, or 'infinity'",
         )
     return CallLimits(label, memory, swap, tasks)
+
+
+def call_env(
+    env: Mapping[str, str] | None, memory_max: object = None, tasks_max: object = None
+) -> Mapping[str, str] | None:
+    """An agent's environment with its calls' default caps (:data:`DEFAULTS_ENV`).
+
+    ``env`` None is this process's environment, as for a launch; with no
+    default given it is returned as is. The caps are checked as a call's
+    (:func:`call_limits`) and written in bytes and tasks.
+
+    Raises:
+        InvalidConfig: a cap out of range (before anything is started).
+    """
+    if memory_max is None and tasks_max is None:
+        return env
+    limits = call_limits(memory_max=memory_max, tasks_max=tasks_max)
+    out = dict(os.environ if env is None else env)
+    for key, value in (("memory_max", limits.memory_max), ("tasks_max", limits.tasks_max)):
+        if value is not None:
+            out[DEFAULTS_ENV[key]] = str(value)
+    return out
+
+
+def call_in(path: str, unit: str) -> str | None:
+    """The call (a ``call-*`` cgroup right below the scope ``unit``) the cgroup ``path``
+    is in, at any depth; None: not in one (the agent's leaf, the scope itself)."""
+    marker = f"/{unit}/"
+    at = path.find(marker)
+    if at < 0:
+        return None
+    child = path[at + len(marker) :].partition("/")[0]
+    return child if child.startswith(CALL_PREFIX) else None
 
 
 def own_cgroup(pid: int | str = "self", proc_root: str = "/proc") -> str | None:
@@ -377,35 +426,153 @@ def populated(path: str) -> bool | None:
     return None
 
 
-def remove_when_empty(path: str, *, poll_interval: float = 1.0) -> None:
+def remove_when_empty(
+    path: str,
+    *,
+    poll_interval: float = 1.0,
+    on_empty: Callable[[str], None] | None = None,
+) -> None:
     """Wait until the cgroup ``path`` is empty, then remove it (and its empty children).
+
+    ``on_empty(path)`` is called once it is first found empty, before the
+    removal (the call's last figures).
+    """
+    while wait_empty(path, None, poll_interval=poll_interval):
+        if on_empty is not None:
+            on_empty(path)
+            on_empty = None
+        _remove_tree(path)
+        if not os.path.isdir(path):
+            return
+
+
+def wait_empty(path: str, timeout: float | None, *, poll_interval: float = 1.0) -> bool:
+    """Wait until the cgroup ``path`` holds no process (True), it is gone or ``timeout`` passed.
 
     ``cgroup.events`` raises a poll event at each change of ``populated``;
     a periodic re-read covers a missed one.
     """
     import select
+    import time
 
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         state = populated(path)
         if state is None:
-            return
+            return False
         if not state:
-            _remove_tree(path)
-            if not os.path.isdir(path):
-                return
+            return True
+        left = (
+            poll_interval if deadline is None else min(poll_interval, deadline - time.monotonic())
+        )
+        if left <= 0:
+            return False
         try:
             fd = os.open(path + "/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return
+            return False
         try:
             poller = select.poll()
             poller.register(fd, select.POLLPRI | select.POLLERR)
             os.read(fd, 4096)  # arm: a change after this read wakes the poll
             if populated(path) is False:
                 continue
-            poller.poll(int(poll_interval * 1000))
+            poller.poll(int(left * 1000))
         finally:
             os.close(fd)
+
+
+# A call's leftovers (``cmd &`` it did not wait for) may outlive its command
+# this long, as an agent's by default (_scopeprops.DEFAULT_REAP_AFTER); then
+# SIGTERM, and SIGKILL this long after (as the scope's stop job does).
+LEFTOVER_GRACE = 10.0
+TERM_GRACE = 5.0
+
+
+def end_leftovers(
+    path: str, proc_root: str = "/proc", *, grace: float = LEFTOVER_GRACE, term: float = TERM_GRACE
+) -> int:
+    """After a call's command ended: its leftovers get ``grace`` s, SIGTERM, ``term`` s, SIGKILL.
+
+    Returns how many processes were signalled (0: the call emptied by itself).
+    """
+    import signal
+
+    if wait_empty(path, grace) or populated(path) is None:
+        return 0
+    termed = len(signal_tree(path, signal.SIGTERM, proc_root))
+    if wait_empty(path, term) or populated(path) is None:
+        return termed
+    return max(termed, len(kill_tree(path, proc_root)))
+
+
+def signal_tree(path: str, sig: int, proc_root: str = "/proc") -> list[int]:
+    """Send ``sig`` to each process of the cgroup ``path`` and below, through a pidfd,
+    once ``/proc/PID/cgroup`` says it is still in it; the pids signalled."""
+    import signal
+
+    head, _, name = path.rstrip("/").rpartition("/")
+    inside = f"/{head.rpartition('/')[2]}/{name}/"  # the scope's unit is unique
+    sent = []
+    for pid in _pids_below(path):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            where = own_cgroup(pid, proc_root)
+            if where is not None and inside in where + "/":
+                signal.pidfd_send_signal(pidfd, sig)
+                sent.append(pid)
+        except OSError:
+            pass  # gone meanwhile
+        finally:
+            os.close(pidfd)
+    return sent
+
+
+def _pids_below(path: str) -> list[int]:
+    pids: list[int] = []
+    for top, _dirs, _files in os.walk(path):
+        text = _read(top + "/cgroup.procs")
+        if text is not None:
+            pids.extend(int(p) for p in text.split() if p.isdigit())
+    return pids
+
+
+def kill_tree(path: str, proc_root: str = "/proc") -> list[int]:
+    """SIGKILL every process of the cgroup ``path`` and below; the pids it held ([]: gone).
+
+    ``cgroup.kill`` (Linux 5.14+) kills them all at once, forks racing the
+    kill included. Before it, the cgroup is frozen (``cgroup.freeze``, 5.2+:
+    none of it forks meanwhile; a frozen process still dies of SIGKILL,
+    Documentation/admin-guide/cgroup-v2.rst), each process killed through a
+    pidfd (:func:`signal_tree`), and thawed.
+    """
+    import signal
+
+    held = _pids_below(path)
+    try:
+        _write(path + "/cgroup.kill", "1")
+        return held
+    except FileNotFoundError:
+        if not os.path.isdir(path):
+            return []
+    except OSError:
+        pass  # refused: pid by pid then
+    try:
+        _write(path + "/cgroup.freeze", "1")
+        frozen = True
+    except OSError:
+        frozen = False
+    try:
+        return signal_tree(path, signal.SIGKILL, proc_root)
+    finally:
+        if frozen:
+            try:  # noqa: SIM105 (contextlib is one import too many here)
+                _write(path + "/cgroup.freeze", "0")
+            except OSError:
+                pass
 
 
 def _remove_tree(path: str) -> None:
@@ -416,8 +583,13 @@ def _remove_tree(path: str) -> None:
     _rmdir(path)
 
 
-def fork_remover(path: str) -> None:
+def fork_remover(path: str, watch: CallWatch | None = None) -> None:
     """Fork a process that removes the cgroup ``path`` once the caller exec'd and it emptied.
+
+    With ``watch``, it also writes the call's ``call_started`` (after the
+    exec) and ``call_exited`` (once empty) events (:mod:`._callevents`).
+    Once the caller (by then the command) has exited, what the call left
+    running ends too (:func:`end_leftovers`).
 
     Called before the caller moves into ``path``. The remover is a
     grandchild in its own session (no terminal signal reaches it, and the
@@ -426,6 +598,10 @@ def fork_remover(path: str) -> None:
     not held open by it.
     """
     r, w = os.pipe()  # both close-on-exec: the caller's exec closes w, and r sees EOF
+    try:  # the caller, whose exit (as its command) ends the call's leftovers
+        caller: int | None = os.pidfd_open(os.getpid())
+    except OSError:
+        caller = None  # no pidfd (Linux before 5.3): leftovers end when they do
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the forked child
         try:
@@ -434,14 +610,28 @@ def fork_remover(path: str) -> None:
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(null, fd)
-                os.closerange(3, r)
-                os.closerange(r + 1, 1 << 20)
+                low = 3
+                for keep in sorted({r} if caller is None else {r, caller}):
+                    os.closerange(low, keep)
+                    low = keep + 1
+                os.closerange(low, 1 << 20)
                 while os.read(r, 1):
                     pass
-                remove_when_empty(path)
+                if watch is not None:
+                    watch.begin()
+                if caller is not None:
+                    import select
+
+                    select.select([caller], [], [])  # readable once it exited
+                    end_leftovers(path)
+                remove_when_empty(path, on_empty=None if watch is None else watch.measure)
+                if watch is not None:
+                    watch.end(None)
         finally:
             os._exit(0)
     os.close(r)
+    if caller is not None:
+        os.close(caller)
     os.waitpid(pid, 0)
     # w stays open in the caller: its exec (or exit) closes it, and that wakes the remover.
     _KEEP.append(w)

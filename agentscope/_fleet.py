@@ -21,9 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _names, _numbers, _scopeprops, _tmux
+from . import _calls, _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
+from ._callevents import calls_dir
 from ._callrun import Call, start_call
 from ._cgroupmode import CgroupManager
 from ._errors import (
@@ -387,6 +388,8 @@ class AsyncFleet:
         io_weight: int | None = None,
         properties: Mapping[str, str | int] | None = None,
         reap_after: float | str = DEFAULT_REAP_AFTER,
+        call_memory_max: int | str | None = None,
+        call_tasks_max: int | str | None = None,
         _streams: bool = True,
     ) -> Agent:
         """Start ``argv`` as agent ``name`` in a new scope; return once it exec'd.
@@ -407,7 +410,10 @@ class AsyncFleet:
         ``terminal="tmux"`` runs the agent in a window named ``name``
         of the fleet's tmux session (see :meth:`attach`, :meth:`logs`,
         :meth:`send`); its stdio is the pane, so the stdio arguments must
-        stay None.
+        stay None. ``call_memory_max`` and ``call_tasks_max`` are the caps of
+        its tool calls that name none (``agentscope call`` inside it; they
+        reach it as ``AGENTSCOPE_CALL_MEMORY_MAX``/``_TASKS_MAX`` in its
+        environment, docs/calls.md).
 
         Raises:
             InvalidConfig: a resource control (``memory_max`` and
@@ -424,6 +430,7 @@ class AsyncFleet:
         cwd_s = os.fspath(cwd) if cwd is not None else None
         # PATH lookups and stat()s: off the loop.
         await asyncio.to_thread(check_argv, argv, env, cwd_s)
+        env = _calls.call_env(env, call_memory_max, call_tasks_max)
         controls = _scopeprops.build(
             memory_max=memory_max,
             tasks_max=tasks_max,
@@ -571,6 +578,7 @@ class AsyncFleet:
             stdout=stdout,
             stderr=stderr,
             oom_score_adj=self.agent_oom_score_adj,
+            events_dir=calls_dir(self._store.path),
         )
 
     async def stop(self, name: str, timeout: float = 10) -> None:
@@ -783,6 +791,7 @@ class AsyncFleet:
                 agent.memory_current, agent.memory_peak = fig.memory_current, fig.memory_peak
             if fig.oom_kills is not None:
                 agent.oom_kills = max(agent.oom_kills, fig.oom_kills)
+            agent.calls = fig.calls
             if fig.frozen and agent.state == "running":
                 agent.state = "frozen"
         return out

@@ -373,6 +373,7 @@ class _Loop:
                     proc.start_time,
                     self.proc_root,
                     in_scope=(self.slice_path.name, proc.unit),
+                    slice_dir=self.slice_path,
                 )
             except PermissionError as exc:  # not ours to kill: the next largest then
                 _say_once(f"eperm:{proc.pid}", "cannot kill pid %d: %s", proc.pid, exc)
@@ -423,6 +424,8 @@ class _Loop:
             limit_available_percent=(
                 round(reading.limit_available_percent, 2) if on_limit else None
             ),
+            call=killed.call,
+            processes=killed.processes,
         )
         where = (
             f"the memory limit of {source} ({reading.limit_bytes >> 20} MiB, "
@@ -430,10 +433,14 @@ class _Loop:
             if on_limit
             else f"the host (MemAvailable {event.mem_available_percent:.1f}%)"
         )
+        whole = (
+            f" with its call {killed.call} ({killed.processes} processes)" if killed.call else ""
+        )
         log.warning(
-            "guard killed pid %d (%s) of %s: %d MiB, %s on %s, %.0f ms",
+            "guard killed pid %d (%s)%s of %s: %d MiB, %s on %s, %.0f ms",
             proc.pid,
             event.comm,
+            whole,
             event.agent or proc.unit,
             proc.size >> 20,
             trigger,

@@ -32,7 +32,10 @@ class GuardKill:
     ``limit`` is the shortage it acted on: ``"host"``, or the cgroup of a
     memory limit above the agents (a container's, a ``MemoryMax``), with
     ``limit_bytes`` and the share of it still available
-    (``limit_available_percent``) at the kill.
+    (``limit_available_percent``) at the kill. ``call`` is the tool call
+    (``call-LABEL-N`` of the scope, docs/calls.md) the process was in, killed
+    whole with it (``processes`` it held); None for a process of the agent
+    itself, killed alone (``processes`` 1).
     """
 
     kind: ClassVar[str] = "guard_kill"
@@ -54,6 +57,8 @@ class GuardKill:
     limit: str = "host"
     limit_bytes: int | None = None
     limit_available_percent: float | None = None
+    call: str | None = None
+    processes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""

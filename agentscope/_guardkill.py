@@ -8,7 +8,10 @@
   start time (no pid-reuse race) and, for the guard, that the victim is
   still in its scope under the agents slice; then calls
   ``process_mrelease`` so the memory comes back before the victim has
-  finished exiting.
+  finished exiting. A victim in a tool call (``<scope>/call-*``, #26) takes
+  its whole call with it (:func:`._calls.kill_tree`): the call's other processes
+  (the ``make`` above the runaway compiler), never the agent's own leaf nor
+  another call.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._calls import call_in, kill_tree
 from ._guardpolicy import GuardConfig
 from ._proc import PROC_ROOT, read_cgroup, read_stat
 
@@ -98,6 +102,8 @@ class _Killed:
     pidfd: int
     released: bool
     signalled_at: float  # time.monotonic()
+    call: str | None = None  # the tool call killed with it, whole
+    processes: int = 1  # how many processes the kill signalled
 
 
 def _mrelease(pidfd: int) -> bool:
@@ -135,13 +141,22 @@ def kill_process(pid: int, start_time: int, proc_root: Path = PROC_ROOT) -> bool
 
 
 def _kill(
-    pid: int, start_time: int, proc_root: Path, in_scope: tuple[str, str] | None = None
+    pid: int,
+    start_time: int,
+    proc_root: Path,
+    in_scope: tuple[str, str] | None = None,
+    slice_dir: Path | None = None,
 ) -> _Killed | None:
-    """pidfd, the re-checks (start time; ``in_scope``: (slice name, unit) still), SIGKILL."""
+    """pidfd, the re-checks (start time; ``in_scope``: (slice name, unit) still), SIGKILL.
+
+    With ``slice_dir`` (the agents slice's cgroup directory) and
+    ``in_scope``, a victim in a call of its scope takes the whole call.
+    """
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
         return None
+    call = None
     try:
         stat = read_stat(pid, proc_root)
         if stat is None or stat.start_time != start_time:
@@ -149,9 +164,13 @@ def _kill(
             return None
         # Chosen up to a second ago: a process that left the slice since
         # (moved by its owner, or by systemd) is no longer the guard's.
-        if in_scope is not None and not _in_scope(pid, *in_scope, proc_root):
-            os.close(pidfd)
-            return None
+        if in_scope is not None:
+            path = read_cgroup(pid, proc_root)
+            marker = f"/{in_scope[0]}/{in_scope[1]}/"
+            if path is None or marker not in path + "/":
+                os.close(pidfd)
+                return None
+            call = call_in(path, in_scope[1])
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except ProcessLookupError:
         os.close(pidfd)
@@ -160,10 +179,9 @@ def _kill(
         os.close(pidfd)
         raise
     at = time.monotonic()
-    return _Killed(pidfd, _mrelease(pidfd), at)
-
-
-def _in_scope(pid: int, slice_name: str, unit: str, proc_root: Path) -> bool:
-    """``pid`` is still in ``unit`` under the slice (``/proc/PID/cgroup``), at any depth."""
-    path = read_cgroup(pid, proc_root)
-    return path is not None and f"/{slice_name}/{unit}/" in path + "/"
+    released = _mrelease(pidfd)
+    if call is None or slice_dir is None or in_scope is None:
+        return _Killed(pidfd, released, at)
+    # The victim may have left the call's cgroup.procs already (reaped by mrelease).
+    others = set(kill_tree(str(slice_dir / in_scope[1] / call), os.fspath(proc_root))) - {pid}
+    return _Killed(pidfd, released, at, call, 1 + len(others))

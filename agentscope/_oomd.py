@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
+from ._calls import call_in
 from ._dicts import as_dict
 from ._recovery import unit_of_memcg
 
@@ -581,6 +582,9 @@ class OomdKill:
     ``"pressure"`` with oomd's figures: ``limit`` %, and for pressure the
     ``monitored`` cgroup, its ``pressure`` % and the ``duration`` as oomd wrote
     it. ``source`` is where the kill was read: ``"journal"`` (oomd's line).
+    ``call`` is the agent's tool call oomd killed (its ``call-*`` cgroup, a
+    leaf: docs/calls.md) when the cgroup is one, the agent then living on;
+    None when oomd took the scope or its agent leaf.
     """
 
     kind: ClassVar[str] = "oomd_kill"
@@ -594,6 +598,7 @@ class OomdKill:
     pressure: float | None
     duration: str | None
     source: Literal["journal"] = "journal"
+    call: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""
@@ -624,4 +629,5 @@ def oomd_kill_event(
         None if line.monitored is None else line.monitored[:_MAX_CGROUP],
         line.pressure,
         line.duration,
+        call=call_in(line.cgroup, unit),
     )

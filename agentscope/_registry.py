@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from . import _numbers, _spool, _spool_intake
+from . import _callevents, _numbers, _spool, _spool_intake
 from ._errors import (
     AgentExists,
     InvalidTransition,
@@ -157,6 +157,7 @@ class Registry(LifecycleStore, OomStore):
         self._pruned = -_PRUNE_EVERY
         self._lock = threading.Lock()
         self._spool = _spool.spool_dir(self.path)
+        self._calls = _callevents.calls_dir(self.path)
         self._spool_lock = threading.Lock()
         self._spool_warned = False
         self._conn: sqlite3.Connection | None = None
@@ -260,7 +261,8 @@ class Registry(LifecycleStore, OomStore):
             logging.getLogger("agentscope").debug("registry not pruned: %s", exc)
 
     def _take_spool(self) -> None:
-        """Record the launches ``agentscope exec`` left in the spool (see :mod:`._spool_intake`)."""
+        """Record the launches ``agentscope exec`` left in the spool (see :mod:`._spool_intake`),
+        then the calls' events (:mod:`._callevents`)."""
         why = _spool.check_dir(self._spool)
         if why is not None:
             if not self._spool_warned:
@@ -273,12 +275,15 @@ class Registry(LifecycleStore, OomStore):
                 )
             return
         paths = _spool.pending(self._spool)
+        calls = _spool.pending(self._calls)  # after the launches: a call names its agent's unit
         # Taking an entry runs transactions, which land here again: skip then.
-        if not paths or not self._spool_lock.acquire(blocking=False):
+        if not (paths or calls) or not self._spool_lock.acquire(blocking=False):
             return
         try:
             for path in paths:
                 _spool_intake.take_entry(self, path)
+            if calls:
+                _callevents.take_all(self, self._calls)
         finally:
             self._spool_lock.release()
 

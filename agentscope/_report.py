@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._calls import CALL_PREFIX
 from ._cgroup import CGROUP_ROOT, read_cgroup_memory, scan_slice
 from ._cgroup import Pressure as PsiPressure
 from ._dicts import as_dict
@@ -33,7 +35,48 @@ from ._proc import (
     top_processes,
 )
 
-__all__ = ["AgentMemory", "MemoryReport", "TopProcess", "build_report"]
+__all__ = ["AgentMemory", "CallMemory", "MemoryReport", "TopProcess", "build_report", "read_calls"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallMemory:
+    """One tool call running in an agent's scope (``call-LABEL-N``, docs/calls.md).
+
+    Its own cgroup's figures: the call's processes and their children
+    together (``processes``), ``memory_peak`` None before Linux 5.19.
+    """
+
+    call: str
+    memory_current: int
+    memory_peak: int | None
+    processes: int
+    oom_kills: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
+        return as_dict(self)
+
+
+def read_calls(scope_dir: Path) -> tuple[CallMemory, ...]:
+    """The calls running in the scope at ``scope_dir``, by name; those gone meanwhile left out."""
+    try:
+        with os.scandir(scope_dir) as it:
+            names = sorted(e.name for e in it if e.name.startswith(CALL_PREFIX) and e.is_dir())
+    except OSError:
+        return ()
+    calls = []
+    for name in names:
+        try:
+            memory = read_cgroup_memory(scope_dir / name)
+        except (OSError, ValueError):
+            memory = None  # not readable as a call (someone else's cgroup): not listed
+        if memory is not None:
+            calls.append(
+                CallMemory(
+                    name, memory.current, memory.peak, len(memory.pids), memory.events.oom_kill
+                )
+            )
+    return tuple(calls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +88,8 @@ class AgentMemory:
     ``memory.events`` ``oom_kill`` and ``high`` counters. ``escaped`` counts
     the agent's descendants that live outside the agents slice and
     ``escaped_rss`` their RSS (bytes): memory the scope's figures miss.
+    ``calls`` are its tool calls running now, each with its own figures
+    (included in the scope's: memory is counted up the tree).
     """
 
     agent: str
@@ -58,6 +103,7 @@ class AgentMemory:
     high_events: int
     escaped: int = 0
     escaped_rss: int = 0
+    calls: tuple[CallMemory, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
@@ -181,6 +227,7 @@ def _build_report_sync(
                 high_events=memory.events.high,
                 escaped=len(outside),
                 escaped_rss=sum(e.rss for e in outside),
+                calls=read_calls(slice_path / unit),
             )
         )
     agents.sort(key=lambda a: (-a.memory_current, a.unit))

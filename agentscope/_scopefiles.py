@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._calls import CALL_PREFIX
 from ._cgroup import parse_memory_events, read_subtree_procs
 from ._proc import read_stat
 from ._registry import LiveScope
@@ -87,8 +88,18 @@ def read_figures(slice_dir: Path, units: Sequence[str]) -> dict[str, Figures]:
             int(peak) if peak else None,
             kills,
             "frozen 1" in (read_text(d / "cgroup.events") or ""),
+            count_calls(d),
         )
     return out
+
+
+def count_calls(scope_dir: Path) -> int:
+    """How many tool calls (``call-*`` cgroups, docs/calls.md) the scope holds now."""
+    try:
+        with os.scandir(scope_dir) as it:
+            return sum(1 for e in it if e.name.startswith(CALL_PREFIX) and e.is_dir())
+    except OSError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,7 @@ class Figures:
     memory_peak: int | None
     oom_kills: int | None
     frozen: bool
+    calls: int = 0
 
 
 def write_oom_score_adj(pid: int, value: int) -> bool:

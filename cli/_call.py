@@ -58,6 +58,11 @@ Options:
   --name LABEL            the call's label in its cgroup's name (default cmd)
   -h, --help              show this message and exit
 
+Without --memory-max or --tasks-max, the agent's defaults apply:
+$AGENTSCOPE_CALL_MEMORY_MAX and $AGENTSCOPE_CALL_TASKS_MAX (Fleet.launch's
+call_memory_max and call_tasks_max set them). Once CMD has exited, what it
+left running in the call gets 10 s, then SIGTERM, then SIGKILL.
+
 Where the agent's scope is not delegated (docs/calls.md), CMD runs in the
 agent's own cgroup without the call's caps, and a line on stderr says why.
 
@@ -150,6 +155,11 @@ def call_command(
     from agentscope._errors import AgentscopeError
 
     del opts  # --fleet and --manager do not matter: the agent is where this process is
+    # Unnamed caps: the agent's defaults, given at its launch (Fleet.launch's call_memory_max).
+    if memory_max is None:
+        memory_max = os.environ.get(_calls.DEFAULTS_ENV["memory_max"]) or None
+    if tasks_max is None:
+        tasks_max = os.environ.get(_calls.DEFAULTS_ENV["tasks_max"]) or None
     limits = _calls.call_limits(
         memory_max=memory_max,
         memory_swap_max="0" if memory_swap_max is None else memory_swap_max,
@@ -174,9 +184,19 @@ def call_command(
                 f"cannot make a call's cgroup in {unit}: {exc.strerror or exc} "
                 f"({exc.filename or scope_dir})"
             ) from exc
+        from agentscope import _callevents
+
+        watch = _callevents.CallWatch(
+            _callevents.calls_dir_of_scope(scope),
+            unit,
+            os.path.basename(call_dir),
+            os.getpid(),
+            _callevents.argv_summary(cmd),
+            (limits.memory_max, limits.tasks_max),
+        )
         sys.stdout.flush()
         sys.stderr.flush()
-        _calls.fork_remover(call_dir)
+        _calls.fork_remover(call_dir, watch)
         try:
             _calls.enter(call_dir)
         except OSError as exc:

@@ -25,7 +25,11 @@ def call(
     ],
     memory_max: Annotated[
         str | None,
-        typer.Option(metavar="SIZE", help="Cap the call's memory (memory.max): 2G, 25%, infinity."),
+        typer.Option(
+            metavar="SIZE",
+            help="Cap the call's memory (memory.max): 2G, 25%, infinity; "
+            "default $AGENTSCOPE_CALL_MEMORY_MAX.",
+        ),
     ] = None,
     memory_swap_max: Annotated[
         str | None,
@@ -33,7 +37,11 @@ def call(
     ] = None,
     tasks_max: Annotated[
         str | None,
-        typer.Option(metavar="N", help="At most N processes and threads in the call (pids.max)."),
+        typer.Option(
+            metavar="N",
+            help="At most N processes and threads in the call (pids.max); "
+            "default $AGENTSCOPE_CALL_TASKS_MAX.",
+        ),
     ] = None,
     name: Annotated[
         str | None,

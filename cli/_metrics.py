@@ -147,6 +147,12 @@ def _agent_families(fleet: str, agents: Sequence[Mapping[str, Any]]) -> Iterable
         "Processes of the agent the kernel OOM-killed.",
         labels=labels,
     )
+    # Per agent, never per call: a call label would start a series per call made.
+    calls = GaugeMetricFamily(
+        "agentscope_agent_calls",
+        "Tool calls the agent runs now (call-* cgroups of its scope, docs/calls.md).",
+        labels=labels,
+    )
     # One series per name: a row that is closing while its successor starts
     # would otherwise give the same labels twice; the later row wins.
     by_name = {str(agent.get("name")): agent for agent in agents}
@@ -157,7 +163,8 @@ def _agent_families(fleet: str, agents: Sequence[Mapping[str, Any]]) -> Iterable
         if agent.get("memory_peak") is not None:
             peak.add_metric(values, agent["memory_peak"])
         kills.add_metric(values, agent.get("oom_kills") or 0)
-    yield from (current, peak, kills)
+        calls.add_metric(values, agent.get("calls") or 0)
+    yield from (current, peak, kills, calls)
 
 
 def _report_families(fleet: str, report: Mapping[str, Any]) -> Iterable[Any]:

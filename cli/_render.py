@@ -86,7 +86,9 @@ def format_pressure(pressure: Mapping[str, Any] | None) -> str:
     return "  ".join(parts) or "no PSI"
 
 
-_RIGHT = frozenset({"PID", "MEMORY", "PEAK", "OOM KILLS", "OOM", "AGE", "RSS"})
+_RIGHT = frozenset(
+    {"PID", "MEMORY", "PEAK", "OOM KILLS", "OOM", "CALLS", "PROCESSES", "AGE", "RSS"}
+)
 
 
 def _columns(table: Table, names: Sequence[str]) -> None:
@@ -120,10 +122,10 @@ def _state_cell(agent: Mapping[str, Any]) -> Text:
 
 
 def ls_table(agents: Sequence[Mapping[str, Any]], now: float | None = None) -> Table:
-    """The ``ls`` table: name, state, pid, memory, peak, OOM kills, age, unit."""
+    """The ``ls`` table: name, state, pid, memory, peak, OOM kills, tool calls now, age, unit."""
     now = time.time() if now is None else now
     table = Table(box=None, pad_edge=False, header_style="bold")
-    _columns(table, ("NAME", "STATE", "PID", "MEMORY", "PEAK", "OOM KILLS", "AGE", "UNIT"))
+    _columns(table, ("NAME", "STATE", "PID", "MEMORY", "PEAK", "OOM KILLS", "CALLS", "AGE", "UNIT"))
     for a in agents:
         started = a.get("started")
         add_row(
@@ -134,6 +136,7 @@ def ls_table(agents: Sequence[Mapping[str, Any]], now: float | None = None) -> T
             format_bytes(a.get("memory_current")),
             format_bytes(a.get("memory_peak")),
             _styled(str(a.get("oom_kills", 0)), "bold red" if a.get("oom_kills") else None),
+            str(a.get("calls") or "-"),
             format_age(now - started if started else None),
             str(a.get("unit", "-")),
         )
@@ -191,9 +194,30 @@ def report_view(report: Mapping[str, Any]) -> Group:
         Text("pressure  " + format_pressure(report.get("pressure"))),
         Text(""),
         agents,
+        *_calls_table(report.get("agents", [])),
         Text(""),
         procs,
     )
+
+
+def _calls_table(agents: Sequence[Mapping[str, Any]]) -> list[RenderableType]:
+    """The tool calls running in the agents' scopes (docs/calls.md); nothing when none."""
+    rows = [(a, c) for a in agents for c in a.get("calls") or ()]
+    if not rows:
+        return []
+    table = Table(title="calls", title_justify="left", box=None, header_style="bold")
+    _columns(table, ("AGENT", "CALL", "MEMORY", "PEAK", "PROCESSES", "OOM KILLS"))
+    for a, c in rows:
+        add_row(
+            table,
+            str(a.get("agent") or "-"),
+            str(c.get("call", "-")),
+            format_bytes(c.get("memory_current")),
+            format_bytes(c.get("memory_peak")),
+            str(c.get("processes", 0)),
+            str(c.get("oom_kills", 0)),
+        )
+    return [Text(""), table]
 
 
 def doctor_view(
@@ -343,7 +367,7 @@ def top_view(
     """The ``top`` screen: agents with memory bars, PSI, recent events."""
     biggest = max((a.get("memory_current") or 0 for a in agents), default=0) or 1
     table = Table(box=None, header_style="bold", expand=False)
-    _columns(table, ("NAME", "STATE", "MEMORY", "", "PEAK", "OOM", "AGE"))
+    _columns(table, ("NAME", "STATE", "MEMORY", "", "PEAK", "OOM", "CALLS", "AGE"))
     for a in agents:
         current = a.get("memory_current") or 0
         started = a.get("started")
@@ -355,6 +379,7 @@ def top_view(
             ProgressBar(total=biggest, completed=current, width=24),
             format_bytes(a.get("memory_peak")),
             str(a.get("oom_kills", 0)),
+            str(a.get("calls") or "-"),
             format_age(now - started if started else None),
         )
     recent = [Text(event_line(e)) for e in events] or [Text("no recent events", style="dim")]

@@ -16,11 +16,14 @@ import errno
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from agentscope import _calls
+from agentscope import AsyncFleet, _calls
 from agentscope._cgroup import read_subtree_procs
 from agentscope._errors import AgentNotFound, InvalidConfig, InvalidName, LaunchError
 from agentscope._scopefiles import read_scopes
@@ -277,7 +280,7 @@ def test_call_moves_itself_into_a_new_call_and_execs(
 ) -> None:
     scope = settled(kernel)
     removers: list[str] = []
-    monkeypatch.setattr(_calls, "fork_remover", removers.append)
+    monkeypatch.setattr(_calls, "fork_remover", lambda path, watch: removers.append(path))
     ran: list[tuple[str, list[str]]] = []
     call_command(
         Options(),
@@ -419,19 +422,25 @@ async def test_launch_asks_for_a_delegated_scope_and_says_once_when_calls_are_no
 # -- Fleet.call ----------------------------------------------------------------------------------
 
 
+async def delegated_agent(fleet: AsyncFleet, bus: FakeSystemd, name: str) -> Path:
+    """Launch ``name`` on the fake bus and give its scope a delegated scope's shape; the scope."""
+    agent = await fleet.launch(name, ["sleep", "30"])
+    scope = bus.units[agent.unit].cgroup
+    (scope / "cgroup.subtree_control").write_text("\n")
+    (scope / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    assert _calls.settle(str(scope), agent.pid) is None  # as on a delegated scope
+    # The fake bus knows no leaves: it collects a scope whose own cgroup.procs is empty.
+    (scope / "cgroup.procs").write_text(f"{agent.pid}\n")
+    return Path(scope)
+
+
 async def test_fleet_call_runs_in_a_new_call_of_the_named_agent(
     tmp_path: Path, kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_calls, "_SAID", set())
     bus = FakeSystemd(tmp_path / "cgroup")
     async with make_fleet(tmp_path, bus) as fleet:
-        agent = await fleet.launch("a", ["sleep", "30"])
-        scope = bus.units[agent.unit].cgroup
-        (scope / "cgroup.subtree_control").write_text("\n")
-        (scope / "cgroup.events").write_text("populated 1\nfrozen 0\n")
-        assert _calls.settle(str(scope), agent.pid) is None  # as on a delegated scope
-        # The fake bus knows no leaves: it collects a scope whose own cgroup.procs is empty.
-        (scope / "cgroup.procs").write_text(f"{agent.pid}\n")
+        scope = await delegated_agent(fleet, bus, "a")
         call = await fleet.call("a", ["true"], memory_max="64M", tasks_max=8, name="t")
         assert call.cgroup == str(scope / "call-t-1")
         assert (scope / "call-t-1" / "cgroup.procs").read_text().split() == [str(call.pid)]
@@ -485,3 +494,69 @@ def test_call_starts_without_typer_asyncio_dbus_or_sqlite(tmp_path: Path) -> Non
 )
 def test_options_after_calls_command_are_the_commands(args: list[str], hoisted: list[str]) -> None:
     assert hoist_globals(args) == hoisted
+
+
+def test_a_calls_leftovers_end_with_it_term_first(kernel: FakeKernel) -> None:
+    scope = settled(kernel)
+    call = _calls.create_call(str(scope), _calls.call_limits())
+    polite = subprocess.Popen(["sleep", "60"])
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"])
+    agents = subprocess.Popen(["sleep", "60"])
+    try:
+        kernel.write(call + "/cgroup.procs", str(polite.pid))
+        kernel.write(call + "/cgroup.procs", str(stubborn.pid))
+        kernel.write(str(scope / "agent" / "cgroup.procs"), str(agents.pid))
+        time.sleep(0.2)  # the trap is set
+        # The fake tree does not empty itself: each signal goes out, TERM then KILL.
+        assert _calls.end_leftovers(call, str(kernel.proc), grace=0.1, term=0.5) == 2
+        assert polite.wait(10) == -signal.SIGTERM
+        assert stubborn.wait(10) == -signal.SIGKILL
+        assert agents.poll() is None  # the agent's leaf is not the call's
+    finally:
+        for p in (polite, stubborn, agents):
+            p.kill()
+            p.wait()
+    kernel.leave(polite.pid)
+    kernel.leave(stubborn.pid)
+    assert _calls.end_leftovers(call, str(kernel.proc), grace=0.1) == 0  # empty: nothing to do
+
+
+# -- an agent's call defaults, given at its launch ---------------------------------------------
+
+
+def test_a_call_naming_no_cap_takes_its_agents_defaults(
+    kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scope = settled(kernel)
+    monkeypatch.setattr(_calls, "fork_remover", lambda path, watch: None)
+    monkeypatch.setenv("AGENTSCOPE_CALL_MEMORY_MAX", str(1 << 30))
+    monkeypatch.setenv("AGENTSCOPE_CALL_TASKS_MAX", "64")
+    run = {"execv": lambda path, argv: None, "cgroup_root": str(kernel.root)}
+    call_command(Options(), ["true"], proc_root=str(kernel.proc), **run)  # type: ignore[arg-type]
+    assert (scope / "call-cmd-1" / "memory.max").read_text().strip() == str(1 << 30)
+    assert (scope / "call-cmd-1" / "pids.max").read_text().strip() == "64"
+    call_command(Options(), ["true"], memory_max="2G", proc_root=str(kernel.proc), **run)  # type: ignore[arg-type]
+    assert (scope / "call-cmd-2" / "memory.max").read_text().strip() == str(2 << 30)
+    monkeypatch.setenv("AGENTSCOPE_CALL_TASKS_MAX", "lots")
+    with pytest.raises(InvalidConfig):
+        call_command(Options(), ["true"], proc_root=str(kernel.proc), **run)  # type: ignore[arg-type]
+    assert not (scope / "call-cmd-3").exists()
+
+
+async def test_launch_gives_the_agent_its_calls_defaults(tmp_path: Path) -> None:
+    bus = FakeSystemd(tmp_path / "cgroup")
+    out = tmp_path / "env"
+    async with make_fleet(tmp_path, bus) as fleet:
+        with pytest.raises(InvalidConfig):
+            await fleet.launch("bad", ["true"], call_memory_max="-1")
+        assert await fleet.agents() == []
+        agent = await fleet.launch(
+            "a",
+            ["sh", "-c", f'echo "$AGENTSCOPE_CALL_MEMORY_MAX $AGENTSCOPE_CALL_TASKS_MAX" > {out}'],
+            call_memory_max="512M",
+            call_tasks_max=32,
+        )
+        assert await agent.wait() == 0
+        await stop_everything(bus)
+    end_children()
+    assert out.read_text().split() == [str(512 << 20), "32"]

@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 import agentscope
 from agentscope import AgentMemory
 from agentscope import _exec as agentscope_exec
+from agentscope._report import CallMemory
 from cli import _docs, _doctor, _fleet, _render
 from cli._errors import BadInput, CannotRun, CommandNotFound, Failed
 from cli._exec import parse_exec_args, resolve_command
@@ -95,6 +96,7 @@ REPORT = {
             processes=2,
             oom_kills=1,
             high_events=0,
+            calls=(CallMemory("call-make-3", 5 * 2**30, 7 * 2**30, 9, 1),),
         ).to_dict(),
         AgentMemory(
             agent="reviewer",
@@ -1622,7 +1624,9 @@ def _snapshot(name: str, text: str) -> None:
 
 def test_ls_table_snapshot() -> None:
     agents = [
-        _agent("builder-1", memory_current=6 * 2**30, memory_peak=8 * 2**30, oom_kills=2).data,
+        _agent(
+            "builder-1", memory_current=6 * 2**30, memory_peak=8 * 2**30, oom_kills=2, calls=2
+        ).data,
         _agent("reviewer", state="frozen", started=NOW - 40, pid=4300).data,
         _agent(
             "old",

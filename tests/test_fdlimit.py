@@ -280,8 +280,10 @@ async def test_dbus_calls_per_operation_do_not_grow_with_the_fleet(tmp_path: Pat
     assert small["agents"][0] == 1  # one ListUnitsByPatterns
     # Files: a launch's do not grow with the fleet; the others' grow by a few per agent.
     assert big["launch"][1] <= small["launch"][1] + 2, (small["launch"], big["launch"])
-    # (Measured: 4, 3, 7 and 2 files per agent; a report also reads the
-    # host's other processes, which come and go meanwhile.)
-    for op, per_agent in (("agents", 5), ("tick", 5), ("report", 12), ("reopen", 4)):
+    # (Measured: 4, 3, 7 and 2 files per agent, and 2 more for agents since
+    # they count each agent's running tool calls (a listing of its scope,
+    # docs/calls.md); a report also reads the host's other processes, which
+    # come and go meanwhile.)
+    for op, per_agent in (("agents", 6), ("tick", 5), ("report", 12), ("reopen", 4)):
         grew = (big[op][1] - small[op][1]) / 190
         assert grew <= per_agent, (op, small[op], big[op], grew)

@@ -29,6 +29,7 @@ AGENTS = [
         "memory_current": 3 << 20,
         "memory_peak": 5 << 20,
         "oom_kills": 2,
+        "calls": 3,
     },
     {
         "name": "idle",
@@ -161,6 +162,7 @@ def test_metrics_parse_and_carry_the_sample(face: tuple[HttpFace, FaceState]) ->
     assert samples(got["agentscope_agent_memory_current_bytes"]) == {builder: 3 << 20}
     assert samples(got["agentscope_agent_oom_kills"]) == {builder: 2, idle: 0}
     assert got["agentscope_agent_oom_kills"].type == "counter"
+    assert samples(got["agentscope_agent_calls"]) == {builder: 3, idle: 0}
     states = samples(got["agentscope_agents"])
     assert states[(("fleet", "default"), ("state", "running"))] == 1
     assert states[(("fleet", "default"), ("state", "frozen"))] == 1
@@ -209,6 +211,7 @@ def test_a_relaunched_agent_keeps_its_series(face: tuple[HttpFace, FaceState]) -
         "agentscope_agent_memory_current_bytes",
         "agentscope_agent_memory_peak_bytes",
         "agentscope_agent_oom_kills",
+        "agentscope_agent_calls",
     ):
         assert set(samples(after[name])) == set(samples(before[name])), name
         for labels in samples(after[name]):

@@ -349,6 +349,20 @@ def test_a_kill_names_the_agent_by_the_scope_below_the_slice() -> None:
     other = parse_oomd_line(SWAP_LINE.replace(f"{USER_SLICE}/{UNIT}", "/user.slice/x.scope"))
     assert other is not None
     assert oomd_kill_event(other, USER_SLICE, str, 5.0) is None
+    assert event.call is None  # a sub-cgroup that is no call
+
+
+def test_a_kill_of_a_call_names_the_call_and_validates() -> None:
+    # Delegated scopes (docs/calls.md): oomd's leaf is the tool call, not the agent.
+    line = parse_oomd_line(SWAP_LINE.replace(UNIT, f"{UNIT}/call-make-2"))
+    assert line is not None
+    event = oomd_kill_event(line, USER_SLICE, {UNIT: "coder"}.get, 5.0)
+    assert event is not None
+    assert (event.agent, event.unit, event.call) == ("coder", UNIT, "call-make-2")
+    assert validate(monitor_event_dict("default", event)) == "agentscope.event/1"
+    leaf = parse_oomd_line(SWAP_LINE.replace(UNIT, f"{UNIT}/agent"))
+    assert leaf is not None
+    assert oomd_kill_event(leaf, USER_SLICE, str, 5.0).call is None  # type: ignore[union-attr]
 
 
 def test_the_event_has_its_schema() -> None:

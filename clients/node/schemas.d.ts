@@ -18,6 +18,7 @@ export type Agent = {
   argv: Array<string>;
   terminal: "tmux" | null;
   leftovers?: (number | null);
+  calls?: number;
   reap_after?: number | "keep";
   /** The manager mode running the agent (ls --json): systemd, cgroup or process. */
   mode?: "systemd" | "cgroup" | "process";
@@ -87,6 +88,30 @@ export type AdoptedDetail = {
   via?: "exec";
 };
 
+/** detail of a call_exited event: A tool call ended: its cgroup emptied (the command and whatever it left running) and was removed. The fields of call_started, and status as Popen.returncode (-9: SIGKILL; null for agentscope call, whose command is its caller's child: only that caller learns it), peak the call's memory.peak in bytes (null before Linux 5.19), oom_kills the OOM kills inside the call (memory.events oom_kill), seconds from its start to its end. */
+export type CallExitedDetail = {
+  unit: string;
+  call: string;
+  pid: number;
+  argv: string;
+  memory_max: (number | null);
+  tasks_max: (number | null);
+  status: (number | null);
+  peak: (number | null);
+  oom_kills: (number | null);
+  seconds: (number | null);
+};
+
+/** detail of a call_started event: A tool call started in the agent's scope (docs/calls.md): unit the agent's scope, call the call's cgroup (call-LABEL-N, unique among the scope's running calls), pid the command's, argv its command line cut at 256 characters, memory_max (bytes) and tasks_max its caps (null: none of its own). */
+export type CallStartedDetail = {
+  unit: string;
+  call: string;
+  pid: number;
+  argv: string;
+  memory_max: (number | null);
+  tasks_max: (number | null);
+};
+
 /** detail of a escaped event: A descendant of the agent that lives outside its scope (systemd-run --scope, a tmux pane scope, a process that moved itself), reported once; reclaimed says whether it was moved back (null: not tried). */
 export type EscapedDetail = {
   unit: string;
@@ -141,7 +166,7 @@ export type GuardHeldDetail = {
   limit?: string;
 };
 
-/** detail of a guard_kill event: The memory guard killed a process of an agent before the kernel had to (docs/guard.md). */
+/** detail of a guard_kill event: The memory guard killed a process of an agent before the kernel had to (docs/guard.md). call: the tool call (call-LABEL-N, docs/calls.md) the process was in, killed whole with it (processes: how many it held); null for a process of the agent itself, killed alone. */
 export type GuardKillDetail = {
   unit: string;
   pid: number;
@@ -160,6 +185,8 @@ export type GuardKillDetail = {
   limit?: string;
   limit_bytes?: (number | null);
   limit_available_percent?: (number | null);
+  call?: (string | null);
+  processes?: number;
 };
 
 /** detail of a launched event: The fleet started the agent's scope and its command exec'd. */
@@ -212,7 +239,7 @@ export type OomKillDetail = {
   recovered?: boolean;
 };
 
-/** detail of a oomd_kill event: systemd-oomd killed an agent's whole scope (every process in it). unit: the scope, the path component below the agents slice of the cgroup oomd named (cgroup). rule: swap (memory and swap used over limit %) or pressure (the monitored cgroup's memory pressure, pressure %, over limit % for longer than duration, as oomd wrote it). source: journal (oomd's own line). */
+/** detail of a oomd_kill event: systemd-oomd killed an agent's whole scope (every process in it), or one of its tool calls (call: its call-* cgroup, docs/calls.md; null when oomd took the scope or its agent leaf). unit: the scope, the path component below the agents slice of the cgroup oomd named (cgroup). rule: swap (memory and swap used over limit %) or pressure (the monitored cgroup's memory pressure, pressure %, over limit % for longer than duration, as oomd wrote it). source: journal (oomd's own line). */
 export type OomdKillDetail = {
   unit: string;
   cgroup: string;
@@ -222,6 +249,7 @@ export type OomdKillDetail = {
   pressure: (number | null);
   duration: (string | null);
   source: "journal";
+  call?: (string | null);
 };
 
 /** detail of a pressure event: Memory pressure crossed a threshold during a window. report (monitor --json only, not recorded) is the report taken when the window opened. */
@@ -459,6 +487,14 @@ export type ReportAgentMemory = {
   high_events: number;
   escaped?: number;
   escaped_rss?: number;
+  /** its tool calls running now (call-LABEL-N, docs/calls.md), each with its own cgroup's figures */
+  calls?: Array<{
+    call: string;
+    memory_current: number;
+    memory_peak: (number | null);
+    processes: number;
+    oom_kills: number;
+  }>;
 };
 
 export type ReportProcess = {
@@ -522,6 +558,8 @@ export type Version = {
 /** Each event kind's `detail` (schemas/events/KIND.json). */
 export interface EventDetails {
   adopted: AdoptedDetail;
+  call_exited: CallExitedDetail;
+  call_started: CallStartedDetail;
   escaped: EscapedDetail;
   exited: ExitedDetail;
   failed: FailedDetail;

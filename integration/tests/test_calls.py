@@ -16,6 +16,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,6 +105,33 @@ async def test_a_capped_call_past_its_cap_is_killed_whole_and_the_agent_lives(
             break
         await asyncio.sleep(0.1)
     assert calls_left(pid, unit) == []
+    # One event names agent and call, with the kills inside it and its peak.
+    exited = await call_events(fleet, "call_exited")
+    print(f"call_exited: {[e.detail for e in exited]}")
+    (event,) = exited
+    assert (event.agent, event.detail["call"]) == ("caller", "call-alloc-1")
+    assert event.detail["oom_kills"] >= 1
+    assert event.detail["memory_max"] == 32 << 20
+    assert event.detail["status"] is None  # agentscope call's: its shell has it (137 above)
+    kernel = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    if kernel >= (5, 19):  # memory.peak
+        assert 0 < event.detail["peak"] <= 33 << 20
+    else:
+        assert event.detail["peak"] is None
+    (started,) = await call_events(fleet, "call_started")
+    assert started.detail["argv"].startswith("sh /")
+    assert started.detail["pid"] == event.detail["pid"]
+
+
+async def call_events(fleet: AsyncFleet, kind: str, want: int = 1) -> list[Any]:
+    """The fleet's events of ``kind``, once ``want`` of them are there (a call's watcher
+    writes them as the call starts and once its cgroup is empty)."""
+    for _ in range(100):
+        got = await fleet.events(kind=kind)
+        if len(got) >= want:
+            return got
+        await asyncio.sleep(0.1)
+    return await fleet.events(kind=kind)
 
 
 async def test_forty_calls_leave_no_cgroup_behind(fleet: AsyncFleet, tmp_path: Path) -> None:
@@ -125,6 +153,29 @@ async def test_forty_calls_leave_no_cgroup_behind(fleet: AsyncFleet, tmp_path: P
             break
         await asyncio.sleep(0.1)
     assert calls_left(pid, unit) == []
+
+
+async def test_what_a_call_leaves_running_ends_with_it(fleet: AsyncFleet, tmp_path: Path) -> None:
+    left = tmp_path / "left"
+    pid, unit = await launch_script(
+        fleet,
+        "leaver",
+        tmp_path,
+        f"{CLI} call --name bg -- sh -c 'sleep 300 & echo $! > {left}'\nexec sleep 300\n",
+    )
+    leftover = int((await wait_for(left)).strip())
+    if not delegated(pid, unit):
+        pytest.skip("no delegated scope under this manager")
+    assert cgroup_of(leftover).endswith(f"/{unit}/call-bg-1")
+    start = time.monotonic()
+    for _ in range(300):  # 10 s of grace, then SIGTERM
+        if not Path(f"/proc/{leftover}").exists() and not calls_left(pid, unit):
+            break
+        await asyncio.sleep(0.1)
+    print(f"the call's leftover ended after {time.monotonic() - start:.1f}s")
+    assert not Path(f"/proc/{leftover}").exists(), "the call's leftover outlived it"
+    assert calls_left(pid, unit) == []
+    assert Path(f"/proc/{pid}").exists()
 
 
 async def test_claude_codes_cgroup_beside_its_own_stays_inside_its_agent(
@@ -205,3 +256,49 @@ async def test_fleet_call_runs_in_a_call_of_the_named_agent(
             break
         await asyncio.sleep(0.1)
     assert calls_left(pid, unit) == []
+    (exited,) = await call_events(fleet, "call_exited")
+    print(f"call_exited: {exited.detail}")
+    assert (exited.agent, exited.detail["call"], exited.detail["status"]) == ("host", "call-h-1", 0)
+    assert exited.detail["pid"] == call.pid
+
+
+async def test_the_guard_kills_a_runaway_call_whole_and_the_agent_lives(
+    fleet: AsyncFleet, tmp_path: Path
+) -> None:
+    """The runaway grows in a call beside a ``sleep`` of the same call: the guard's kill
+    takes both (``cgroup.kill``, or pid by pid before Linux 5.14) and names the call."""
+    from test_guard import BALLAST, GROW, guard_kills, kernel_oom_kills
+
+    ballast = b"\1" * BALLAST  # the manager is the host's largest: never a candidate
+    grow, rc, sleeper = tmp_path / "grow.py", tmp_path / "rc", tmp_path / "sleeper"
+    grow.write_text(GROW)
+    (tmp_path / "call.sh").write_text(f"sleep 300 &\necho $! > {sleeper}\nexec python3 {grow}\n")
+    kills_before = kernel_oom_kills()
+    async with fleet.monitor(interval=1.0, guard=True) as monitor:
+        pid, unit = await launch_script(
+            fleet,
+            "runaway",
+            tmp_path,
+            f"{CLI} call --name grow -- sh {tmp_path / 'call.sh'}\necho $? > {rc}\n"
+            "exec sleep 300\n",
+        )
+        kills = await guard_kills(monitor, 1, 120)
+    print(f"guard kills: {[k.to_dict() for k in kills]}")
+    del ballast
+    if not delegated(pid, unit):
+        pytest.skip("no delegated scope under this manager: the runaway was no call")
+    (kill,) = kills
+    assert (kill.agent, kill.unit, kill.comm) == ("runaway", unit, "python3")
+    assert kill.call == "call-grow-1"
+    assert kill.processes >= 2
+    assert (await wait_for(rc)).strip() == "137"
+    leftover = int(sleeper.read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{leftover}").exists():
+            break
+        await asyncio.sleep(0.1)
+    assert not Path(f"/proc/{leftover}").exists(), "the call's sleep outlived the guard's kill"
+    assert Path(f"/proc/{pid}").exists(), "the agent's shell died with its call"
+    assert kernel_oom_kills() == kills_before, "the kernel killed something"
+    (recorded,) = await fleet.events(kind="guard_kill")
+    assert recorded.detail["call"] == "call-grow-1"
