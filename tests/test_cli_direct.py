@@ -20,6 +20,13 @@ from cli import _direct, _fleet
 from cli._options import Options
 from tests.test_cli import _REAL_OPEN_HISTORY, NOW, FakeFleet, Result, fleet, run  # noqa: F401
 
+
+@pytest.fixture
+def fake(fleet: FakeFleet) -> FakeFleet:  # noqa: F811 (the fixture imported above)
+    """test_cli's fake fleet, in place of the library's."""
+    return fleet
+
+
 # Each: the command line, and whether the direct path answers it (else typer).
 LS_CASES = [
     (("ls",), True),
@@ -86,7 +93,7 @@ def _taken(*args: str) -> bool:
 
 @pytest.mark.parametrize(("args", "direct"), LS_CASES + EVENTS_CASES)
 def test_the_direct_path_prints_what_typer_prints(
-    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], direct: bool
+    fake: FakeFleet, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], direct: bool
 ) -> None:
     monkeypatch.setattr("time.time", lambda: NOW)
     assert _taken(*args) is direct
@@ -105,21 +112,21 @@ def test_the_direct_path_prints_what_typer_prints(
 )
 @pytest.mark.parametrize("args", [("ls",), ("--json", "ls"), ("events",), ("--json", "events")])
 def test_failures_are_reported_alike(
-    fleet: FakeFleet,
+    fake: FakeFleet,
     monkeypatch: pytest.MonkeyPatch,
     failure: BaseException,
     code: int,
     args: tuple[str, ...],
 ) -> None:
-    fleet.fail = failure
+    fake.fail = failure
     ours, typers = _both(*args, monkeypatch=monkeypatch)
     assert ours == typers
     assert ours.code == code, ours
     assert "Traceback" not in ours.stderr
 
 
-def test_an_empty_fleet_is_said_alike(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
-    fleet.agent_list = []
+def test_an_empty_fleet_is_said_alike(fake: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.agent_list = []
     for args in (("ls",), ("--json", "ls")):
         ours, typers = _both(*args, monkeypatch=monkeypatch)
         assert ours == typers
@@ -128,7 +135,7 @@ def test_an_empty_fleet_is_said_alike(fleet: FakeFleet, monkeypatch: pytest.Monk
     assert json.loads(run("--json", "ls").stdout) == []
 
 
-def test_following_ends_alike_on_ctrl_c(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_following_ends_alike_on_ctrl_c(fake: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
     def sleep(seconds: float) -> None:
         raise KeyboardInterrupt
 
