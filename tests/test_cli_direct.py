@@ -97,8 +97,15 @@ def test_the_direct_path_prints_what_typer_prints(
 ) -> None:
     monkeypatch.setattr("time.time", lambda: NOW)
     assert _taken(*args) is direct
-    ours, typers = _both(*args, monkeypatch=monkeypatch)
+    opened: list[Options] = fake.opened  # type: ignore[attr-defined]
+    ours = run(*args)
+    ours_opened = list(opened)
+    opened.clear()
+    with monkeypatch.context() as m:
+        m.setattr(_direct, "direct_args", lambda *a: None)
+        typers = run(*args)
     assert ours == typers
+    assert ours_opened == opened  # the same manager and fleet, opened as often
     assert "Traceback" not in ours.stdout + ours.stderr
 
 
