@@ -194,6 +194,14 @@ def _command_word(args: Sequence[str]) -> str | None:
     return None
 
 
+def _manager_auto(args: Sequence[str]) -> bool:
+    """Whether ``--manager auto`` is given: exec takes it, typer's ``--manager`` refuses it."""
+    return any(
+        arg == "--manager=auto" or (arg == "--manager" and args[i + 1 : i + 2] == ["auto"])
+        for i, arg in enumerate(args)
+    )
+
+
 def _run_fast(command: str, opts: Options, args: Sequence[str]) -> NoReturn:
     """``exec`` or ``call``: nothing imported but what it needs, its own exit codes."""
     run: Callable[[Options, Sequence[str]], None]
@@ -235,7 +243,7 @@ def _main(argv: Sequence[str] | None) -> NoReturn:
     from ._logging import setup_logging
 
     setup_logging(opts.debug)
-    if split is not None and split[1] in ("ls", "events"):
+    if split is not None and split[1] in ("ls", "events") and not _manager_auto(args):
         from ._direct import direct_args, run_direct
 
         values = direct_args(opts, split[1], split[2])

@@ -36,6 +36,10 @@ LS_CASES = [
     (("--fleet=other", "--user", "ls"), True),
     (("--fleet", "Bad Name!", "ls"), False),
     (("--json", "--fleet", "../x", "ls"), False),
+    (("--manager", "auto", "ls"), False),  # exec takes auto; typer's --manager does not
+    (("--json", "--manager=auto", "events"), False),
+    (("--manager", "user", "--json", "ls"), True),
+    (("--user", "--system", "ls"), False),
     (("ls", "extra"), False),
     (("ls", "--bogus"), False),
     (("--json", "ls", "--bogus"), False),
@@ -81,14 +85,19 @@ def _both(*args: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Result, Result]:
     return direct, typer_side
 
 
-def _taken(*args: str) -> bool:
-    """Whether the direct path answers ``args`` (main's own split of them)."""
-    from cli.main import hoist_globals, split_globals
+def _taken(*args: str, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether ``main`` answers ``args`` on the direct path (else typer)."""
+    taken: list[str] = []
+    real = _direct.run_direct
 
-    split = split_globals(hoist_globals(args))
-    assert split is not None
-    opts, command, rest = split
-    return command is not None and _direct.direct_args(opts, command, rest) is not None
+    def spy(opts: Options, command: str, values: dict[str, object]) -> int:
+        taken.append(command)
+        return real(opts, command, values)
+
+    with monkeypatch.context() as m:
+        m.setattr(_direct, "run_direct", spy)
+        run(*args)
+    return bool(taken)
 
 
 @pytest.mark.parametrize(("args", "direct"), LS_CASES + EVENTS_CASES)
@@ -96,8 +105,9 @@ def test_the_direct_path_prints_what_typer_prints(
     fake: FakeFleet, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], direct: bool
 ) -> None:
     monkeypatch.setattr("time.time", lambda: NOW)
-    assert _taken(*args) is direct
+    assert _taken(*args, monkeypatch=monkeypatch) is direct
     opened: list[Options] = fake.opened  # type: ignore[attr-defined]
+    opened.clear()
     ours = run(*args)
     ours_opened = list(opened)
     opened.clear()
@@ -148,7 +158,7 @@ def test_following_ends_alike_on_ctrl_c(fake: FakeFleet, monkeypatch: pytest.Mon
 
     monkeypatch.setattr("time.sleep", sleep)
     for args in (("--json", "events", "-f"), ("events", "--follow", "--kind", "start")):
-        assert _taken(*args)
+        assert _taken(*args, monkeypatch=monkeypatch)
         ours, typers = _both(*args, monkeypatch=monkeypatch)
         assert ours == typers
         assert ours.code == 130
