@@ -5,18 +5,22 @@ systemd host, as root (system manager) or as a user with a user manager.
 
 ``--host``
     Start-up alone, on any host, no systemd needed: each command below run
-    ``--runs`` times, interleaved (one of each per round, the order
-    rotating), with a user manager whose bus cannot be reached and a
-    registry in a temporary directory. Prints each command's median wall
-    time, its median CPU time (user + system, which another process on the
-    machine disturbs less) and both as a ratio to a bare ``python -c pass``
-    of the same interpreter. ``--source DIR`` runs the checkout in DIR
+    ``--runs`` times with a user manager whose bus cannot be reached and a
+    registry in a temporary directory (empty: ``events`` prints nothing).
+    With hyperfine installed (``apt-get install hyperfine``; ``--loop``
+    not to use it) hyperfine runs them, after 3 warm-up runs each;
+    otherwise this script, interleaved (one of each per round, the order
+    rotating). Prints each command's median wall time, its CPU time (user +
+    system, which another process on the machine disturbs less; hyperfine
+    gives its mean, the loop its median) and both as a ratio to a bare
+    ``python -c pass`` of the same interpreter. ``--source DIR`` runs the checkout in DIR
     (``python -c 'from cli.main import main; main()'``) instead of the
     ``agentscope`` command, so that two commits can be measured alike, one
     run each. The commands: ``--version``; ``--help``; ``--json events``
-    (an empty registry); ``--json ls`` and ``ls --help`` (``ls`` fails at
-    the bus, exit 4, after its start-up); ``exec --help`` and ``exec``
-    of a command that is not there (exit 127 before any scope).
+    (an empty registry); ``--json ls``, ``ls`` and ``ls --help`` (``ls``
+    fails at the bus, exit 4, after its start-up); ``--json doctor``;
+    ``exec --help``, ``exec`` of a command that is not there (exit 127
+    before any scope) and ``call --help``.
 
 ``exec``
     ``agentscope exec NAME -q -- true`` against ``systemd-run --scope -q
@@ -125,9 +129,12 @@ HOST_COMMANDS = (
     ("--help", ["--help"]),
     ("--json events", ["--json", "events"]),
     ("--json ls (exit 4)", ["--json", "ls"]),
+    ("ls (exit 4)", ["ls"]),
     ("ls --help", ["ls", "--help"]),
+    ("--json doctor", ["--json", "doctor"]),
     ("exec --help", ["exec", "--help"]),
     ("exec -- missing (exit 127)", ["exec", "b", "--", "no-such-command-agentscope"]),
+    ("call --help", ["call", "--help"]),
 )
 
 
@@ -145,7 +152,9 @@ def _run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, in
     return wall, usage.ru_utime + usage.ru_stime, proc.returncode
 
 
-def bench_host(prefix: list[str], python: str, runs: int) -> dict[str, tuple[float, float, int]]:
+def bench_host(
+    prefix: list[str], python: str, runs: int, *, hyperfine: str | None = None
+) -> dict[str, tuple[float, float, int]]:
     """Median wall and CPU seconds and the exit status of each of :data:`HOST_COMMANDS`."""
     import tempfile
 
@@ -159,6 +168,8 @@ def bench_host(prefix: list[str], python: str, runs: int) -> dict[str, tuple[flo
         }
         sides = {"python -c pass": [python, "-c", "pass"]}
         sides |= {label: [*prefix, "--user", *args] for label, args in HOST_COMMANDS}
+        if hyperfine is not None:
+            return _hyperfine(hyperfine, sides, env, runs, f"{tmp}/hyperfine.json")
         names = list(sides)
         for name in names:  # warm the page cache and the bytecode caches
             _run_measured(sides[name], env)
@@ -177,7 +188,28 @@ def bench_host(prefix: list[str], python: str, runs: int) -> dict[str, tuple[flo
     }
 
 
-def host_main(source: str | None, runs: int) -> None:
+def _hyperfine(
+    tool: str, sides: dict[str, list[str]], env: dict[str, str], runs: int, out: str
+) -> dict[str, tuple[float, float, int]]:
+    """:func:`bench_host`'s figures measured by hyperfine (no shell, 3 warm-up runs)."""
+    import shlex
+
+    codes = {}
+    for name, cmd in sides.items():  # the exit status, which hyperfine does not report
+        codes[name] = _run_measured(cmd, env)[2]
+    argv = [tool, "-N", "-i", "--style", "none", "--warmup", "3", "--runs", str(runs)]
+    argv += ["--export-json", out]
+    for name, cmd in sides.items():
+        argv += [f"--command-name={name}", shlex.join(cmd)]
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        results = json.load(f)["results"]
+    return {
+        r["command"]: (r["median"], r["user"] + r["system"], codes[r["command"]]) for r in results
+    }
+
+
+def host_main(source: str | None, runs: int, *, loop: bool = False) -> None:
     if source is not None:
         python = sys.executable
         code = f"import sys; sys.path.insert(0, {source!r}); from cli.main import main; main()"
@@ -190,8 +222,10 @@ def host_main(source: str | None, runs: int) -> None:
         python = _interpreter(cli)
         prefix = [cli]
         what = cli
-    print(f"start-up of {what}, median of {runs} interleaved rounds, no systemd manager:")
-    results = bench_host(prefix, python, runs)
+    hyperfine = None if loop else shutil.which("hyperfine")
+    how = "hyperfine" if hyperfine else "interleaved rounds"
+    print(f"start-up of {what}, {runs} runs each ({how}), no systemd manager reachable:")
+    results = bench_host(prefix, python, runs, hyperfine=hyperfine)
     base_wall, base_cpu, _ = results["python -c pass"]
     print(f"  {'command':<28} {'wall':>9} {'x python':>9} {'cpu':>9} {'x python':>9}  exit")
     for name, (wall, cpu, code) in results.items():
@@ -207,10 +241,11 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--host", action="store_true", help="start-up only, no systemd needed")
     parser.add_argument("--source", help="with --host: the checkout to run, not agentscope")
-    parser.add_argument("--runs", type=int, default=30, help="with --host: rounds")
+    parser.add_argument("--runs", type=int, default=30, help="with --host: runs of each")
+    parser.add_argument("--loop", action="store_true", help="with --host: not hyperfine")
     args = parser.parse_args()
     if args.host:
-        host_main(args.source, args.runs)
+        host_main(args.source, args.runs, loop=args.loop)
         return
     cli = shutil.which("agentscope")
     if cli is None:

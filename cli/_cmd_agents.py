@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from . import _fleet
-from ._context import emit_json, fleet_of, options, said, show, valid_agent, write_json
+from ._context import emit_json, fleet_of, options, said, valid_agent
 from ._errors import BadInput, Failed
 from ._exec import exec_command, launch_controls
 from ._options import Options
@@ -239,18 +239,9 @@ def exec_(
 
 def ls(ctx: typer.Context) -> None:
     """List the fleet's agents."""
-    with fleet_of(ctx) as fleet:
-        agents = _fleet.agent_dicts(fleet, fleet.agents())  # each says which mode runs it (#27)
-    if options(ctx).json:
-        from agentscope._contract import agent_list
+    from ._direct import list_agents
 
-        write_json(agent_list(agents))
-    elif not agents:
-        sys.stdout.write(f"no agents in fleet {options(ctx).fleet!r}\n")
-    else:
-        from . import _render
-
-        show(_render.ls_table(agents))
+    list_agents(options(ctx))
 
 
 def stop(

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from . import _fleet
-from ._context import emit_json, fleet_of, history_of, options, show, valid_agent
+from ._context import emit_json, fleet_of, options, show, valid_agent
+from ._direct import LIMIT, print_events
 from ._errors import BadInput, Failed, Interrupted
-from ._parse import parse_since, real_option, whole_option
+from ._parse import real_option, whole_option
 
 if TYPE_CHECKING:
     import queue
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["events", "monitor", "report", "top"]
 
 # The bounds of the numbers these commands take (docs/cli.md lists them).
-MAX_EVENTS = 10**9
 MAX_INTERVAL = 86400.0
 _TOP = whole_option("--top", 0, 10_000)
 
@@ -75,7 +75,7 @@ def events(
         typer.Option(
             help="Only the newest N events that match (0-1000000000).",
             metavar="N",
-            parser=whole_option("--limit", 0, MAX_EVENTS),
+            parser=LIMIT,
         ),
     ] = None,
 ) -> None:
@@ -83,51 +83,9 @@ def events(
 
     Reads the registry file alone: works without systemd (no bus needed).
     """
-    opts = options(ctx)
-    now = time.time()
-    start = parse_since(since, now) if since is not None else None
-    end = parse_since(until, now) if until is not None else None
-    filters: dict[str, Any] = {"kind": kind, "agent": agent}
-    with history_of(ctx) as history:
-        if limit is not None:
-            last = _print_events(
-                history.events(since=start, until=end, last=limit, **filters), opts.json
-            )
-        else:
-            # Page by id: memory stays one page, however long the history.
-            last = None
-            while True:
-                page = history.events(
-                    since=start, until=end, after_id=last, limit=_EVENTS_PAGE, **filters
-                )
-                last = _print_events(page, opts.json) or last
-                if len(page) < _EVENTS_PAGE:
-                    break
-        if follow and last is None:
-            # Follow from the newest event of any kind: a poll then costs the
-            # new events only, never a rescan of the history.
-            newest = history.events(last=1)
-            last = newest[0].id if newest else 0
-        while follow:  # until Ctrl-C: exit 130, as from every command
-            time.sleep(1.0)
-            last = _print_events(history.events(after_id=last, **filters), opts.json) or last
-
-
-_EVENTS_PAGE = 1000
-
-
-def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:
-    if as_json:
-        from agentscope._contract import json_line
-    else:
-        from . import _render
-    last = None
-    for record in records:
-        data = record.to_dict()
-        sys.stdout.write((json_line(data) if as_json else _render.event_line(data)) + "\n")
-        last = record.id
-    sys.stdout.flush()
-    return last
+    print_events(
+        options(ctx), follow=follow, since=since, until=until, kind=kind, agent=agent, limit=limit
+    )
 
 
 def top(

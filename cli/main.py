@@ -3,7 +3,8 @@
 ``exec`` and ``call`` take a fast path that imports neither typer nor rich (nor
 logging, nor anything it can do without): it moves this process into a
 scope and execs, so its start-up is the command's. ``--version`` is
-answered before typer is imported. Every other command goes through the
+answered before typer is imported, and so are ``ls`` and ``events`` given in
+their plain spellings (:mod:`._direct`). Every other command goes through the
 typer app in :mod:`._app`, which imports only the module of the command
 that runs.
 """
@@ -193,6 +194,14 @@ def _command_word(args: Sequence[str]) -> str | None:
     return None
 
 
+def _manager_auto(args: Sequence[str]) -> bool:
+    """Whether ``--manager auto`` is given: exec takes it, typer's ``--manager`` refuses it."""
+    return any(
+        arg == "--manager=auto" or (arg == "--manager" and args[i + 1 : i + 2] == ["auto"])
+        for i, arg in enumerate(args)
+    )
+
+
 def _run_fast(command: str, opts: Options, args: Sequence[str]) -> NoReturn:
     """``exec`` or ``call``: nothing imported but what it needs, its own exit codes."""
     run: Callable[[Options, Sequence[str]], None]
@@ -234,6 +243,12 @@ def _main(argv: Sequence[str] | None) -> NoReturn:
     from ._logging import setup_logging
 
     setup_logging(opts.debug)
+    if split is not None and split[1] in ("ls", "events") and not _manager_auto(args):
+        from ._direct import direct_args, run_direct
+
+        values = direct_args(opts, split[1], split[2])
+        if values is not None:
+            sys.exit(run_direct(opts, split[1], values))
     from ._app import run_app
 
     code = run_app(args, opts)

@@ -1934,9 +1934,9 @@ def test_a_stale_notify_socket_does_not_hide_why_the_monitor_stopped(
 
 
 def test_events_are_printed_page_by_page(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cli import _cmd_monitor
+    from cli import _direct
 
-    monkeypatch.setattr(_cmd_monitor, "_EVENTS_PAGE", 1)
+    monkeypatch.setattr(_direct, "_EVENTS_PAGE", 1)
     result = run("--json", "events")
     assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [
         e["id"] for e in EVENTS

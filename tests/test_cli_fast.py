@@ -102,19 +102,24 @@ def test_version_with_more_is_typers_to_answer(tmp_path: Path, args: list[str]) 
         assert "No such option: --bogus" in result["stderr"]
 
 
-def test_events_json_imports_no_rich_no_bus_no_other_command(tmp_path: Path) -> None:
-    result, modules = imported_by(tmp_path, "--user", "--json", "events")
-    assert result["code"] == 0, result
-    assert _tops(modules) & _HEAVY == set()
-    assert modules & {*_OTHER_COMMANDS, "cli._cmd_agents", "cli._render"} == set()
+def test_events_json_imports_no_typer_no_rich_no_bus_no_other_command(tmp_path: Path) -> None:
+    for args in (["--json", "events"], ["events", "--json", "--limit", "5", "--since", "-1h"]):
+        result, modules = imported_by(tmp_path, "--user", *args)
+        assert result["code"] == 0, result
+        # Its plain command lines are read without typer (cli/_direct.py).
+        assert _tops(modules) & {*_HEAVY, "typer", "click"} == set()
+        assert modules & {*_OTHER_COMMANDS, "cli._cmd_agents", "cli._render"} == set()
 
 
-def test_ls_json_imports_no_rich_and_no_other_command(tmp_path: Path) -> None:
+def test_ls_json_imports_no_typer_no_rich_and_no_other_command(tmp_path: Path) -> None:
     result, modules = imported_by(tmp_path, "--user", "--json", "ls")
     assert result["code"] == 4, result  # no manager here: it got as far as the bus
     assert json.loads(result["stderr"])["kind"] == "systemd_unavailable"
-    assert _tops(modules) & {"rich", "pydantic"} == set()
-    assert modules & {*_OTHER_COMMANDS, "cli._cmd_monitor", "cli._render"} == set()
+    assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
+    assert modules & {*_OTHER_COMMANDS, "cli._cmd_monitor", "cli._render", "cli._app"} == set()
+    result, modules = imported_by(tmp_path, "--user", "ls", "--bogus")
+    assert result["code"] == 2  # what the direct path does not read is typer's to refuse
+    assert "No such option: --bogus" in result["stderr"]
 
 
 def test_help_lists_every_command_in_its_order(tmp_path: Path) -> None:

@@ -1,0 +1,211 @@
+"""``ls`` and ``events`` without typer: their plain command lines, read here.
+
+A harness polls these two (issue 28): typer and its click cost every call
+about 45 ms natively before the command starts. :func:`direct_args` reads
+the command lines these commands take in their plain spellings; anything
+else (``--help``, an unknown or repeated option, an option without its
+value, a value the option's own parser or check refuses) gives None, and
+typer then reads the whole line and says what is wrong, as it always did.
+
+The commands' bodies are here, :func:`list_agents` and :func:`print_events`,
+and the typer commands (``_cmd_agents.ls``, ``_cmd_monitor.events``) call
+them: both paths print the same thing and fail the same way, which
+``tests/test_cli_direct.py`` compares over the fake fleet and registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+from . import _fleet
+from ._errors import Interrupted
+from ._options import Options
+from ._parse import parse_since, whole_option
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing and collections cost imports
+    from collections.abc import Sequence
+    from typing import Any
+
+__all__ = [
+    "DIRECT",
+    "MAX_EVENTS",
+    "direct_args",
+    "list_agents",
+    "print_events",
+    "run_direct",
+]
+
+#: The bounds of ``events --limit`` (docs/cli.md lists them).
+MAX_EVENTS = 10**9
+LIMIT = whole_option("--limit", 0, MAX_EVENTS)
+_EVENTS_PAGE = 1000
+
+#: The commands read here, and their options: a flag's value is True.
+DIRECT: dict[str, dict[str, str]] = {
+    "ls": {},
+    "events": {
+        "--follow": "follow",
+        "-f": "follow",
+        "--since": "since",
+        "--until": "until",
+        "--kind": "kind",
+        "--agent": "agent",
+        "--limit": "limit",
+    },
+}
+_FLAGS = ("--follow", "-f")
+
+
+def direct_args(opts: Options, command: str, args: Sequence[str]) -> dict[str, Any] | None:
+    """``command``'s arguments as its body takes them; None where typer must read them.
+
+    None also for a fleet name or a value that typer's checks refuse: typer
+    then reports it exactly as it does today.
+    """
+    from agentscope._names import validate_name
+
+    try:
+        validate_name("fleet", opts.fleet)
+    except Exception:  # typer's check of --fleet says so
+        return None
+    names = DIRECT.get(command)
+    if names is None:
+        return None
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, eq, value = arg.partition("=")
+        field = names.get(key)
+        if field is None or field in values:
+            return None
+        if key in _FLAGS:
+            if eq:
+                return None
+            values[field] = True
+        else:
+            if not eq:
+                # click takes the next word as the value, whatever it looks like
+                if i + 1 >= len(args):
+                    return None
+                i += 1
+                value = args[i]
+            values[field] = value
+        i += 1
+    if command == "events":
+        return _events_values(values)
+    return values
+
+
+def _events_values(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The events options checked as typer checks them (None where one is refused)."""
+    from ._context import valid_agent
+
+    out: dict[str, Any] = {
+        "follow": values.get("follow", False),
+        "since": values.get("since"),
+        "until": values.get("until"),
+        "kind": values.get("kind"),
+        "agent": values.get("agent"),
+        "limit": values.get("limit"),
+    }
+    try:
+        out["agent"] = valid_agent(out["agent"])
+        if out["limit"] is not None:
+            out["limit"] = LIMIT(out["limit"])
+    except Exception:  # typer reports the refusal
+        return None
+    return out
+
+
+def run_direct(opts: Options, command: str, values: dict[str, Any]) -> int:
+    """Run ``command`` with its :func:`direct_args`; return the exit code (errors reported)."""
+    from ._errors import report_error
+
+    try:
+        try:
+            if command == "ls":
+                list_agents(opts)
+            else:
+                print_events(opts, **values)
+        except KeyboardInterrupt as exc:  # as _app's wrapper of every command does
+            raise Interrupted from exc
+    except Exception as exc:
+        return report_error(exc, json_mode=opts.json, debug=opts.debug)
+    return 0
+
+
+def list_agents(opts: Options) -> None:
+    """``agentscope ls``: the fleet's agents, as JSON or a table."""
+    with contextlib.closing(_fleet.open_fleet(opts)) as fleet:
+        agents = _fleet.agent_dicts(fleet, fleet.agents())  # each says which mode runs it (#27)
+    if opts.json:
+        from agentscope._contract import agent_list
+
+        from ._context import write_json
+
+        write_json(agent_list(agents))
+    elif not agents:
+        sys.stdout.write(f"no agents in fleet {opts.fleet!r}\n")
+    else:
+        from . import _render
+        from ._context import show
+
+        show(_render.ls_table(agents))
+
+
+def print_events(
+    opts: Options,
+    *,
+    follow: bool = False,
+    since: str | None = None,
+    until: str | None = None,
+    kind: str | None = None,
+    agent: str | None = None,
+    limit: int | None = None,
+) -> None:
+    """``agentscope events``: the fleet's recorded events, from its registry file alone."""
+    now = time.time()
+    start = parse_since(since, now) if since is not None else None
+    end = parse_since(until, now) if until is not None else None
+    filters: dict[str, Any] = {"kind": kind, "agent": agent}
+    with contextlib.closing(_fleet.open_history(opts)) as history:
+        if limit is not None:
+            last = _print_events(
+                history.events(since=start, until=end, last=limit, **filters), opts.json
+            )
+        else:
+            # Page by id: memory stays one page, however long the history.
+            last = None
+            while True:
+                page = history.events(
+                    since=start, until=end, after_id=last, limit=_EVENTS_PAGE, **filters
+                )
+                last = _print_events(page, opts.json) or last
+                if len(page) < _EVENTS_PAGE:
+                    break
+        if follow and last is None:
+            # Follow from the newest event of any kind: a poll then costs the
+            # new events only, never a rescan of the history.
+            newest = history.events(last=1)
+            last = newest[0].id if newest else 0
+        while follow:  # until Ctrl-C: exit 130, as from every command
+            time.sleep(1.0)
+            last = _print_events(history.events(after_id=last, **filters), opts.json) or last
+
+
+def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:
+    if as_json:
+        from agentscope._contract import json_line
+    else:
+        from . import _render
+    last = None
+    for record in records:
+        data = record.to_dict()
+        sys.stdout.write((json_line(data) if as_json else _render.event_line(data)) + "\n")
+        last = record.id
+    sys.stdout.flush()
+    return last
