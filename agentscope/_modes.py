@@ -7,8 +7,9 @@ manages itself) or ``process`` (process trees tracked by pidfd, for a
 read-only cgroupfs: the Docker and Kubernetes default). ``auto``, the
 default, takes the first that works here, in that order:
 
-- systemd, where PID 1 is systemd and its bus answers (a connect to the
-  bus socket: a socket file left behind by a stopped bus does not count);
+- systemd, where PID 1 is systemd (the cgroup tree is then systemd's: a
+  bus that does not answer fails the open with SystemdUnavailable, it does
+  not pick another mode; a connect to the bus socket tells the reason);
 - cgroup, where this process's own cgroup v2 is writable (its
   ``cgroup.procs`` and ``cgroup.subtree_control``: what moving itself into
   a leaf and enabling controllers needs);
@@ -130,12 +131,16 @@ def choose_mode(
         return ModeChoice(mode, flavour, f"--manager {manager} was asked for", forced=True)
     view = inspect_container(proc_root, cgroup_root, env=env)
     if view.systemd_pid1:
+        # systemd owns a systemd host's cgroup tree: a cgroup not delegated to
+        # us is its to write (https://systemd.io/CGROUP_DELEGATION/), and
+        # process trees would quietly drop the scopes' isolation. A bus that
+        # does not answer is a fault to report (the open raises
+        # SystemdUnavailable, exit 4), not a reason to pick another mode.
         why_not = _bus_answers(flavour, env)
         if why_not is None:
             return ModeChoice("systemd", flavour, "PID 1 is systemd and its bus answers")
-        not_systemd = f"PID 1 is systemd but {why_not}"
-    else:
-        not_systemd = f"PID 1 is {view.pid1!r}, not systemd: {view.describe()}"
+        return ModeChoice("systemd", flavour, f"PID 1 is systemd, but {why_not}")
+    not_systemd = f"PID 1 is {view.pid1!r}, not systemd: {view.describe()}"
     why_not = _delegated(view, cgroup_root)
     if why_not is None:
         return ModeChoice(

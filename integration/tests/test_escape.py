@@ -158,7 +158,10 @@ async def test_an_escapee_is_moved_only_while_it_is_that_descendant(fleet: Async
 
         def both_found() -> bool:
             nonlocal found
-            procs = (slice_path / agent.unit / "cgroup.procs").read_text().split()
+            # A delegated scope holds its agent in the `agent` leaf (#26).
+            scope = slice_path / agent.unit
+            leaf = scope / "agent" if (scope / "agent").is_dir() else scope
+            procs = (leaf / "cgroup.procs").read_text().split()
             found = find_escapes(slice_path, {agent.unit: [int(p) for p in procs]})
             return len(found) == 2
 
@@ -179,7 +182,7 @@ async def test_an_escapee_is_moved_only_while_it_is_that_descendant(fleet: Async
         # The real one, still the agent's descendant, is moved back.
         outcome = await reclaim([stays], fleet._manager.attach, slice_path)
         assert outcome == {stays.pid: None}
-        assert _cgroup(stays.pid).endswith(f"/{agent.unit}")
+        assert _cgroup(stays.pid).endswith((f"/{agent.unit}", f"/{agent.unit}/agent"))
     finally:
         for u in units:
             subprocess.run(
