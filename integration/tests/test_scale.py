@@ -43,7 +43,9 @@ async def main():
             "hard": hard,
             "soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
             "in_scope": sum(
-                Path(f"/proc/{a.pid}/cgroup").read_text().strip().endswith("/" + a.unit)
+                # in its scope, or in the `agent` leaf a delegated scope holds it in (#26)
+                Path(f"/proc/{a.pid}/cgroup").read_text().strip().removesuffix("/agent")
+                .endswith("/" + a.unit)
                 for a in agents
             ),
             "agent_soft": sorted({soft_limit(a.pid) for a in agents}),
