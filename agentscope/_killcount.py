@@ -36,7 +36,7 @@ from pathlib import Path
 from ._attribution import KernelOomKill, SeenProcess, Throttle, counter_delta, oom_victims
 from ._cgroup import LimitHolder, MemoryEvents
 from ._events import Event, LimitFound, OomKill, Throttled, _Source
-from ._recovery import Baseline
+from ._recovery import Baseline, unit_of_memcg
 from ._sampling import _Sample, _ScopePlan, _ThrottleCandidate
 
 __all__ = ["KillCounter"]
@@ -421,7 +421,7 @@ class KillCounter:
             # A victim born and killed between two samples was never seen; the
             # kernel's own line then says which cgroup it was in.
             memcg = self._kernel_memcg.get(pid, "")
-            if pid in seen or pid in reaped or memcg.endswith("/" + unit):
+            if pid in seen or pid in reaped or self._unit_of(memcg) == unit:
                 _, kill = self._kernel_kills.pop(pid)
                 self._kernel_memcg.pop(pid, None)
                 via = self._kernel_via.pop(pid, "kmsg")
@@ -449,6 +449,21 @@ class KillCounter:
         for p in oom_victims(rest, alive, count - len(found)) if guess else ():
             found.append((p.pid, p.comm, p.rss, "cgroup"))
         return found
+
+    def _unit_of(self, memcg: str) -> str | None:
+        """The scope of the slice that the kernel's ``task_memcg`` is in, or None.
+
+        A delegated scope's processes are in its sub-cgroups (the agent's leaf,
+        a call's cgroup: #26), so the victim's cgroup is the scope or below it.
+        The slice is matched by its name: the kernel prints the path from the
+        root of the whole hierarchy, which a cgroup namespace (a container)
+        does not show its processes.
+        """
+        parts = memcg.split("/")
+        if self.slice_path.name not in parts[:-1]:
+            return None
+        base = "/".join(parts[: parts.index(self.slice_path.name) + 1])
+        return unit_of_memcg(memcg, base)
 
     def _name_kills(
         self, state: _ScopeState, alive: Mapping[int, int], now: float, *, final: bool = False
@@ -498,8 +513,8 @@ class KillCounter:
         units: dict[str, _ScopeState | None] = dict(ended)
         listed = set(live)
         for pid in self._kernel_kills:
-            parent, _, unit = self._kernel_memcg.get(pid, "").rpartition("/")
-            if parent.rpartition("/")[2] == self.slice_path.name and unit not in listed:
+            unit = self._unit_of(self._kernel_memcg.get(pid, ""))
+            if unit is not None and unit not in listed:
                 units.setdefault(unit, None)
         for unit, state in units.items():
             if count <= 0:

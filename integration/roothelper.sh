@@ -94,8 +94,17 @@ profile)
             printf '[Service]\nManagedOOMMemoryPressure=kill\nManagedOOMMemoryPressureLimit=50%%\n' \
                 >"$lib/system/user@.service.d/10-oomd-user-service-defaults.conf"
         else
-            modprobe zram && dev=$(zramctl --find --size "${mem_kb}K") && mkswap -q "$dev" \
-                && swapon -p 100 "$dev" || exit 1
+            # zramctl resets the device it finds first: udev may still hold the one
+            # the last profile let go ("failed to reset: busy", sid, CI): settle, retry.
+            modprobe zram || exit 1
+            dev=
+            for _ in 1 2 3 4 5 6 7 8 9 10; do
+                udevadm settle --timeout=10 2>/dev/null
+                dev=$(zramctl --find --size "${mem_kb}K") && break
+                dev=
+                sleep 1
+            done
+            [ -n "$dev" ] && mkswap -q "$dev" && swapon -p 100 "$dev" || exit 1
             mkdir -p "$lib/system/system.slice.d" "$lib/user/slice.d"
             for f in "$lib/system/system.slice.d" "$lib/user/slice.d"; do
                 printf '[Slice]\nManagedOOMMemoryPressure=kill\nManagedOOMMemoryPressureLimit=80%%\n' \
@@ -127,7 +136,12 @@ profile)
         rm -f /swapfile
         # udev may still hold a device it just saw go: a moment, then once more.
         for z in /dev/zram*; do
-            [ -b "$z" ] && { zramctl --reset "$z" 2>/dev/null || { sleep 1; zramctl --reset "$z"; }; }
+            [ -b "$z" ] || continue
+            for _ in 1 2 3 4 5 6 7 8 9 10; do
+                udevadm settle --timeout=10 2>/dev/null
+                zramctl --reset "$z" 2>/dev/null && break
+                sleep 1
+            done
         done
         modprobe -r zram 2>/dev/null
         reload

@@ -481,3 +481,33 @@ def test_every_scope_is_sized_in_full_at_least_every_few_samples() -> None:
         count(c, sample(0, {ALICE: _ScopeSample(s.current, s.events, s.procs, force)}), 1.0 + i)
     assert sum(forced) == 3
     assert forced.index(True) < FULL_PASS_EVERY
+
+
+def test_a_victim_never_sampled_in_a_delegated_scopes_leaf_is_named_by_the_journal() -> None:
+    # #26: an agent's processes live in its scope's "agent" leaf (a call in a
+    # cgroup of its own): the kernel's task_memcg is below the scope, not it.
+    # Seen in the VMs (bookworm to sid, user manager): the tool call, born and
+    # killed between two samples, was reported unnamed after the grace.
+    c = journal_counter()
+    count(c, sample(0, {ALICE: scope(SH)}), 0.0)
+    c.note_kernel_task(102, MEMCG + ALICE + "/agent")
+    c.note_kernel_kill(KernelOomKill(102, "tail", memcg=True, rss=64 << 20), 0.5, "journal")
+    got = count(c, sample(1, {ALICE: scope(SH, oom_kill=1)}), 1.0)
+    assert kills(got) == [("alice", ALICE, 102, "tail", "journal")]
+
+
+def test_a_kill_in_a_call_of_a_scope_that_ended_is_named_for_that_scope() -> None:
+    c = journal_counter()
+    count(c, sample(0, {}), 0.0)
+    c.note_kernel_task(102, MEMCG + BOB + "/calls/c1")
+    c.note_kernel_kill(KernelOomKill(102, "cc1plus", memcg=True, rss=64 << 20), 0.5, "journal")
+    got = count(c, sample(1, {}), 1.0)  # counted in the slice only: the scope is gone
+    assert kills(got) == [("bob", BOB, 102, "cc1plus", "journal")]
+
+
+def test_a_kernel_line_of_a_cgroup_outside_the_slice_names_no_agent() -> None:
+    c = journal_counter()
+    count(c, sample(0, {ALICE: scope(SH)}), 0.0)
+    c.note_kernel_task(102, "/other.slice/" + ALICE + "/agent")
+    c.note_kernel_kill(KernelOomKill(102, "tail", memcg=True), 0.5, "journal")
+    assert kills(count(c, sample(1, {ALICE: scope(SH)}), 1.0)) == []

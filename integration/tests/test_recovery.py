@@ -37,6 +37,23 @@ async def _until(check: Callable[[], bool], what: str, timeout: float = 120.0) -
         await asyncio.sleep(0.1)
 
 
+def _comms(scope: Path) -> list[str]:
+    """The names of the processes in ``scope`` and its sub-cgroups (a delegated
+    scope keeps its agent in a leaf)."""
+    comms = []
+    for procs in scope.rglob("cgroup.procs"):
+        try:
+            pids = procs.read_text().split()
+        except FileNotFoundError:
+            continue
+        for pid in pids:
+            try:
+                comms.append(Path(f"/proc/{pid}/comm").read_text().strip())
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return comms
+
+
 def _oom_kill(scope: Path) -> int:
     try:
         text = (scope / "memory.events").read_text()
@@ -67,6 +84,9 @@ async def test_kills_while_no_monitor_ran_are_recorded_once_at_the_next_open() -
         # killed and gone ends, its scope (and its counter) with it.
         await asyncio.wait_for(gone.wait(), 120)
         await _until(lambda: _oom_kill(slice_dir / live.unit) >= 1, "kill in the live scope")
+        # The counters settle once live's tool call is over (only its `sleep` is
+        # left): sid's kernel killed the pipe's writer too, 50 ms after tail (CI).
+        await _until(lambda: _comms(slice_dir / live.unit) == ["sleep"], "end of live's tool call")
         await _until(lambda: not (slice_dir / gone.unit).exists(), "end of the gone scope", 20)
         # What the kernel counted. Usually one kill per scope (tail, the largest);
         # on 6.x kernels the pipe's writer (head) is sometimes killed as well.
