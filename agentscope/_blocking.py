@@ -282,6 +282,7 @@ class Fleet:
         reap_after: float | str = DEFAULT_REAP_AFTER,
         call_memory_max: int | str | None = None,
         call_tasks_max: int | str | None = None,
+        call_shell: bool = False,
     ) -> BlockingAgent:
         """See :meth:`AsyncFleet.launch`."""
         agent = self._portal.call(
@@ -302,6 +303,7 @@ class Fleet:
                 reap_after=reap_after,
                 call_memory_max=call_memory_max,
                 call_tasks_max=call_tasks_max,
+                call_shell=call_shell,
                 _streams=False,
             )
         )

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _calls, _names, _numbers, _scopeprops, _tmux
+from . import _calls, _callshell, _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
 from ._callevents import calls_dir
@@ -390,6 +390,7 @@ class AsyncFleet:
         reap_after: float | str = DEFAULT_REAP_AFTER,
         call_memory_max: int | str | None = None,
         call_tasks_max: int | str | None = None,
+        call_shell: bool = False,
         _streams: bool = True,
     ) -> Agent:
         """Start ``argv`` as agent ``name`` in a new scope; return once it exec'd.
@@ -413,7 +414,10 @@ class AsyncFleet:
         stay None. ``call_memory_max`` and ``call_tasks_max`` are the caps of
         its tool calls that name none (``agentscope call`` inside it; they
         reach it as ``AGENTSCOPE_CALL_MEMORY_MAX``/``_TASKS_MAX`` in its
-        environment, docs/calls.md).
+        environment, docs/calls.md). ``call_shell=True`` gives it a ``SHELL``
+        (``agentscope-shell``) whose every ``-c`` is a tool call, its own
+        shell kept in ``AGENTSCOPE_REAL_SHELL``: for agents that run their
+        tools through ``$SHELL -c``.
 
         Raises:
             InvalidConfig: a resource control (``memory_max`` and
@@ -431,6 +435,12 @@ class AsyncFleet:
         # PATH lookups and stat()s: off the loop.
         await asyncio.to_thread(check_argv, argv, env, cwd_s)
         env = _calls.call_env(env, call_memory_max, call_tasks_max)
+        if call_shell is not False:
+            if call_shell is not True:
+                raise InvalidConfig(
+                    "call_shell", call_shell, "True or False", problem="is not allowed"
+                )
+            env = _callshell.call_shell_env(env)
         controls = _scopeprops.build(
             memory_max=memory_max,
             tasks_max=tasks_max,

@@ -75,6 +75,14 @@ def run(
     io_weight: Annotated[str | None, _IO_WEIGHT] = None,
     prop: Annotated[list[str] | None, _PROPERTY] = None,
     reap_after: Annotated[str | None, _REAP_AFTER] = None,
+    call_shell: Annotated[
+        bool,
+        typer.Option(
+            "--call-shell",
+            help="Give it a SHELL (agentscope-shell) whose every -c runs as a tool call "
+            "(docs/calls.md).",
+        ),
+    ] = False,
 ) -> None:
     """Launch CMD as agent NAME, detached, its output going to a log file (or a tmux window)."""
     import subprocess
@@ -98,6 +106,7 @@ def run(
                 env=agent_env,
                 memory_max=size,
                 terminal="tmux",
+                call_shell=call_shell,
                 **controls,
             )
         _print_launched(
@@ -118,6 +127,7 @@ def run(
                 stdout=out,
                 stderr=out,
                 memory_max=size,
+                call_shell=call_shell,
                 **controls,
             )
     result = {"name": agent.name, "unit": agent.unit, "pid": agent.pid, "log": str(log_path)}

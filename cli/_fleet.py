@@ -106,6 +106,7 @@ class FleetLike(HistoryLike, Protocol):
         io_weight: int | None = ...,
         properties: Mapping[str, str | int] | None = ...,
         reap_after: float | str = ...,
+        call_shell: bool = ...,
     ) -> AgentLike: ...
 
     def adopt(

@@ -302,3 +302,44 @@ async def test_the_guard_kills_a_runaway_call_whole_and_the_agent_lives(
     assert kernel_oom_kills() == kills_before, "the kernel killed something"
     (recorded,) = await fleet.events(kind="guard_kill")
     assert recorded.detail["call"] == "call-grow-1"
+
+
+async def test_an_agent_with_call_shell_runs_each_dash_c_as_a_call(
+    fleet: AsyncFleet, tmp_path: Path
+) -> None:
+    # #26 item 4: agents that run their tools as "$SHELL -c ...": each is a call.
+    script = tmp_path / "shelly.sh"
+    script.write_text(
+        f"\"$SHELL\" -c '{WHERE} > {tmp_path}/where'\n"
+        f'"$SHELL" -c "python3 -c \'x = b\\"x\\" * (96 << 20)\'"; echo $? > {tmp_path}/hog\n'
+        f"\"$SHELL\" -c 'exit 3'; echo $? > {tmp_path}/three\n"
+        f'echo "$SHELL $AGENTSCOPE_REAL_SHELL" > {tmp_path}/env\n'
+        "exec sleep 300\n"
+    )
+    with (tmp_path / "shelly.log").open("wb") as log:
+        agent = await fleet.launch(
+            "shelly",
+            ["sh", str(script)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SHELL": "/bin/bash"},
+            call_shell=True,
+            call_memory_max="32M",
+        )
+    shell, real = (await wait_for(tmp_path / "env")).split()
+    assert Path(shell).name == "agentscope-shell"
+    assert real == "/bin/bash"
+    where = (tmp_path / "where").read_text().strip()
+    print(f"the first -c ran in {where}; log: {(tmp_path / 'shelly.log').read_text()!r}")
+    assert (tmp_path / "three").read_text().strip() == "3"  # the shell's status is the call's
+    if not delegated(agent.pid, agent.unit):
+        assert where == cgroup_of(agent.pid)  # in the agent's own cgroup, as call says
+        pytest.skip("no delegated scope under this manager")
+    assert where.endswith(f"/{agent.unit}/call-shell-1"), where
+    assert (tmp_path / "hog").read_text().strip() == "137"  # the capped call, killed whole
+    assert agent.alive(), "the agent died with its call"
+    for _ in range(50):
+        if not calls_left(agent.pid, agent.unit):
+            break
+        await asyncio.sleep(0.1)
+    assert calls_left(agent.pid, agent.unit) == []

@@ -242,9 +242,18 @@ async def test_a_scope_throttled_by_its_own_memory_high_costs_no_sibling(
         peak = 0.0
         deadline = time.monotonic() + 30
         kills: list[Any] = []
+        over_since: float | None = None  # host PSI full avg10 at 60 % or more since then
         while time.monotonic() < deadline and not kills:
             kills = await guard_kills(monitor, 1, 1.0)
-            peak = max(peak, host_psi_full())
+            psi = host_psi_full()
+            peak = max(peak, psi)
+            now = time.monotonic()
+            over_since = (over_since or now) if psi >= 60.0 else None
+            # The guard's PSI rule fires after 10 s at 60 % (GuardConfig's
+            # psi_full_seconds): once the throttle has held it that long and a
+            # margin more, the guard has been tried (CI's time, #29).
+            if over_since is not None and now - over_since >= 14.0:
+                break
     print(f"host PSI full avg10 peaked at {peak:.1f}%")
     assert kills == [], [k.to_dict() for k in kills]
     assert innocent.alive()
