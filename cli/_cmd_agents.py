@@ -17,11 +17,11 @@ import typer
 
 from . import _fleet
 from ._context import emit_json, fleet_of, options, said, valid_agent
-from ._direct import TIMEOUT, stop_agents
+from ._direct import TIMEOUT, signal_agent, stop_agents
 from ._errors import BadInput, Failed
 from ._exec import exec_command, launch_controls
 from ._options import Options
-from ._parse import parse_env, parse_signal, parse_size, whole_option
+from ._parse import parse_env, parse_size, whole_option
 
 if TYPE_CHECKING:
     pass
@@ -266,13 +266,7 @@ def kill(
     signal_: Annotated[str, typer.Option("--signal", "-s", help="TERM, SIGKILL, 9, ...")] = "TERM",
 ) -> None:
     """Send a signal to every process of an agent."""
-    sig = parse_signal(signal_)
-    with fleet_of(ctx) as fleet:
-        fleet.kill(name, sig)
-    if options(ctx).json:
-        emit_json("kill", {"name": name, "signal": sig.name})
-    else:
-        sys.stdout.write(f"sent {sig.name} to {name}\n")
+    signal_agent(options(ctx), name, signal_)
 
 
 def freeze(

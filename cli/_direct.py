@@ -1,16 +1,18 @@
-"""``ls``, ``events`` and ``stop`` without typer: their plain command lines, read here.
+"""``ls``, ``events``, ``stop`` and ``kill`` without typer: their plain command lines.
 
-A harness polls the first two and stops its agents with the third (issue 28):
-typer and its click cost every call about 45 ms natively before the command
-starts, and a second or more in the test bed's TCG guests. :func:`direct_args` reads
-the command lines these commands take in their plain spellings; anything
-else (``--help``, an unknown or repeated option, an option without its
-value, a value the option's own parser or check refuses) gives None, and
-typer then reads the whole line and says what is wrong, as it always did.
+A harness polls the first two and stops or signals its agents with the
+others (issue 28): typer and its click cost every call about 45 ms natively
+before the command starts, and a second or more in the test bed's TCG
+guests. :func:`direct_args` reads the command lines these commands take in
+their plain spellings; anything else (``--help``, an unknown or repeated
+option, an option without its value, a value the option's own parser or
+check refuses) gives None, and typer then reads the whole line and says what
+is wrong, as it always did.
 
-The commands' bodies are here, :func:`list_agents`, :func:`print_events` and
-:func:`stop_agents`, and the typer commands (``_cmd_agents.ls`` and ``stop``,
-``_cmd_monitor.events``) call them: both paths print the same thing and fail the same way, which
+The commands' bodies are here, :func:`list_agents`, :func:`print_events`,
+:func:`stop_agents` and :func:`signal_agent`, and the typer commands
+(``_cmd_agents.ls``, ``stop`` and ``kill``, ``_cmd_monitor.events``) call
+them: both paths print the same thing and fail the same way, which
 ``tests/test_cli_direct.py`` compares over the fake fleet and registry.
 """
 
@@ -39,6 +41,7 @@ __all__ = [
     "list_agents",
     "print_events",
     "run_direct",
+    "signal_agent",
     "stop_agents",
 ]
 
@@ -62,9 +65,10 @@ DIRECT: dict[str, dict[str, str]] = {
         "--limit": "limit",
     },
     "stop": {"--timeout": "timeout", "--all": "all_"},
+    "kill": {"--signal": "signal_", "-s": "signal_"},
 }
-#: The commands that take one argument (optional), and its field.
-_ARGUMENT = {"stop": "name"}
+#: The commands that take one argument, and its field.
+_ARGUMENT = {"stop": "name", "kill": "name"}
 _FLAGS = ("--follow", "-f", "--all")
 
 
@@ -110,6 +114,8 @@ def direct_args(opts: Options, command: str, args: Sequence[str]) -> dict[str, A
         return _events_values(values)
     if command == "stop":
         return _stop_values(values)
+    if command == "kill":
+        return _kill_values(values)
     return values
 
 
@@ -148,6 +154,18 @@ def _stop_values(values: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
+def _kill_values(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The kill arguments checked as typer checks them (None where one is refused or missing)."""
+    from ._context import valid_agent
+
+    if "name" not in values:
+        return None  # typer says the argument is missing
+    try:
+        return {"name": valid_agent(values["name"]), "signal_": values.get("signal_", "TERM")}
+    except Exception:  # typer reports the refusal
+        return None
+
+
 def run_direct(opts: Options, command: str, values: dict[str, Any]) -> int:
     """Run ``command`` with its :func:`direct_args`; return the exit code (errors reported)."""
     from ._errors import report_error
@@ -158,6 +176,8 @@ def run_direct(opts: Options, command: str, values: dict[str, Any]) -> int:
                 list_agents(opts)
             elif command == "stop":
                 stop_agents(opts, **values)
+            elif command == "kill":
+                signal_agent(opts, **values)
             else:
                 print_events(opts, **values)
         except KeyboardInterrupt as exc:  # as _app's wrapper of every command does
@@ -208,6 +228,21 @@ def stop_agents(opts: Options, name: str | None, all_: bool, timeout: float) -> 
         sys.stdout.write(f"stopped {len(stopped)} agent(s)\n")
     if failed:
         raise Failed("could not stop " + ", ".join(f"{f['name']} ({f['error']})" for f in failed))
+
+
+def signal_agent(opts: Options, name: str, signal_: str) -> None:
+    """``agentscope kill``: send a signal to every process of an agent."""
+    from ._parse import parse_signal
+
+    sig = parse_signal(signal_)
+    with contextlib.closing(_fleet.open_fleet(opts)) as fleet:
+        fleet.kill(name, sig)
+    if opts.json:
+        from ._context import emit_json
+
+        emit_json("kill", {"name": name, "signal": sig.name})
+    else:
+        sys.stdout.write(f"sent {sig.name} to {name}\n")
 
 
 def _stop_all(

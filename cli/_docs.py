@@ -127,7 +127,7 @@ agent's own command line and is left alone.
 `exec` starts without importing typer or rich: `main()` parses its
 arguments itself when it is the command (after any global options), and
 `--version` is answered before typer is imported. `ls` and `events` (what a
-harness polls) and `stop` read their plain command lines without typer too;
+harness polls), `stop` and `kill` read their plain command lines without typer too;
 typer reads anything else they are given (asking for help, an option it must
 check) and answers as it always did. Every other command imports only its own module.
 

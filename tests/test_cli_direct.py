@@ -1,4 +1,4 @@
-"""``ls``, ``events`` and ``stop`` without typer print and fail exactly as through typer.
+"""``ls``, ``events``, ``stop`` and ``kill`` without typer print and fail as through typer.
 
 cli/_direct.py reads the plain command lines of these commands itself
 (issue 28: typer's start-up is most of what a harness's poll costs). Each
@@ -99,6 +99,23 @@ STOP_CASES = [
     (("--manager", "auto", "stop", "builder-1"), False),
 ]
 
+KILL_CASES = [
+    (("kill", "builder-1"), True),
+    (("--json", "kill", "builder-1", "--signal", "KILL"), True),
+    (("kill", "-s", "9", "builder-1"), True),
+    (("kill", "builder-1", "--signal=SIGUSR1", "--json"), True),
+    (("kill", "builder-1", "-s", "NOSUCH"), True),  # the body refuses it: exit 2
+    (("kill", "builder-1", "-s", "0"), True),
+    (("kill",), False),  # typer says NAME is missing
+    (("kill", "../etc"), False),
+    (("kill", "builder-1", "reviewer"), False),
+    (("kill", "builder-1", "-s"), False),
+    (("kill", "builder-1", "-s9"), False),
+    (("kill", "builder-1", "-s", "9", "--signal", "15"), False),
+    (("kill", "builder-1", "--all"), False),
+    (("kill", "--help"), False),
+]
+
 
 def _both(*args: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Result, Result]:
     """``args`` run as they run, then with the direct path refused (typer reads them)."""
@@ -124,7 +141,7 @@ def _taken(*args: str, monkeypatch: pytest.MonkeyPatch) -> bool:
     return bool(taken)
 
 
-@pytest.mark.parametrize(("args", "direct"), LS_CASES + EVENTS_CASES + STOP_CASES)
+@pytest.mark.parametrize(("args", "direct"), LS_CASES + EVENTS_CASES + STOP_CASES + KILL_CASES)
 def test_the_direct_path_prints_what_typer_prints(
     fake: FakeFleet, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], direct: bool
 ) -> None:
@@ -160,6 +177,7 @@ def test_the_direct_path_prints_what_typer_prints(
         ("--json", "events"),
         ("stop", "builder-1"),
         ("--json", "stop", "--all"),
+        ("kill", "builder-1", "-s", "KILL"),
     ],
 )
 def test_failures_are_reported_alike(
@@ -250,5 +268,7 @@ def test_direct_args_give_the_bodies_typers_values() -> None:
         "all_": True,
         "timeout": 10.0,
     }
+    assert _direct.direct_args(opts, "kill", ["a1", "-s", "9"]) == {"name": "a1", "signal_": "9"}
+    assert _direct.direct_args(opts, "kill", ["-s", "9"]) is None
     assert _direct.direct_args(opts, "run", ["a1", "--", "true"]) is None
     assert _direct.direct_args(Options(fleet="x/y"), "ls", []) is None

@@ -133,11 +133,14 @@ def test_ls_and_stop_import_no_typer_no_rich_no_monitor_nor_other_command(
     assert modules & {*_OTHER_COMMANDS, "cli._cmd_monitor", "cli._render", "cli._app"} == set()
     assert modules & _MONITOR == set()
     assert "psutil" not in _tops(modules)  # only adopting a process tree walks it
-    # stop, the other command a harness calls most: no typer, no monitor either.
+    # stop and kill, what a harness calls next most: no typer, no monitor either.
     result, modules = imported_by(tmp_path, "--user", "stop", "builder-1", "--json")
     assert result["code"] == 4, result
     assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
     assert modules & {*_MONITOR, "cli._app", "cli._cmd_agents"} == set()
+    result, modules = imported_by(tmp_path, "--user", "kill", "builder-1", "-s", "KILL")
+    assert result["code"] == 4, result
+    assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
     result, modules = imported_by(tmp_path, "--user", "ls", "--bogus")
     assert result["code"] == 2  # what the direct path does not read is typer's to refuse
     assert "No such option: --bogus" in result["stderr"]
