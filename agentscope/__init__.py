@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ._events import AgentExited as AgentExited
     from ._events import Escaped as Escaped
     from ._events import LimitFound as LimitFound
+    from ._events import OomdKill as OomdKill
     from ._events import OomKill as OomKill
     from ._events import Pressure as Pressure
     from ._events import Throttled as Throttled
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from ._guardpolicy import GuardKill as GuardKill
     from ._monitor import Monitor as Monitor
     from ._names import DEFAULT_SLICE as DEFAULT_SLICE
-    from ._oomd import OomdKill as OomdKill
     from ._registry import EventRecord as EventRecord
     from ._registry import default_registry_path as default_registry_path
     from ._report import AgentMemory as AgentMemory
@@ -105,7 +105,7 @@ _LAZY = {
     "MemoryReport": "._report",
     "Monitor": "._monitor",
     "OomKill": "._events",
-    "OomdKill": "._oomd",
+    "OomdKill": "._events",
     "Pressure": "._events",
     "Throttled": "._events",
     "TopProcess": "._report",

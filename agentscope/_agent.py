@@ -16,8 +16,6 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from . import _fdlimit
 from ._proc import read_cgroup
 from ._registry import AgentRecord
@@ -225,6 +223,8 @@ class Agent:
         """Whether the agent's main process still runs (and is not a zombie)."""
         if self.popen is not None:
             return self.popen.poll() is None
+        import psutil  # here alone: a fleet opened to list its agents never asks (issue 28)
+
         try:
             return bool(psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:

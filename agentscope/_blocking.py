@@ -13,19 +13,21 @@ import signal as _signal
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from . import _names, _numbers
 from ._bus import SystemdBus
-from ._callrun import Call
 from ._errors import AgentscopeError
-from ._events import Event as MonitorEvent
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
-from ._guardpolicy import GuardConfig
-from ._monitor import Monitor
 from ._registry import EventRecord
-from ._report import MemoryReport
 from ._scopeprops import DEFAULT_REAP_AFTER
+
+if TYPE_CHECKING:  # types only: a fleet opened to list its agents runs no monitor nor call
+    from ._callrun import Call
+    from ._events import Event as MonitorEvent
+    from ._guardpolicy import GuardConfig
+    from ._monitor import Monitor
+    from ._report import MemoryReport
 
 __all__ = ["BlockingAgent", "BlockingCall", "BlockingMonitor", "Fleet", "probe_sync"]
 

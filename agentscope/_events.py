@@ -6,22 +6,27 @@ pressure, :class:`AgentExited` and :class:`LimitFound` for context,
 :class:`Escaped` for an agent's process outside its scope, and the
 guard's :class:`~agentscope._guardpolicy.GuardKill` (and
 :class:`~agentscope._guardpolicy.GuardHeld` when the shortage is not the
-fleet's), and systemd-oomd's kill of an agent,
-:class:`~agentscope._oomd.OomdKill`. :data:`Event` is their union: what a
+fleet's), and systemd-oomd's kill of an agent, :class:`OomdKill` (its line is
+read by :mod:`agentscope._oomd`). :data:`Event` is their union: what a
 :class:`~agentscope.Monitor` yields and the fleet records.
+
+Only the records live here, not their makers: opening a fleet (``agentscope
+ls``, whose recovery records :class:`OomKill`) imports this module and none of
+the monitor's, the guard's or oomd's (issue 28, tests/test_cli_fast.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from ._attribution import PressureEvent
-from ._cgroup import LimitHolder
 from ._dicts import as_dict
-from ._guardpolicy import GuardHeld, GuardKill
-from ._oomd import OomdKill
-from ._report import MemoryReport
+from ._guardevents import GuardHeld, GuardKill
+
+if TYPE_CHECKING:  # fields' types only: a fleet that reads its history runs no monitor
+    from ._attribution import PressureEvent
+    from ._cgroup import LimitHolder
+    from ._report import MemoryReport
 
 __all__ = [
     "AgentExited",
@@ -29,6 +34,7 @@ __all__ = [
     "Event",
     "LimitFound",
     "OomKill",
+    "OomdKill",
     "Pressure",
     "Throttled",
 ]
@@ -172,6 +178,39 @@ class Escaped:
     rss: int
     reclaimed: bool | None = None
     reclaim_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the event, with its ``kind``."""
+        return {"kind": self.kind, **as_dict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class OomdKill:
+    """systemd-oomd killed an agent's whole scope (every process in it, with SIGKILL).
+
+    ``unit`` is the agent's scope, ``agent`` its agent (None: a scope of the
+    slice that is not this fleet's); ``cgroup`` the path oomd named (a
+    sub-cgroup of the scope when the scope has them); ``rule`` ``"swap"`` or
+    ``"pressure"`` with oomd's figures: ``limit`` %, and for pressure the
+    ``monitored`` cgroup, its ``pressure`` % and the ``duration`` as oomd wrote
+    it. ``source`` is where the kill was read: ``"journal"`` (oomd's line).
+    ``call`` is the agent's tool call oomd killed (its ``call-*`` cgroup, a
+    leaf: docs/calls.md) when the cgroup is one, the agent then living on;
+    None when oomd took the scope or its agent leaf.
+    """
+
+    kind: ClassVar[str] = "oomd_kill"
+    ts: float
+    agent: str | None
+    unit: str
+    cgroup: str
+    rule: Literal["swap", "pressure"]
+    limit: float | None
+    monitored: str | None
+    pressure: float | None
+    duration: str | None
+    source: Literal["journal"] = "journal"
+    call: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""

@@ -19,13 +19,11 @@ import signal as _signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _calls, _callshell, _names, _numbers, _scopeprops, _tmux
 from ._agent import Agent
 from ._bus import SystemdBus
-from ._callevents import calls_dir
-from ._callrun import Call, start_call
 from ._cgroupmode import CgroupManager
 from ._errors import (
     AgentNotFound,
@@ -42,11 +40,9 @@ from ._fleet_reconcile import Reconciler
 from ._fleet_recovery import OomRecovery
 from ._fleet_registry import FleetRegistry, Roster
 from ._fleet_tmux import Terminals
-from ._guardpolicy import GuardConfig
 from ._launchargs import check_argv
 from ._manager import ScopeManager
 from ._modes import ModeChoice, check_forced, choose_mode, parse_manager
-from ._monitor import Monitor
 from ._proc import exec_comm
 from ._procscopes import ProcessManager, refuse_calls
 from ._reaper import DEFAULT_REAP_AFTER, Reaper
@@ -55,13 +51,20 @@ from ._registry import (
     default_registry_path,
     in_flight,
 )
-from ._report import MemoryReport
 from ._scopefiles import (
     cgroup_present,
     raise_own_oom_score_adj,
     read_figures,
 )
 from ._systemd import Capabilities, SystemdManager, probe
+
+# A tool call's, the monitor's and the report's modules are imported where they
+# are used: opening a fleet to list it (``agentscope ls``) needs none of them.
+if TYPE_CHECKING:
+    from ._callrun import Call
+    from ._guardpolicy import GuardConfig
+    from ._monitor import Monitor
+    from ._report import MemoryReport
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
 
@@ -572,6 +575,9 @@ class AsyncFleet:
 
         async def attach(sub: str, pids: Sequence[int]) -> None:
             await self._manager.attach(unit, pids, sub)
+
+        from ._callevents import calls_dir
+        from ._callrun import start_call
 
         return await start_call(
             agent,

@@ -14,8 +14,6 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-import psutil
-
 from . import _claim, _fdlimit, _names, _numbers
 from ._agent import Agent
 from ._errors import InvalidConfig, LaunchError
@@ -23,7 +21,11 @@ from ._escape import move_into
 from ._proc import ProcStat, read_cgroup, read_stat
 from ._scopefiles import write_oom_score_adj
 
+# psutil walks a process tree to adopt it, and only then: opening a fleet to
+# list it (``agentscope ls``) does not pay for its import (issue 28).
 if TYPE_CHECKING:
+    import psutil
+
     from ._agent import Agent
     from ._fleet_launch import Launcher
     from ._fleet_monitor import Monitors
@@ -67,6 +69,8 @@ class Adopter:
         admission_wait: float,
     ) -> Agent:
         """See :meth:`.AsyncFleet.adopt` (its arguments checked, ``pid`` by :meth:`adoptable`)."""
+        import psutil
+
         try:  # a walk of /proc: off the loop, as every read of many files
             root, pids = await asyncio.to_thread(_process_tree, pid)
         except psutil.NoSuchProcess as exc:
@@ -186,6 +190,8 @@ def _never_adopted(pid: int) -> str | None:
         ancestor, hops = read_stat(ancestor.ppid), hops + 1
     mine = os.geteuid()
     if mine != 0:
+        import psutil
+
         # Another user's process (a system service's main process under a
         # user manager, say): neither the user manager nor the kernel would
         # move it, and the refusal would come after the name was claimed.
@@ -203,12 +209,16 @@ def _never_adopted(pid: int) -> str | None:
 
 def _process_tree(pid: int) -> tuple[psutil.Process, list[int]]:
     """A process and its descendants' PIDs (it first); raises psutil.NoSuchProcess."""
+    import psutil
+
     root = psutil.Process(pid)
     return root, [pid, *(c.pid for c in root.children(recursive=True))]
 
 
 def _identity(root: psutil.Process) -> tuple[ProcStat | None, list[str], str]:
     """Its stat, argv and cwd (another user's argv and cwd may be hidden from us)."""
+    import psutil
+
     try:
         argv, cwd = root.cmdline(), root.cwd()
     except psutil.Error:

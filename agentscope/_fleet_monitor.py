@@ -19,20 +19,23 @@ from . import _tmux
 from ._contract import event_parts
 from ._errors import RegistryError
 from ._events import AgentExited, OomKill
-from ._events import Event as MonitorEvent
 from ._events import Pressure as MonitorPressure
-from ._guard import admit
-from ._guardpolicy import GuardConfig, GuardKill
-from ._monitor import Monitor
-from ._recovery import Baseline
-from ._report import MemoryReport, build_report
+from ._guardevents import GuardKill
 
+# The monitor, the guard and the report are imported where they are used: a
+# fleet opened to list its agents (``agentscope ls``) never runs them, and
+# their modules cost a CLI call much of its start-up (issue 28, docs/benchmarks.md).
 if TYPE_CHECKING:
+    from ._events import Event as MonitorEvent
     from ._fleet_recovery import OomRecovery
     from ._fleet_registry import FleetRegistry
     from ._fleet_tmux import Terminals
+    from ._guardpolicy import GuardConfig
     from ._manager import ScopeManager
+    from ._monitor import Monitor
     from ._reaper import Reaper
+    from ._recovery import Baseline
+    from ._report import MemoryReport
 
 __all__ = ["Monitors"]
 
@@ -94,6 +97,8 @@ class Monitors:
         async def recover(baseline: Baseline) -> list[OomKill]:
             return await self._recovery.on_monitor_start(mon, baseline)
 
+        from ._monitor import Monitor
+
         mon = Monitor(
             slice_path=slice_path,
             unit_agent=self._store.unit_agent,
@@ -121,6 +126,8 @@ class Monitors:
         """Admission control: wait up to ``wait`` s for (or refuse on) pressure its guards see."""
         guards = [m.guard for m in list(self._monitors) if m.guard is not None]
         if guards:
+            from ._guard import admit
+
             await admit(guards, wait)
 
     def note_exit(self, unit: str, pid: int, status: int | None, comm: str | None) -> None:
@@ -130,6 +137,8 @@ class Monitors:
 
     async def report(self, top: int) -> MemoryReport:
         """See :meth:`.AsyncFleet.report` (``top`` checked)."""
+        from ._report import build_report
+
         return await build_report(
             await self._manager.slice_cgroup(),
             self._store.unit_agent,

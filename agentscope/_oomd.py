@@ -38,10 +38,11 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._calls import call_in
 from ._dicts import as_dict
+from ._events import OomdKill as OomdKill  # the event is the monitor's (one union there)
 from ._recovery import unit_of_memcg
 
 if TYPE_CHECKING:
@@ -570,39 +571,6 @@ def parse_oomd_line(text: str) -> OomdLine | None:
             duration=pressure.group(4).strip(),
         )
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class OomdKill:
-    """systemd-oomd killed an agent's whole scope (every process in it, with SIGKILL).
-
-    ``unit`` is the agent's scope, ``agent`` its agent (None: a scope of the
-    slice that is not this fleet's); ``cgroup`` the path oomd named (a
-    sub-cgroup of the scope when the scope has them); ``rule`` ``"swap"`` or
-    ``"pressure"`` with oomd's figures: ``limit`` %, and for pressure the
-    ``monitored`` cgroup, its ``pressure`` % and the ``duration`` as oomd wrote
-    it. ``source`` is where the kill was read: ``"journal"`` (oomd's line).
-    ``call`` is the agent's tool call oomd killed (its ``call-*`` cgroup, a
-    leaf: docs/calls.md) when the cgroup is one, the agent then living on;
-    None when oomd took the scope or its agent leaf.
-    """
-
-    kind: ClassVar[str] = "oomd_kill"
-    ts: float
-    agent: str | None
-    unit: str
-    cgroup: str
-    rule: Literal["swap", "pressure"]
-    limit: float | None
-    monitored: str | None
-    pressure: float | None
-    duration: str | None
-    source: Literal["journal"] = "journal"
-    call: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
 
 
 def oomd_kill_event(

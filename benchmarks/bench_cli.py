@@ -18,7 +18,8 @@ systemd host, as root (system manager) or as a user with a user manager.
     ``agentscope`` command, so that two commits can be measured alike, one
     run each. The commands: ``--version``; ``--help``; ``--json events``
     (an empty registry); ``--json ls``, ``ls`` and ``ls --help`` (``ls``
-    fails at the bus, exit 4, after its start-up); ``--json doctor``;
+    fails at the bus, exit 4, after its start-up); ``stop NAME`` (exit 4
+    alike); ``--json doctor``;
     ``exec --help``, ``exec`` of a command that is not there (exit 127
     before any scope) and ``call --help``.
 
@@ -131,6 +132,7 @@ HOST_COMMANDS = (
     ("--json ls (exit 4)", ["--json", "ls"]),
     ("ls (exit 4)", ["ls"]),
     ("ls --help", ["ls", "--help"]),
+    ("stop NAME (exit 4)", ["stop", "b"]),
     ("--json doctor", ["--json", "doctor"]),
     ("exec --help", ["exec", "--help"]),
     ("exec -- missing (exit 127)", ["exec", "b", "--", "no-such-command-agentscope"]),

@@ -17,13 +17,14 @@ import typer
 
 from . import _fleet
 from ._context import emit_json, fleet_of, options, said, valid_agent
+from ._direct import TIMEOUT, signal_agent, stop_agents
 from ._errors import BadInput, Failed
 from ._exec import exec_command, launch_controls
 from ._options import Options
-from ._parse import parse_env, parse_signal, parse_size, real_option, whole_option
+from ._parse import parse_env, parse_size, whole_option
 
 if TYPE_CHECKING:
-    from ._fleet import FleetLike
+    pass
 
 __all__ = ["attach", "exec_", "freeze", "kill", "logs", "ls", "run", "send", "stop", "thaw"]
 
@@ -262,61 +263,11 @@ def stop(
     all_: Annotated[bool, typer.Option("--all", help="Stop every agent of the fleet.")] = False,
     timeout: Annotated[
         float,
-        typer.Option(
-            help="Seconds from SIGTERM to SIGKILL (0-86400).",
-            parser=real_option("--timeout", 0, 86400),
-        ),
+        typer.Option(help="Seconds from SIGTERM to SIGKILL (0-86400).", parser=TIMEOUT),
     ] = 10.0,
 ) -> None:
     """Stop an agent (SIGTERM, then SIGKILL after the timeout), or all of them."""
-    opts = options(ctx)
-    if (name is None) == (not all_):
-        raise BadInput("give an agent NAME or --all, not both")
-    with fleet_of(ctx) as fleet:
-        if name is not None:
-            fleet.stop(name, timeout=timeout)
-            if opts.json:
-                emit_json("stop", {"stopped": [name], "failed": []})
-            else:
-                sys.stdout.write(f"stopped {name}\n")
-            return
-        stopped, failed = _stop_all(fleet, timeout, progress=not opts.json and sys.stderr.isatty())
-    if opts.json:
-        emit_json("stop", {"stopped": stopped, "failed": failed})
-    else:
-        sys.stdout.write(f"stopped {len(stopped)} agent(s)\n")
-    if failed:
-        raise Failed("could not stop " + ", ".join(f"{f['name']} ({f['error']})" for f in failed))
-
-
-def _stop_all(
-    fleet: FleetLike, timeout: float, *, progress: bool
-) -> tuple[list[str], list[dict[str, str]]]:
-    from rich.markup import escape
-    from rich.progress import Progress
-
-    from agentscope import AgentNotFound, AgentscopeError
-
-    from ._context import console
-
-    names = [a.name for a in fleet.agents()]
-    stopped: list[str] = []
-    failed: list[dict[str, str]] = []
-    with Progress(console=console(stderr=True), disable=not progress, transient=True) as bar:
-        task = bar.add_task("stopping", total=len(names))
-        for name in names:
-            bar.update(task, description=f"stopping {escape(name)}")
-            try:
-                fleet.stop(name, timeout=timeout)
-            except AgentNotFound:
-                pass  # it ended by itself meanwhile
-            except AgentscopeError as exc:
-                failed.append({"name": name, "error": str(exc), "kind": type(exc).__name__})
-                continue
-            finally:
-                bar.advance(task)
-            stopped.append(name)
-    return stopped, failed
+    stop_agents(options(ctx), name, all_, timeout)
 
 
 def kill(
@@ -325,13 +276,7 @@ def kill(
     signal_: Annotated[str, typer.Option("--signal", "-s", help="TERM, SIGKILL, 9, ...")] = "TERM",
 ) -> None:
     """Send a signal to every process of an agent."""
-    sig = parse_signal(signal_)
-    with fleet_of(ctx) as fleet:
-        fleet.kill(name, sig)
-    if options(ctx).json:
-        emit_json("kill", {"name": name, "signal": sig.name})
-    else:
-        sys.stdout.write(f"sent {sig.name} to {name}\n")
+    signal_agent(options(ctx), name, signal_)
 
 
 def freeze(

@@ -1,14 +1,17 @@
-"""``ls`` and ``events`` without typer: their plain command lines, read here.
+"""``ls``, ``events``, ``stop`` and ``kill`` without typer: their plain command lines.
 
-A harness polls these two (issue 28): typer and its click cost every call
-about 45 ms natively before the command starts. :func:`direct_args` reads
-the command lines these commands take in their plain spellings; anything
-else (``--help``, an unknown or repeated option, an option without its
-value, a value the option's own parser or check refuses) gives None, and
-typer then reads the whole line and says what is wrong, as it always did.
+A harness polls the first two and stops or signals its agents with the
+others (issue 28): typer and its click cost every call about 45 ms natively
+before the command starts, and a second or more in the test bed's TCG
+guests. :func:`direct_args` reads the command lines these commands take in
+their plain spellings; anything else (``--help``, an unknown or repeated
+option, an option without its value, a value the option's own parser or
+check refuses) gives None, and typer then reads the whole line and says what
+is wrong, as it always did.
 
-The commands' bodies are here, :func:`list_agents` and :func:`print_events`,
-and the typer commands (``_cmd_agents.ls``, ``_cmd_monitor.events``) call
+The commands' bodies are here, :func:`list_agents`, :func:`print_events`,
+:func:`stop_agents` and :func:`signal_agent`, and the typer commands
+(``_cmd_agents.ls``, ``stop`` and ``kill``, ``_cmd_monitor.events``) call
 them: both paths print the same thing and fail the same way, which
 ``tests/test_cli_direct.py`` compares over the fake fleet and registry.
 """
@@ -20,14 +23,16 @@ import sys
 import time
 
 from . import _fleet
-from ._errors import Interrupted
+from ._errors import BadInput, Failed, Interrupted
 from ._options import Options
-from ._parse import parse_since, whole_option
+from ._parse import parse_since, real_option, whole_option
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: typing and collections cost imports
     from collections.abc import Sequence
     from typing import Any
+
+    from ._fleet import FleetLike
 
 __all__ = [
     "DIRECT",
@@ -36,11 +41,15 @@ __all__ = [
     "list_agents",
     "print_events",
     "run_direct",
+    "signal_agent",
+    "stop_agents",
 ]
 
 #: The bounds of ``events --limit`` (docs/cli.md lists them).
 MAX_EVENTS = 10**9
 LIMIT = whole_option("--limit", 0, MAX_EVENTS)
+#: ``stop --timeout``: seconds from SIGTERM to SIGKILL.
+TIMEOUT = real_option("--timeout", 0, 86400)
 _EVENTS_PAGE = 1000
 
 #: The commands read here, and their options: a flag's value is True.
@@ -55,8 +64,12 @@ DIRECT: dict[str, dict[str, str]] = {
         "--agent": "agent",
         "--limit": "limit",
     },
+    "stop": {"--timeout": "timeout", "--all": "all_"},
+    "kill": {"--signal": "signal_", "-s": "signal_"},
 }
-_FLAGS = ("--follow", "-f")
+#: The commands that take one argument, and its field.
+_ARGUMENT = {"stop": "name", "kill": "name"}
+_FLAGS = ("--follow", "-f", "--all")
 
 
 def direct_args(opts: Options, command: str, args: Sequence[str]) -> dict[str, Any] | None:
@@ -80,6 +93,8 @@ def direct_args(opts: Options, command: str, args: Sequence[str]) -> dict[str, A
         arg = args[i]
         key, eq, value = arg.partition("=")
         field = names.get(key)
+        if not arg.startswith("-") and command in _ARGUMENT:
+            field, key, eq, value = _ARGUMENT[command], "", "=", arg
         if field is None or field in values:
             return None
         if key in _FLAGS:
@@ -97,6 +112,10 @@ def direct_args(opts: Options, command: str, args: Sequence[str]) -> dict[str, A
         i += 1
     if command == "events":
         return _events_values(values)
+    if command == "stop":
+        return _stop_values(values)
+    if command == "kill":
+        return _kill_values(values)
     return values
 
 
@@ -121,6 +140,32 @@ def _events_values(values: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+def _stop_values(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The stop arguments checked as typer checks them (None where one is refused)."""
+    from ._context import valid_agent
+
+    try:
+        return {
+            "name": valid_agent(values.get("name")),
+            "all_": values.get("all_", False),
+            "timeout": TIMEOUT(values["timeout"]) if "timeout" in values else 10.0,
+        }
+    except Exception:  # typer reports the refusal
+        return None
+
+
+def _kill_values(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The kill arguments checked as typer checks them (None where one is refused or missing)."""
+    from ._context import valid_agent
+
+    if "name" not in values:
+        return None  # typer says the argument is missing
+    try:
+        return {"name": valid_agent(values["name"]), "signal_": values.get("signal_", "TERM")}
+    except Exception:  # typer reports the refusal
+        return None
+
+
 def run_direct(opts: Options, command: str, values: dict[str, Any]) -> int:
     """Run ``command`` with its :func:`direct_args`; return the exit code (errors reported)."""
     from ._errors import report_error
@@ -129,6 +174,10 @@ def run_direct(opts: Options, command: str, values: dict[str, Any]) -> int:
         try:
             if command == "ls":
                 list_agents(opts)
+            elif command == "stop":
+                stop_agents(opts, **values)
+            elif command == "kill":
+                signal_agent(opts, **values)
             else:
                 print_events(opts, **values)
         except KeyboardInterrupt as exc:  # as _app's wrapper of every command does
@@ -155,6 +204,75 @@ def list_agents(opts: Options) -> None:
         from ._context import show
 
         show(_render.ls_table(agents))
+
+
+def stop_agents(opts: Options, name: str | None, all_: bool, timeout: float) -> None:
+    """``agentscope stop``: one agent (SIGTERM, then SIGKILL after ``timeout``), or all."""
+    if (name is None) == (not all_):
+        raise BadInput("give an agent NAME or --all, not both")
+    with contextlib.closing(_fleet.open_fleet(opts)) as fleet:
+        if name is not None:
+            fleet.stop(name, timeout=timeout)
+            stopped: list[str] = [name]
+            failed: list[dict[str, str]] = []
+        else:
+            progress = not opts.json and sys.stderr.isatty()
+            stopped, failed = _stop_all(fleet, timeout, progress=progress)
+    if opts.json:
+        from ._context import emit_json
+
+        emit_json("stop", {"stopped": stopped, "failed": failed})
+    elif name is not None:
+        sys.stdout.write(f"stopped {name}\n")
+    else:
+        sys.stdout.write(f"stopped {len(stopped)} agent(s)\n")
+    if failed:
+        raise Failed("could not stop " + ", ".join(f"{f['name']} ({f['error']})" for f in failed))
+
+
+def signal_agent(opts: Options, name: str, signal_: str) -> None:
+    """``agentscope kill``: send a signal to every process of an agent."""
+    from ._parse import parse_signal
+
+    sig = parse_signal(signal_)
+    with contextlib.closing(_fleet.open_fleet(opts)) as fleet:
+        fleet.kill(name, sig)
+    if opts.json:
+        from ._context import emit_json
+
+        emit_json("kill", {"name": name, "signal": sig.name})
+    else:
+        sys.stdout.write(f"sent {sig.name} to {name}\n")
+
+
+def _stop_all(
+    fleet: FleetLike, timeout: float, *, progress: bool
+) -> tuple[list[str], list[dict[str, str]]]:
+    from rich.markup import escape
+    from rich.progress import Progress
+
+    from agentscope import AgentNotFound, AgentscopeError
+
+    from ._context import console
+
+    names = [a.name for a in fleet.agents()]
+    stopped: list[str] = []
+    failed: list[dict[str, str]] = []
+    with Progress(console=console(stderr=True), disable=not progress, transient=True) as bar:
+        task = bar.add_task("stopping", total=len(names))
+        for name in names:
+            bar.update(task, description=f"stopping {escape(name)}")
+            try:
+                fleet.stop(name, timeout=timeout)
+            except AgentNotFound:
+                pass  # it ended by itself meanwhile
+            except AgentscopeError as exc:
+                failed.append({"name": name, "error": str(exc), "kind": type(exc).__name__})
+                continue
+            finally:
+                bar.advance(task)
+            stopped.append(name)
+    return stopped, failed
 
 
 def print_events(

@@ -127,9 +127,9 @@ agent's own command line and is left alone.
 `exec` starts without importing typer or rich: `main()` parses its
 arguments itself when it is the command (after any global options), and
 `--version` is answered before typer is imported. `ls` and `events` (what a
-harness polls) read their plain command lines without typer too; typer reads
-anything else they are given (asking for help, an option it must check) and answers
-as it always did. Every other command imports only its own module.
+harness polls), `stop` and `kill` read their plain command lines without typer too;
+typer reads anything else they are given (asking for help, an option it must
+check) and answers as it always did. Every other command imports only its own module.
 
 Names are checked as they are parsed: a fleet or agent name that is not 1-64
 characters of `[A-Za-z0-9._-]` (not starting with `.` or `-`) is exit 2

@@ -3,8 +3,8 @@
 ``exec`` and ``call`` take a fast path that imports neither typer nor rich (nor
 logging, nor anything it can do without): it moves this process into a
 scope and execs, so its start-up is the command's. ``--version`` is
-answered before typer is imported, and so are ``ls`` and ``events`` given in
-their plain spellings (:mod:`._direct`). Every other command goes through the
+answered before typer is imported, and so are ``ls``, ``events`` and ``stop``
+given in their plain spellings (:mod:`._direct`). Every other command goes through the
 typer app in :mod:`._app`, which imports only the module of the command
 that runs.
 """
@@ -243,12 +243,13 @@ def _main(argv: Sequence[str] | None) -> NoReturn:
     from ._logging import setup_logging
 
     setup_logging(opts.debug)
-    if split is not None and split[1] in ("ls", "events") and not _manager_auto(args):
-        from ._direct import direct_args, run_direct
+    command = split[1] if split is not None else None
+    if split is not None and command is not None and not _manager_auto(args):
+        from ._direct import DIRECT, direct_args, run_direct
 
-        values = direct_args(opts, split[1], split[2])
+        values = direct_args(opts, command, split[2]) if command in DIRECT else None
         if values is not None:
-            sys.exit(run_direct(opts, split[1], values))
+            sys.exit(run_direct(opts, command, values))
     from ._app import run_app
 
     code = run_app(args, opts)

@@ -1,6 +1,6 @@
-"""``ls`` and ``events`` without typer print and fail exactly as through typer.
+"""``ls``, ``events``, ``stop`` and ``kill`` without typer print and fail as through typer.
 
-cli/_direct.py reads the plain command lines of these two commands itself
+cli/_direct.py reads the plain command lines of these commands itself
 (issue 28: typer's start-up is most of what a harness's poll costs). Each
 case here runs twice through ``main``: as it runs (the direct path where it
 applies) and with the direct path refused, so that typer reads the line.
@@ -75,6 +75,47 @@ EVENTS_CASES = [
     (("events", "-h"), False),
 ]
 
+STOP_CASES = [
+    (("stop", "builder-1"), True),
+    (("--json", "stop", "builder-1"), True),
+    (("stop", "builder-1", "--timeout", "3"), True),
+    (("stop", "--timeout=0.5", "builder-1", "--json"), True),
+    (("--fleet", "other", "stop", "--all"), True),
+    (("--json", "stop", "--all", "--timeout", "0"), True),
+    (("stop",), True),  # neither NAME nor --all: the body refuses it, exit 2
+    (("--json", "stop", "builder-1", "--all"), True),  # both: refused alike
+    (("stop", "../etc"), False),
+    (("stop", "builder-1", "reviewer"), False),
+    (("stop", "--timeout", "-1", "builder-1"), False),
+    (("stop", "--timeout", "nan", "builder-1"), False),
+    (("stop", "--timeout", "5min", "builder-1"), False),
+    (("stop", "builder-1", "--timeout"), False),
+    (("stop", "builder-1", "--timeout", "1", "--timeout", "2"), False),
+    (("stop", "--all=yes"), False),
+    (("stop", "builder-1", "--bogus"), False),
+    (("stop", "--", "builder-1"), False),
+    (("stop", "-"), False),
+    (("stop", "-h"), False),
+    (("--manager", "auto", "stop", "builder-1"), False),
+]
+
+KILL_CASES = [
+    (("kill", "builder-1"), True),
+    (("--json", "kill", "builder-1", "--signal", "KILL"), True),
+    (("kill", "-s", "9", "builder-1"), True),
+    (("kill", "builder-1", "--signal=SIGUSR1", "--json"), True),
+    (("kill", "builder-1", "-s", "NOSUCH"), True),  # the body refuses it: exit 2
+    (("kill", "builder-1", "-s", "0"), True),
+    (("kill",), False),  # typer says NAME is missing
+    (("kill", "../etc"), False),
+    (("kill", "builder-1", "reviewer"), False),
+    (("kill", "builder-1", "-s"), False),
+    (("kill", "builder-1", "-s9"), False),
+    (("kill", "builder-1", "-s", "9", "--signal", "15"), False),
+    (("kill", "builder-1", "--all"), False),
+    (("kill", "--help"), False),
+]
+
 
 def _both(*args: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Result, Result]:
     """``args`` run as they run, then with the direct path refused (typer reads them)."""
@@ -100,7 +141,7 @@ def _taken(*args: str, monkeypatch: pytest.MonkeyPatch) -> bool:
     return bool(taken)
 
 
-@pytest.mark.parametrize(("args", "direct"), LS_CASES + EVENTS_CASES)
+@pytest.mark.parametrize(("args", "direct"), LS_CASES + EVENTS_CASES + STOP_CASES + KILL_CASES)
 def test_the_direct_path_prints_what_typer_prints(
     fake: FakeFleet, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], direct: bool
 ) -> None:
@@ -127,7 +168,18 @@ def test_the_direct_path_prints_what_typer_prints(
         (KeyboardInterrupt(), 130),
     ],
 )
-@pytest.mark.parametrize("args", [("ls",), ("--json", "ls"), ("events",), ("--json", "events")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("ls",),
+        ("--json", "ls"),
+        ("events",),
+        ("--json", "events"),
+        ("stop", "builder-1"),
+        ("--json", "stop", "--all"),
+        ("kill", "builder-1", "-s", "KILL"),
+    ],
+)
 def test_failures_are_reported_alike(
     fake: FakeFleet,
     monkeypatch: pytest.MonkeyPatch,
@@ -206,5 +258,17 @@ def test_direct_args_give_the_bodies_typers_values() -> None:
         "agent": "a1",
         "limit": 7,
     }
-    assert _direct.direct_args(opts, "stop", []) is None
+    assert _direct.direct_args(opts, "stop", ["--timeout=2.5", "a1"]) == {
+        "name": "a1",
+        "all_": False,
+        "timeout": 2.5,
+    }
+    assert _direct.direct_args(opts, "stop", ["--all"]) == {
+        "name": None,
+        "all_": True,
+        "timeout": 10.0,
+    }
+    assert _direct.direct_args(opts, "kill", ["a1", "-s", "9"]) == {"name": "a1", "signal_": "9"}
+    assert _direct.direct_args(opts, "kill", ["-s", "9"]) is None
+    assert _direct.direct_args(opts, "run", ["a1", "--", "true"]) is None
     assert _direct.direct_args(Options(fleet="x/y"), "ls", []) is None

@@ -30,6 +30,18 @@ ROOT = Path(__file__).resolve().parent.parent
 # Never needed to print JSON from the registry, nor to start a command.
 _HEAVY = {"rich", "pydantic", "asyncio", "dbus_fast", "psutil"}
 _OTHER_COMMANDS = {"cli._cmd_admin", "cli._doctor", "cli._http", "cli._demo", "cli._top"}
+# What only a monitor, a guard, a report or a tool call runs: listing a fleet
+# opens it (the bus, the registry, recovery) and runs none of them.
+_MONITOR = {
+    "agentscope._monitor",
+    "agentscope._sampling",
+    "agentscope._killcount",
+    "agentscope._guard",
+    "agentscope._guardpolicy",
+    "agentscope._guardscan",
+    "agentscope._report",
+    "agentscope._callrun",
+}
 
 
 def imported_by(tmp_path: Path, *args: str) -> tuple[dict[str, Any], set[str]]:
@@ -108,15 +120,27 @@ def test_events_json_imports_no_typer_no_rich_no_bus_no_other_command(tmp_path: 
         assert result["code"] == 0, result
         # Its plain command lines are read without typer (cli/_direct.py).
         assert _tops(modules) & {*_HEAVY, "typer", "click"} == set()
-        assert modules & {*_OTHER_COMMANDS, "cli._cmd_agents", "cli._render"} == set()
+        assert modules & {*_OTHER_COMMANDS, "cli._cmd_agents", "cli._render", *_MONITOR} == set()
 
 
-def test_ls_json_imports_no_typer_no_rich_and_no_other_command(tmp_path: Path) -> None:
+def test_ls_and_stop_import_no_typer_no_rich_no_monitor_nor_other_command(
+    tmp_path: Path,
+) -> None:
     result, modules = imported_by(tmp_path, "--user", "--json", "ls")
     assert result["code"] == 4, result  # no manager here: it got as far as the bus
     assert json.loads(result["stderr"])["kind"] == "systemd_unavailable"
     assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
     assert modules & {*_OTHER_COMMANDS, "cli._cmd_monitor", "cli._render", "cli._app"} == set()
+    assert modules & _MONITOR == set()
+    assert "psutil" not in _tops(modules)  # only adopting a process tree walks it
+    # stop and kill, what a harness calls next most: no typer, no monitor either.
+    result, modules = imported_by(tmp_path, "--user", "stop", "builder-1", "--json")
+    assert result["code"] == 4, result
+    assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
+    assert modules & {*_MONITOR, "cli._app", "cli._cmd_agents"} == set()
+    result, modules = imported_by(tmp_path, "--user", "kill", "builder-1", "-s", "KILL")
+    assert result["code"] == 4, result
+    assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
     result, modules = imported_by(tmp_path, "--user", "ls", "--bogus")
     assert result["code"] == 2  # what the direct path does not read is typer's to refuse
     assert "No such option: --bogus" in result["stderr"]

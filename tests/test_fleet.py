@@ -304,9 +304,10 @@ def test_a_user_may_not_adopt_another_users_process() -> None:
         pytest.skip("needs root to run the check as another user")
     roots = subprocess.Popen(["sleep", "30"])
     try:
-        # Imports first (this Python's files may be root's alone), then nobody's uid.
+        # Imports first (this Python's files may be root's alone; psutil is
+        # imported where a process is looked at), then nobody's uid.
         code = (
-            "import os, sys; from agentscope._fleet_adopt import _never_adopted; "
+            "import os, sys, psutil; from agentscope._fleet_adopt import _never_adopted; "
             "os.setegid(65534); os.seteuid(65534); print(_never_adopted(int(sys.argv[1])))"
         )
         out = subprocess.run(
