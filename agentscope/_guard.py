@@ -59,6 +59,7 @@ from ._guardpolicy import (
 )
 from ._guardscan import measure, pick_victim, scan_candidates
 from ._proc import PROC_ROOT
+from ._proctrees import ProcessTrees, is_mirror
 
 __all__ = [
     "Guard",
@@ -157,7 +158,10 @@ class _Loop:
         self.lock = lock
         self.cause = CauseTracker(cgroup_root, slice_path)
         self.cgroup_root = Path(cgroup_root)
-        self.limits = LimitWatch(self.cgroup_root, slice_path, proc_root)
+        # Process mode: the "slice" is a mirror of process trees, the agents
+        # share the manager's cgroup and its limits (_proctrees, _guardlimit).
+        self.trees = is_mirror(slice_path, self.cgroup_root)
+        self.limits = LimitWatch(self.cgroup_root, slice_path, proc_root, shared=self.trees)
         # Whose shortage under a limit: the slice against the rest of the
         # limited cgroup (one tracker per limit, the root's is self.cause).
         self.limit_causes: dict[str, CauseTracker] = {}
@@ -259,6 +263,9 @@ class _Loop:
             excluded=self.killed,
             on_skip=self._skipped,
             known=self.known,
+            # Process mode: each agent's tree now, a tool call spawned since
+            # the last listing included (no lock: /proc and the mirror's files).
+            members=ProcessTrees(self.proc_root).pids if self.trees else None,
         )
         if scan.unheld is not None:
             unit, amount = scan.unheld
@@ -368,12 +375,15 @@ class _Loop:
             if measured is not None:
                 proc = replace(proc, rss=measured[1], swap=measured[2])
             try:
+                # The victim is the process that was chosen (pidfd, start
+                # time) and, where agents are cgroups, still in its scope; a
+                # process tree's member stays one (_proctrees).
                 killed = _kill(
                     proc.pid,
                     proc.start_time,
                     self.proc_root,
-                    in_scope=(self.slice_path.name, proc.unit),
-                    slice_dir=self.slice_path,
+                    in_scope=None if self.trees else (self.slice_path.name, proc.unit),
+                    slice_dir=None if self.trees else self.slice_path,
                 )
             except PermissionError as exc:  # not ours to kill: the next largest then
                 _say_once(f"eperm:{proc.pid}", "cannot kill pid %d: %s", proc.pid, exc)
