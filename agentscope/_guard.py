@@ -156,12 +156,16 @@ class _Loop:
         self.on_held = on_held
         self.on_relay = on_relay
         self.lock = lock
-        self.cause = CauseTracker(cgroup_root, slice_path)
         self.cgroup_root = Path(cgroup_root)
         # Process mode: the "slice" is a mirror of process trees, the agents
         # share the manager's cgroup and its limits (_proctrees, _guardlimit).
         self.trees = is_mirror(slice_path, self.cgroup_root)
         self.limits = LimitWatch(self.cgroup_root, slice_path, proc_root, shared=self.trees)
+        # Where the agents are charged, for whose shortage: the slice, or in
+        # process mode the cgroup they share with the manager (its own, from
+        # /proc/self/cgroup): that cgroup against those beside it.
+        self.charged = Path(self.limits.chain[0]) if self.trees else slice_path
+        self.cause = CauseTracker(cgroup_root, self.charged)
         # Whose shortage under a limit: the slice against the rest of the
         # limited cgroup (one tracker per limit, the root's is self.cause).
         self.limit_causes: dict[str, CauseTracker] = {}
@@ -244,7 +248,7 @@ class _Loop:
         tracker = self.limit_causes.get(limit_path)
         if tracker is None:
             root = self.cgroup_root / limit_path.lstrip("/")
-            tracker = CauseTracker(root, self.slice_path, names=self.cgroup_root)
+            tracker = CauseTracker(root, self.charged, names=self.cgroup_root)
             self.limit_causes[limit_path] = tracker
         return tracker
 

@@ -24,6 +24,7 @@ import pytest
 
 from agentscope import GuardKill
 from agentscope._guardlimit import LimitWatch
+from agentscope._guardpolicy import GuardHeld
 from agentscope._procscopes import mirror_root
 from agentscope._proctrees import MEMBERS, ProcessTrees, is_mirror
 from tests.fakefs import make_cgroup, make_cgroup_root, make_proc, write
@@ -213,6 +214,35 @@ def test_process_mode_under_a_systemd_scopes_memory_max_acts_on_the_nearer_limit
     assert sleeper.wait(WAIT) == -signal.SIGKILL
     assert (kill.agent, kill.pid, kill.limit) == ("a", pids["tool"], "/" + scope)
     assert alive(popens["a"], popens["b"], popens["helper"])
+
+
+def test_process_mode_on_a_systemd_host_a_hog_outside_the_harness_costs_no_agent(
+    container: Tree, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # The host is short because of a hog in another cgroup: the agents'
+    # cgroup (the harness's scope, shared with the manager) did not grow.
+    scope = "system.slice/run-u7.scope"
+    make_cgroup(container.cg, "system.slice")
+    make_cgroup(container.cg, scope, current=1200 * MIB)
+    users = make_cgroup(container.cg, "user.slice", current=100 * MIB)
+    hog = make_cgroup(container.cg, "user.slice/hog.scope", current=100 * MIB)
+    proc(container, os.getpid(), "python3", 300, 50, 1, "/" + scope)
+    _, popens = fleet_of_two(container, sleeper)
+    held: list[GuardHeld] = []
+    got, stop = start_guard(container, FAST, on_held=held.append)
+    try:
+        time.sleep(1.2)  # a first sample of the charges
+        for cgroup in (users, hog):  # charged to the hog's ancestors too, as the kernel does
+            write(cgroup / "memory.current", f"{5000 * MIB}\n")
+        container.host(5, 1)
+        wait_until(lambda: len(held) == 1)
+        time.sleep(0.3)
+    finally:
+        stop()
+    assert got == []
+    assert alive(*popens.values())
+    (event,) = held
+    assert event.culprit == "/user.slice/hog.scope"
 
 
 def test_process_mode_with_no_agent_process_worth_a_kill_kills_nothing(
