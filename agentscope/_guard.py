@@ -59,7 +59,7 @@ from ._guardpolicy import (
 )
 from ._guardscan import measure, pick_victim, scan_candidates
 from ._proc import PROC_ROOT
-from ._proctrees import ProcessTrees, is_mirror
+from ._proctrees import ProcessTrees, is_mirror, mirrored_agent
 
 __all__ = [
     "Guard",
@@ -417,9 +417,14 @@ class _Loop:
         on_limit = source != "host"
         crossed = self.clock.crossed_at
         reaction = killed.signalled_at - (crossed if crossed is not None else reading.ts)
+        agent = self.unit_agent(proc.unit)
+        if agent is None and self.trees:
+            # Process mode: no sample names a scope of the mirror; the
+            # fleet's record of it does (a read of its runtime directory).
+            agent = mirrored_agent(self.slice_path / proc.unit)
         event = GuardKill(
             ts=time.time(),
-            agent=self.unit_agent(proc.unit),
+            agent=agent,
             unit=proc.unit,
             pid=proc.pid,
             comm=_sanitise(proc.comm),

@@ -47,7 +47,14 @@ from ._cgroup import CGROUP_ROOT
 from ._errors import BusError, LaunchError, ModeUnsupported
 from ._manager import Controls, ListedScope, stop_escalating
 from ._proc import PROC_ROOT, read_stat
-from ._proctrees import MEMBERS, children_of, read_members, tree_members
+from ._proctrees import (
+    MEMBERS,
+    SCOPE_META,
+    children_of,
+    read_members,
+    read_meta,
+    tree_members,
+)
 
 if TYPE_CHECKING:
     from ._bus import Manager
@@ -172,7 +179,7 @@ class ProcessManager:
             "main": pids[0] if pids else 0,
             "started": time.time(),
         }
-        write_atomic(d / "scope.json", json.dumps(meta))
+        write_atomic(d / SCOPE_META, json.dumps(meta))
         self._store(unit, members)
         return []
 
@@ -225,7 +232,7 @@ class ProcessManager:
         children = self._children()
         out = []
         for unit in units:
-            meta = read_meta(self._dir / unit / "scope.json")
+            meta = read_meta(self._dir / unit / SCOPE_META)
             if meta is None or not self._refresh(unit, children):
                 continue
             owner = _names.parse_description(str(meta.get("description", "")))
@@ -322,12 +329,3 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def read_meta(path: Path) -> dict[str, Any] | None:
-    """A scope's small JSON record (its owner's description), None when unreadable."""
-    try:
-        data = json.loads(path.read_bytes()[:65536])
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -14,15 +14,30 @@ files; a process that exits mid-read is left out, never an error.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
+from ._names import parse_description
 from ._proc import PROC_ROOT, iter_pids, read_stat
 
-__all__ = ["MEMBERS", "ProcessTrees", "children_of", "is_mirror", "read_members", "tree_members"]
+__all__ = [
+    "MEMBERS",
+    "SCOPE_META",
+    "ProcessTrees",
+    "children_of",
+    "is_mirror",
+    "mirrored_agent",
+    "read_members",
+    "read_meta",
+    "tree_members",
+]
 
 #: The mirror's file of a scope's members, one ``PID START`` per line.
 MEMBERS = "members"
+#: The mirror's record of whose a scope is (its Description, as systemd's).
+SCOPE_META = "scope.json"
 #: At most this many members are read from one scope's file.
 MAX_MEMBERS = 100_000
 
@@ -50,6 +65,26 @@ def read_members(scope_dir: Path | str) -> dict[int, int]:
         if pid.isdigit() and start.isdigit():
             out[int(pid)] = int(start)
     return out
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """A scope's small JSON record (its owner's description), None when unreadable."""
+    try:
+        data = json.loads(path.read_bytes()[:65536])
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def mirrored_agent(scope_dir: Path) -> str | None:
+    """The agent a mirrored scope is of, from its Description (None: unreadable, not ours).
+
+    What the guard names a victim by when no sample has named its scope yet:
+    one small read of the fleet's own runtime directory, after the kill.
+    """
+    meta = read_meta(Path(scope_dir) / SCOPE_META)
+    owner = None if meta is None else parse_description(str(meta.get("description", "")))
+    return None if owner is None else owner[1]
 
 
 def children_of(proc_root: Path = PROC_ROOT) -> dict[int, list[int]]:

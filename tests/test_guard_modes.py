@@ -14,6 +14,7 @@ touches the manager, a sibling agent or a process that is no agent's.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,8 +26,9 @@ import pytest
 from agentscope import GuardKill
 from agentscope._guardlimit import LimitWatch
 from agentscope._guardpolicy import GuardHeld
+from agentscope._names import describe
 from agentscope._procscopes import mirror_root
-from agentscope._proctrees import MEMBERS, ProcessTrees, is_mirror
+from agentscope._proctrees import MEMBERS, SCOPE_META, ProcessTrees, is_mirror
 from tests.fakefs import make_cgroup, make_cgroup_root, make_proc, write
 from tests.test_guard import (  # noqa: F401 (fixtures)
     FAST,
@@ -65,6 +67,7 @@ def record(tree: Tree, agent: str, members: dict[int, int]) -> Path:
     """The mirror's record of ``agent`` as the manager last listed it (pid -> start time)."""
     d = tree.slice / unit_of(agent)
     d.mkdir(parents=True, exist_ok=True)
+    write(d / SCOPE_META, json.dumps({"description": describe("f", agent)}))
     write(d / MEMBERS, "".join(f"{p} {s}\n" for p, s in members.items()))
     write(d / "cgroup.procs", "".join(f"{p}\n" for p in members))
     return d
@@ -87,10 +90,11 @@ def container(tmp_path: Path) -> Tree:
 
 
 def fleet_of_two(
-    tree: Tree, sleeper: subprocess.Popen[bytes]
+    tree: Tree, sleeper: subprocess.Popen[bytes], cgroup: str = "/"
 ) -> tuple[dict[str, int], dict[str, subprocess.Popen[bytes]]]:
     """Agent ``a`` (a shell and a tool call spawned since its last listing), agent ``b``,
-    and a helper of the harness that is no agent's, larger than any of them."""
+    and a helper of the harness that is no agent's, larger than any of them; all in the
+    manager's ``cgroup``."""
     manager = os.getpid()
     popens = {
         "a": sleeper.start_another(),  # type: ignore[attr-defined]
@@ -99,10 +103,10 @@ def fleet_of_two(
         "helper": sleeper.start_another(),  # type: ignore[attr-defined]
     }
     pids = {k: p.pid for k, p in popens.items()}
-    proc(tree, pids["a"], "claude", 200, 100, manager, "/")
-    proc(tree, pids["tool"], "pytest", 900, 200, pids["a"], "/")
-    proc(tree, pids["b"], "claude", 250, 110, manager, "/")
-    proc(tree, pids["helper"], "indexer", 1000, 60, manager, "/")
+    proc(tree, pids["a"], "claude", 200, 100, manager, cgroup)
+    proc(tree, pids["tool"], "pytest", 900, 200, pids["a"], cgroup)
+    proc(tree, pids["b"], "claude", 250, 110, manager, cgroup)
+    proc(tree, pids["helper"], "indexer", 1000, 60, manager, cgroup)
     # The mirror knows a's shell only (the tool call came after the last
     # listing), and a member of a that exited since (no /proc entry left).
     record(tree, "a", {pids["a"]: 100, 999_001: 90})
@@ -112,14 +116,23 @@ def fleet_of_two(
     return pids, popens
 
 
-def one_kill(tree: Tree, squeeze: object, relief: object) -> GuardKill:
+def harness_scope(tree: Tree) -> str:
+    """A systemd host: the manager in a ``systemd-run --scope`` of its own (returned)."""
+    scope = "system.slice/run-u7.scope"
+    make_cgroup(tree.cg, "system.slice")
+    make_cgroup(tree.cg, scope)
+    proc(tree, os.getpid(), "python3", 300, 50, 1, "/" + scope)
+    return scope
+
+
+def one_kill(tree: Tree, squeeze: object, relief: object, **kw: object) -> GuardKill:
     got: list[GuardKill] = []
 
     def on_kill(kill: GuardKill) -> None:
         got.append(kill)
         relief()  # type: ignore[operator]
 
-    _, stop = start_guard(tree, FAST, on_kill=on_kill)
+    _, stop = start_guard(tree, FAST, on_kill=on_kill, **kw)
     try:
         time.sleep(0.5)
         assert got == []
@@ -169,9 +182,11 @@ def test_process_mode_kills_the_runaway_tool_call_before_the_containers_limit(
         container,
         lambda: set_limit(container, "", current_mib=1960, max_mib=2000),  # 2 % left
         lambda: set_limit(container, "", current_mib=1060, max_mib=2000),
+        unit_agent=lambda unit: None,  # no sample has named a scope of the mirror
     )
     assert sleeper.wait(WAIT) == -signal.SIGKILL
-    # Named: the agent, the process, its size; the container's limit.
+    # Named (from the fleet's record of the scope): the agent, the process,
+    # its size; the container's limit.
     assert (kill.agent, kill.unit, kill.pid, kill.comm) == (
         "a",
         unit_of("a"),
@@ -193,18 +208,8 @@ def test_process_mode_under_a_systemd_scopes_memory_max_acts_on_the_nearer_limit
     # A harness run in `systemd-run --scope -p MemoryMax=...` with manager
     # "process": its agents share its scope, whose limit is theirs; the
     # host's root has none.
-    scope = "system.slice/run-u7.scope"
-    make_cgroup(container.cg, "system.slice")
-    make_cgroup(container.cg, scope)
-    manager = os.getpid()
-    proc(container, manager, "python3", 300, 50, 1, "/" + scope)
-    pids, popens = fleet_of_two(container, sleeper)
-    for pid, comm, mib, start, ppid in (
-        (pids["a"], "claude", 200, 100, manager),
-        (pids["tool"], "pytest", 900, 200, pids["a"]),
-        (pids["b"], "claude", 250, 110, manager),
-    ):
-        proc(container, pid, comm, mib, start, ppid, "/" + scope)
+    scope = harness_scope(container)
+    pids, popens = fleet_of_two(container, sleeper, "/" + scope)
     set_limit(container, scope, current_mib=1200, max_mib=2000)
     kill = one_kill(
         container,
@@ -221,13 +226,11 @@ def test_process_mode_on_a_systemd_host_a_hog_outside_the_harness_costs_no_agent
 ) -> None:
     # The host is short because of a hog in another cgroup: the agents'
     # cgroup (the harness's scope, shared with the manager) did not grow.
-    scope = "system.slice/run-u7.scope"
-    make_cgroup(container.cg, "system.slice")
-    make_cgroup(container.cg, scope, current=1200 * MIB)
+    scope = harness_scope(container)
+    write(container.cg / scope / "memory.current", f"{1200 * MIB}\n")
     users = make_cgroup(container.cg, "user.slice", current=100 * MIB)
     hog = make_cgroup(container.cg, "user.slice/hog.scope", current=100 * MIB)
-    proc(container, os.getpid(), "python3", 300, 50, 1, "/" + scope)
-    _, popens = fleet_of_two(container, sleeper)
+    _, popens = fleet_of_two(container, sleeper, "/" + scope)
     held: list[GuardHeld] = []
     got, stop = start_guard(container, FAST, on_held=held.append)
     try:
