@@ -19,6 +19,11 @@ freezes: issue #20). So:
 - :class:`~agentscope._guardlimit.LimitWatch` reads the memory limits
   above the agents (a container's, a ``MemoryMax``): the guard acts on the
   host's shortage or the nearest limit's, whichever comes first.
+- In process mode (a slice outside the cgroupfs: the fleet's mirror of
+  process trees, :mod:`agentscope._proctrees`) the agents' trees are walked
+  at each choice, the limits are those over the manager's own cgroup
+  (which the agents share), and a victim is re-checked by pidfd and start
+  time only (docs/guard.md, "In each manager mode").
 - :func:`admit` is the fleet's admission control over its guards.
 """
 
