@@ -19,6 +19,11 @@ freezes: issue #20). So:
 - :class:`~agentscope._guardlimit.LimitWatch` reads the memory limits
   above the agents (a container's, a ``MemoryMax``): the guard acts on the
   host's shortage or the nearest limit's, whichever comes first.
+- In process mode (a slice outside the cgroupfs: the fleet's mirror of
+  process trees, :mod:`agentscope._proctrees`) the agents' trees are walked
+  at each choice, the limits are those over the manager's own cgroup
+  (which the agents share), and a victim is re-checked by pidfd and start
+  time only (docs/guard.md, "In each manager mode").
 - :func:`admit` is the fleet's admission control over its guards.
 """
 
@@ -59,6 +64,7 @@ from ._guardpolicy import (
 )
 from ._guardscan import measure, pick_victim, scan_candidates
 from ._proc import PROC_ROOT
+from ._proctrees import ProcessTrees, is_mirror, mirrored_agent
 
 __all__ = [
     "Guard",
@@ -155,9 +161,16 @@ class _Loop:
         self.on_held = on_held
         self.on_relay = on_relay
         self.lock = lock
-        self.cause = CauseTracker(cgroup_root, slice_path)
         self.cgroup_root = Path(cgroup_root)
-        self.limits = LimitWatch(self.cgroup_root, slice_path, proc_root)
+        # Process mode: the "slice" is a mirror of process trees, the agents
+        # share the manager's cgroup and its limits (_proctrees, _guardlimit).
+        self.trees = is_mirror(slice_path, self.cgroup_root)
+        self.limits = LimitWatch(self.cgroup_root, slice_path, proc_root, shared=self.trees)
+        # Where the agents are charged, for whose shortage: the slice, or in
+        # process mode the cgroup they share with the manager (its own, from
+        # /proc/self/cgroup): that cgroup against those beside it.
+        self.charged = Path(self.limits.chain[0]) if self.trees else slice_path
+        self.cause = CauseTracker(cgroup_root, self.charged)
         # Whose shortage under a limit: the slice against the rest of the
         # limited cgroup (one tracker per limit, the root's is self.cause).
         self.limit_causes: dict[str, CauseTracker] = {}
@@ -240,7 +253,7 @@ class _Loop:
         tracker = self.limit_causes.get(limit_path)
         if tracker is None:
             root = self.cgroup_root / limit_path.lstrip("/")
-            tracker = CauseTracker(root, self.slice_path, names=self.cgroup_root)
+            tracker = CauseTracker(root, self.charged, names=self.cgroup_root)
             self.limit_causes[limit_path] = tracker
         return tracker
 
@@ -259,6 +272,9 @@ class _Loop:
             excluded=self.killed,
             on_skip=self._skipped,
             known=self.known,
+            # Process mode: each agent's tree now, a tool call spawned since
+            # the last listing included (no lock: /proc and the mirror's files).
+            members=ProcessTrees(self.proc_root).pids if self.trees else None,
         )
         if scan.unheld is not None:
             unit, amount = scan.unheld
@@ -368,12 +384,15 @@ class _Loop:
             if measured is not None:
                 proc = replace(proc, rss=measured[1], swap=measured[2])
             try:
+                # The victim is the process that was chosen (pidfd, start
+                # time) and, where agents are cgroups, still in its scope; a
+                # process tree's member stays one (_proctrees).
                 killed = _kill(
                     proc.pid,
                     proc.start_time,
                     self.proc_root,
-                    in_scope=(self.slice_path.name, proc.unit),
-                    slice_dir=self.slice_path,
+                    in_scope=None if self.trees else (self.slice_path.name, proc.unit),
+                    slice_dir=None if self.trees else self.slice_path,
                 )
             except PermissionError as exc:  # not ours to kill: the next largest then
                 _say_once(f"eperm:{proc.pid}", "cannot kill pid %d: %s", proc.pid, exc)
@@ -403,9 +422,14 @@ class _Loop:
         on_limit = source != "host"
         crossed = self.clock.crossed_at
         reaction = killed.signalled_at - (crossed if crossed is not None else reading.ts)
+        agent = self.unit_agent(proc.unit)
+        if agent is None and self.trees:
+            # Process mode: no sample names a scope of the mirror; the
+            # fleet's record of it does (a read of its runtime directory).
+            agent = mirrored_agent(self.slice_path / proc.unit)
         event = GuardKill(
             ts=time.time(),
-            agent=self.unit_agent(proc.unit),
+            agent=agent,
             unit=proc.unit,
             pid=proc.pid,
             comm=_sanitise(proc.comm),

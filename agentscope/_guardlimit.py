@@ -14,6 +14,11 @@ cgroup (``/proc/self/cgroup``) and its ancestors are read too: a limit over
 the manager that its agents are not charged to (a harness service's
 ``MemoryMax`` on a systemd host, where agents live in their own slice) is
 one no kill of an agent's process relieves, and the guard says so once.
+In process mode (:mod:`._procscopes`) there is no slice: the agents are
+process trees in the manager's own cgroup, charged where the manager is,
+so the limits over the manager's cgroup are theirs (``shared``): in a
+container, the container's own ``memory.max``; on a systemd host, the
+``MemoryMax`` of the scope or service the harness runs in.
 
 Under a limit, *available* is the limit less what reclaim cannot give back:
 ``memory.current`` less the page cache that is not shared memory (``file``
@@ -182,6 +187,8 @@ class LimitWatch:
     guard that sleeps in ``epoll`` wakes at the wall. Every read tolerates
     a cgroup that vanished or a file that is absent, unreadable or not in its
     format (it then counts as no limit). Close with :meth:`close`.
+    ``shared`` (process mode): the agents share the cgroup of process
+    ``pid`` (this one by default), whose limits are then theirs.
     """
 
     def __init__(
@@ -192,14 +199,21 @@ class LimitWatch:
         *,
         pid: int | None = None,
         notify: bool = True,
+        shared: bool = False,
     ) -> None:
         self.root = os.fspath(cgroup_root).rstrip("/") or "/"
-        self.chain = cgroup_chain(cgroup_root, slice_path)
         try:
             own = read_cgroup(os.getpid() if pid is None else pid, proc_root)
         except OSError:
             own = None
         self.manager_chain = () if own is None else cgroup_chain(cgroup_root, own)
+        # Process mode: the agents are charged where the manager is (its own
+        # cgroup; unknown: the root, in a container its own cgroup).
+        self.chain = (
+            (self.manager_chain or cgroup_chain(cgroup_root, "/"))
+            if shared
+            else cgroup_chain(cgroup_root, slice_path)
+        )
         self.ceilings: tuple[CgroupCeiling, ...] = ()
         #: Limits over the manager that its agents are not charged to.
         self.manager_only: tuple[CgroupCeiling, ...] = ()

@@ -292,6 +292,7 @@ def scan_candidates(
     excluded: Collection[tuple[int, int]] = (),
     on_skip: OnSkip | None = None,
     known: dict[int, tuple[int, str]] | None = None,
+    members: Callable[[str], Iterable[int]] | None = None,
 ) -> Scan:
     """The processes of the scope that holds the largest eligible process.
 
@@ -307,7 +308,9 @@ def scan_candidates(
     :attr:`Scan.processes`, the runaway's scope. ``known`` (pid -> (start
     time, comm)), kept by the caller from one scan to the next, spares the
     ``stat`` of the processes seen before (a pid reused since is caught:
-    the runaway's and the victim's ``stat`` are read afresh).
+    the runaway's and the victim's ``stat`` are read afresh). ``members``
+    gives a scope directory's pids in place of its ``cgroup.procs``: in
+    process mode, the agent's process tree now (:mod:`._proctrees`).
 
     Memory charged to a scope and mapped by none of its processes (its
     ``memory.stat`` ``shmem`` less their ``RssShmem``: memfds, tmpfs
@@ -337,7 +340,8 @@ def scan_candidates(
                 break
             if scope.unit not in sized:
                 entries = []
-                for pid in _scope_procs(scope.path, on_skip):
+                pids = _scope_procs(scope.path, on_skip) if members is None else members(scope.path)
+                for pid in pids:
                     sizes = _sizes(pid, proc_root)
                     if sizes is not None:
                         entries.append((pid, *sizes))

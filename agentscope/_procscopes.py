@@ -16,14 +16,17 @@ scope, whose ``cgroup.procs`` lists its processes as last seen, and whose
 ``members`` file their start times (a descendant reparented away from its
 dead parent stays a member once seen). The mirror is refreshed by every
 listing (:meth:`ProcessManager.list_scopes`), which every reconciliation
-does first; a scope with no live member left is removed from it.
+does first; a scope with no live member left is removed from it. Who is
+a member is one rule (:mod:`._proctrees`), which the guard applies itself
+at each choice: a tool call spawned since the last listing is a member.
 
 What this mode cannot do is refused with :class:`ModeUnsupported`, which
 names the mode and what would enable it: per-agent resource controls
 (``memory_max``, ``tasks_max``: they need a cgroup of the agent's own), the
 freezer, and tool-call cgroups. The guard still protects the container: it
-reads the container's own cgroup (:mod:`._guardlimit`) and kills the
-runaway process before the container's limit is reached.
+reads the limits over this process's own cgroup, which its agents share
+(:mod:`._guardlimit`; in a container that is the container's), and kills
+the runaway process before the limit is reached (docs/guard.md).
 """
 
 from __future__ import annotations
@@ -43,7 +46,15 @@ from . import _names
 from ._cgroup import CGROUP_ROOT
 from ._errors import BusError, LaunchError, ModeUnsupported
 from ._manager import Controls, ListedScope, stop_escalating
-from ._proc import PROC_ROOT, iter_pids, read_stat
+from ._proc import PROC_ROOT, read_stat
+from ._proctrees import (
+    MEMBERS,
+    SCOPE_META,
+    children_of,
+    read_members,
+    read_meta,
+    tree_members,
+)
 
 if TYPE_CHECKING:
     from ._bus import Manager
@@ -168,53 +179,26 @@ class ProcessManager:
             "main": pids[0] if pids else 0,
             "started": time.time(),
         }
-        write_atomic(d / "scope.json", json.dumps(meta))
+        write_atomic(d / SCOPE_META, json.dumps(meta))
         self._store(unit, members)
         return []
 
     def _store(self, unit: str, members: dict[int, int]) -> None:
         d = self._dir / unit
-        write_atomic(d / "members", "".join(f"{p} {s}\n" for p, s in sorted(members.items())))
+        write_atomic(d / MEMBERS, "".join(f"{p} {s}\n" for p, s in sorted(members.items())))
         write_atomic(d / "cgroup.procs", "".join(f"{p}\n" for p in sorted(members)))
 
     def _recorded(self, unit: str) -> dict[int, int]:
-        try:
-            data = (self._dir / unit / "members").read_bytes()
-        except OSError:
-            return {}
-        out = {}
-        for line in data.splitlines()[:100_000]:
-            pid, _, start = line.partition(b" ")
-            if pid.isdigit() and start.isdigit():
-                out[int(pid)] = int(start)
-        return out
+        return read_members(self._dir / unit)
 
     def _members(self, unit: str, children: dict[int, list[int]] | None = None) -> dict[int, int]:
         """The scope's live processes now: recorded ones still alive, and their descendants."""
-        live: dict[int, int] = {}
-        for pid, start in self._recorded(unit).items():
-            st = read_stat(pid, self._proc)
-            if st is not None and st.start_time == start and st.state not in ("Z", "X"):
-                live[pid] = start
         if children is None:
             children = self._children()
-        todo = list(live)
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                if child not in live:
-                    st = read_stat(child, self._proc)
-                    if st is not None and st.state not in ("Z", "X"):
-                        live[child] = st.start_time
-                        todo.append(child)
-        return live
+        return tree_members(self._recorded(unit), children, self._proc)
 
     def _children(self) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
-        for pid in iter_pids(self._proc):
-            st = read_stat(pid, self._proc)
-            if st is not None:
-                out.setdefault(st.ppid, []).append(pid)
-        return out
+        return children_of(self._proc)
 
     def _units(self) -> list[str]:
         try:
@@ -248,7 +232,7 @@ class ProcessManager:
         children = self._children()
         out = []
         for unit in units:
-            meta = read_meta(self._dir / unit / "scope.json")
+            meta = read_meta(self._dir / unit / SCOPE_META)
             if meta is None or not self._refresh(unit, children):
                 continue
             owner = _names.parse_description(str(meta.get("description", "")))
@@ -345,12 +329,3 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def read_meta(path: Path) -> dict[str, Any] | None:
-    """A scope's small JSON record (its owner's description), None when unreadable."""
-    try:
-        data = json.loads(path.read_bytes()[:65536])
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
