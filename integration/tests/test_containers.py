@@ -16,7 +16,10 @@ process mode.
   agent (asserted, so the bed is known to reproduce the problem).
 - With the monitor's guard, only the tool call dies, named, and the
   container lives.
-- The CLI inside the container: ``--json ls``, ``events`` and ``report``.
+- The CLI inside the container: ``--json ls``, ``events``, ``report`` and
+  ``doctor``.
+- deploy/kubernetes/pod.yaml under ``podman kube play``, with the example
+  harness deploy/harness.py: the same outcome is wanted there.
 
 One container start per test; the harness reports as it goes into a
 bind-mounted directory, so what it saw before a group kill is kept.
@@ -358,3 +361,126 @@ def test_the_cli_lists_reports_and_tells_events_inside_the_container(
     assert doctor["mode"] == "process", doctor
     checks = {c["name"]: c for c in doctor["checks"]}
     assert "podman" in checks["container"]["detail"], checks["container"]
+
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"  # vm.py's payload: the repository's
+POD = "agentscope-harness"
+# What the bed has instead of an image registry and a node: the guest's /usr
+# and agentscope, the example harness, and a directory for the runaway.
+BED_MOUNTS = """\
+      volumeMounts:
+        - {name: usr, mountPath: /usr, readOnly: true}
+        - {name: venv, mountPath: /opt/agentscope, readOnly: true}
+        - {name: harness, mountPath: /opt/harness, readOnly: true}
+        - {name: work, mountPath: /work}
+"""
+BED_VOLUMES = """\
+  volumes:
+    - {{name: usr, hostPath: {{path: /usr, type: Directory}}}}
+    - {{name: venv, hostPath: {{path: /opt/agentscope, type: Directory}}}}
+    - {{name: harness, hostPath: {{path: {deploy}, type: Directory}}}}
+    - {{name: work, hostPath: {{path: {work}, type: Directory}}}}
+"""
+# The agents: siblings that end 2 s after the runaway's tool call did, and a
+# runaway that starts once the kubelet's memory.oom.group=1 is on the
+# container (the bed writes it after the start: Podman's kube play does not)
+# and says what it saw there. Each wait is bounded (120 s, 60 s).
+BED_ARGS = (
+    """\
+      args:
+"""
+    + "".join(
+        f'        - "sib-{i}=for i in $(seq 600); do [ -e /work/rc ] && break; sleep 0.2; done;'
+        ' sleep 2"\n'
+        for i in range(AGENTS - 1)
+    )
+    + (
+        '        - "runaway=for i in $(seq 600); do grep -qx 1 /sys/fs/cgroup/memory.oom.group'
+        " && break; sleep 0.1; done; cat /sys/fs/cgroup/memory.oom.group > /work/oom.group;"
+        ' python3 /work/grow.py; echo rc=$? > /work/rc"\n'
+    )
+)
+
+
+def bed_manifest(work: Path) -> str:
+    """deploy/kubernetes/pod.yaml as the bed runs it: its limit, its agents, its mounts."""
+    text = (DEPLOY / "kubernetes" / "pod.yaml").read_text()
+    start = text.index("      args:\n")
+    end = text.index("      resources:\n")
+    text = text[:start] + BED_ARGS + text[end:]
+    assert text.count("memory: 2Gi") == 2, text
+    text = text.replace("memory: 2Gi", f"memory: {LIMIT.upper()}i")
+    anchor = "    - name: harness\n"
+    text = text.replace(anchor, anchor + BED_MOUNTS)
+    # spec's last key must hold a value of its own: the volumes come after it.
+    assert not text.rstrip().endswith(":"), text
+    return text + BED_VOLUMES.format(deploy=DEPLOY, work=work)
+
+
+@pytest.mark.xfail(strict=True, raises=GroupKilled, reason=PROCESS_MODE_GUARD)
+def test_the_pod_manifest_under_kube_play_keeps_the_pod_through_a_runaway(
+    rootfs: Path, work: Path
+) -> None:
+    # The image deploy/Containerfile would build, without a registry: the
+    # bed's root directory, with the Containerfile's entry point (tini aside).
+    image = f"localhost/{POD}:latest"
+    # Owned by the image's root, as a built image's files are (rootless, the
+    # test user's own files would belong to an unprivileged user inside).
+    tar = subprocess.Popen(
+        ["tar", "-C", str(rootfs), "--owner=0", "--group=0", "--numeric-owner", "-cf", "-", "."],
+        stdout=subprocess.PIPE,
+    )
+    imported = subprocess.run(
+        [
+            PODMAN or "podman",
+            "import",
+            '--change=ENTRYPOINT ["python3", "/opt/harness/harness.py"]',
+            "--change=ENV PATH=/opt/agentscope/bin:/usr/bin",
+            "-",
+            image,
+        ],
+        stdin=tar.stdout,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert tar.wait() == 0
+    assert imported.returncode == 0, imported.stderr
+    (work / "grow.py").write_text(GROW)
+    manifest = work / "pod.yaml"
+    manifest.write_text(bed_manifest(work))
+    ctr = f"{POD}-harness"
+    try:
+        played = podman("kube", "play", "--network=none", str(manifest))
+        assert played.returncode == 0, played.stderr
+        # The kubelet's write, on the cgroup the container's processes are in
+        # (crun puts them in a leaf below the one Podman names).
+        pid = podman("inspect", ctr, "--format", "{{.State.Pid}}").stdout.strip()
+        own = Path(f"/proc/{pid}/cgroup").read_text().strip().partition("::")[2]
+        Path(f"/sys/fs/cgroup{own}/memory.oom.group").write_text("1\n")
+        waited = podman("wait", ctr, timeout=200)
+        state = json.loads(podman("inspect", ctr, "--format", "{{json .State}}").stdout)
+        logs = podman("logs", ctr)
+    finally:
+        podman("kube", "down", str(manifest))
+        podman("rmi", "--force", image)
+    lines = [json.loads(x) for x in logs.stdout.splitlines() if x.startswith("{")]
+    print(json.dumps(lines, indent=1)[:6000], logs.stderr[-3000:])
+    ran = {"rc": int(waited.stdout.strip() or -1), "state": state}
+    assert (work / "oom.group").read_text().strip() == "1", "the container saw no group OOM"
+    (fleet,) = (x for x in lines if x["kind"] == "fleet")
+    assert fleet["mode"] == "process", fleet
+    assert [x["agent"] for x in lines if x["kind"] == "launched"] == [
+        *(f"sib-{i}" for i in range(AGENTS - 1)),
+        "runaway",
+    ]
+    alive_or_group_killed(ran)
+    assert ran["rc"] == 0, ran
+    kills = [x for x in lines if x["kind"] in ("guard_kill", "oom_kill")]
+    assert [(k["kind"], k["agent"], k["comm"]) for k in kills] == [
+        ("guard_kill", "runaway", "python3")
+    ]
+    assert (work / "rc").read_text().strip() == "rc=137"
+    ended = {x["agent"]: x["status"] for x in lines if x["kind"] == "ended"}
+    assert ended == {**{f"sib-{i}": 0 for i in range(AGENTS - 1)}, "runaway": 0}
