@@ -364,7 +364,8 @@ def test_the_cli_lists_reports_and_tells_events_inside_the_container(
     assert "podman" in checks["container"]["detail"], checks["container"]
 
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"  # vm.py's payload: the repository's
+# The repository's deploy/, which vm.py puts in the payload.
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 POD = "agentscope-harness"
 # What the bed has instead of an image registry and a node: the guest's /usr
 # and agentscope, the example harness, and a directory for the runaway.
