@@ -47,8 +47,8 @@ host-deps:
 	@bash integration/host-deps.sh
 
 lint: venv
-	$(PY) -m ruff check agentscope cli tests integration benchmarks dashboards
-	$(PY) -m ruff format --check agentscope cli tests integration benchmarks dashboards
+	$(PY) -m ruff check agentscope cli tests integration benchmarks dashboards deploy
+	$(PY) -m ruff format --check agentscope cli tests integration benchmarks dashboards deploy
 
 typecheck: venv
 	$(PY) -m mypy --strict agentscope cli

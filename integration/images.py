@@ -93,7 +93,25 @@ DISTROS: dict[str, Distro] = {
         ),
         Distro("bookworm", "bookworm", "252", "3.11"),
         # nodejs: the Node client's VM test (integration/tests/test_node.py) runs here.
-        Distro("trixie", "trixie", "257", "3.13", packages=("systemd-oomd", "nodejs")),
+        # podman, crun, conmon: the container bed (integration/tests/test_containers.py);
+        # catatonit is its --init and kube play's pause, uidmap its rootless user
+        # namespace. No network packages (netavark's nft, passt): the bed's
+        # containers run with --network=none.
+        Distro(
+            "trixie",
+            "trixie",
+            "257",
+            "3.13",
+            packages=(
+                "systemd-oomd",
+                "nodejs",
+                "podman",
+                "crun",
+                "conmon",
+                "catatonit",
+                "uidmap",
+            ),
+        ),
         Distro(
             "sid",
             "sid",

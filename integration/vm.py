@@ -127,6 +127,8 @@ def _payload(
     # The pages whose examples integration/tests/test_docs_examples.py runs.
     shutil.copytree(_PROJECT / "docs", tree / "docs" / "docs", ignore=shutil.ignore_patterns("img"))
     shutil.copy(_PROJECT / "README.md", tree / "docs" / "README.md")
+    # The harness image's files and the pod manifest that test_containers.py runs.
+    shutil.copytree(_PROJECT / "deploy", tree / "docs" / "deploy")
     shutil.copy(_HERE / "guest.sh", tree / "guest.sh")
     env = {
         "DISTRO": distro.name,

@@ -52,6 +52,8 @@ HEAVY_SUITES: dict[str, frozenset[tuple[str, str]]] = {
     "scale": frozenset({("sd247", "system"), ("bookworm", "user")}),
     "demo": frozenset({("sd247", "user"), ("bookworm", "system")}),
     "docs": frozenset({("sd247", "system"), ("bookworm", "user")}),
+    # Podman is in trixie's image only (integration/images.py): root and rootless.
+    "containers": frozenset({("trixie", "system"), ("trixie", "user")}),
 }
 
 
