@@ -438,6 +438,8 @@ def test_the_pod_manifest_under_kube_play_keeps_the_pod_through_a_runaway(
         timeout=300,
         check=False,
     )
+    assert tar.stdout is not None
+    tar.stdout.close()  # podman has read it all
     assert tar.wait() == 0
     assert imported.returncode == 0, imported.stderr
     (work / "grow.py").write_text(GROW)
