@@ -108,6 +108,33 @@ async def own_fleet(prefix: str, *, squeezed: bool = False) -> AsyncIterator[Asy
                 if memory_back():
                     break
                 await asyncio.sleep(0.2)
+            if squeezed:
+                await _bus_answers()
+
+
+async def _bus_answers(timeout: float = 60.0) -> None:
+    """Wait until the manager's bus answers again after a squeeze.
+
+    Seen in CI (bookworm, system, after the kernel's global OOM kill): the
+    next test's connect to the system bus timed out (10 s) while the bus
+    daemon paged its code back in; the test after it connected at once.
+    """
+    bus = "--user" if MANAGER == "user" else "--system"
+    dbus = "org.freedesktop.DBus"
+    argv = ["busctl", bus, "call", dbus, "/org/freedesktop/DBus", dbus, "GetId"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            async with asyncio.timeout(10):
+                if await proc.wait() == 0:
+                    return
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        await asyncio.sleep(0.5)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import MANAGER, SYSTEMD, own_children, systemctl
+from conftest import MANAGER, SYSTEMD, own_children, own_fleet, systemctl
 
 import agentscope
 from agentscope import AsyncFleet, Fleet
@@ -153,19 +153,21 @@ async def test_oom_with_cap_kills_only_the_allocator(fleet: AsyncFleet, tmp_path
 
 
 @pytest.mark.usefixtures("kernel_fast_oom")  # the kernel's own kill, not minutes of reclaim
-async def test_global_oom_kills_only_the_runaway(fleet: AsyncFleet) -> None:
-    siblings = [await fleet.launch(f"sib-{i}", ["sleep", "600"]) for i in range(5)]
-    runaway = await fleet.launch(
-        "runaway",
-        ["python3", "-c", "l = []\nwhile True: l.append(b'x' * 2**24)"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    status = await asyncio.wait_for(runaway.wait(), 240)
-    assert status == -signal.SIGKILL
-    assert all(s.alive() for s in siblings)
-    # This test process is the manager: it is alive to make this assertion.
-    assert oom_score_adj(os.getpid()) >= 200
+async def test_global_oom_kills_only_the_runaway() -> None:
+    # squeezed: the next test starts once memory is back and the bus answers.
+    async with own_fleet("t", squeezed=True) as fleet:
+        siblings = [await fleet.launch(f"sib-{i}", ["sleep", "600"]) for i in range(5)]
+        runaway = await fleet.launch(
+            "runaway",
+            ["python3", "-c", "l = []\nwhile True: l.append(b'x' * 2**24)"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        status = await asyncio.wait_for(runaway.wait(), 240)
+        assert status == -signal.SIGKILL
+        assert all(s.alive() for s in siblings)
+        # This test process is the manager: it is alive to make this assertion.
+        assert oom_score_adj(os.getpid()) >= 200
 
 
 async def test_stop_kill_freeze_thaw_wait(fleet: AsyncFleet) -> None:
