@@ -47,6 +47,14 @@ _SUMMARY = re.compile(r"^=+ (.*\b(?:passed|failed|error|errors|skipped|deselecte
 # pytest -ra's short summary: kept so the matrix table at the end (all a CI log's
 # tail may show) names what failed, not only how many.
 _FAILED = re.compile(r"^(?:FAILED|ERROR) \S+")
+# A test's line in pytest's verbose output: where a suite was when it died.
+_TEST_LINE = re.compile(r"^(tests/\S+::\S+)")
+# What a guest console says when the guest itself failed, for the matrix's
+# one-line reason (the whole console's tail is printed above it).
+_CONSOLE_DEATH = re.compile(
+    r"Kernel panic[^\n]*|BUG: [^\n]*|Oops[^\n]*|general protection fault[^\n]*"
+    r"|Out of memory: Killed process \d+ \([^)]*\)"
+)
 _MANAGERS = ("system", "user")
 # A suite's outcome: exit status, pytest's summary line, its FAILED/ERROR lines.
 Result = tuple[int, str, list[str]]
@@ -287,6 +295,24 @@ def _stuck(work: Path, mode: str, started: float) -> str | None:
     return None
 
 
+class _Stream:
+    """What the payload's serial said: see _follow."""
+
+    def __init__(self) -> None:
+        self.status: str | None = None
+        self.summaries: dict[str, str] = {}
+        self.failures: dict[str, list[str]] = {}
+        self.seen = False  # any line came
+        self.ended = False  # the VM ended by itself
+        self.timed_out = False
+        self.why_stuck: str | None = None  # see _stuck
+        # The manager whose suite was running and its last test's line:
+        # where a VM that gave no result was when it stopped.
+        self.current: str | None = None
+        self.last_test: str | None = None
+        self.started: list[str] = []
+
+
 def _follow(
     proc: subprocess.Popen[bytes],
     out: Path,
@@ -294,19 +320,10 @@ def _follow(
     t0: float,
     prefix: str,
     stuck: Callable[[], str | None],
-) -> tuple[str | None, dict[str, str], dict[str, list[str]], bool, bool, str | None]:
-    """Stream the payload's serial.
-
-    Returns (status, summaries, failures, whether any line came, whether the
-    VM ended itself, why it is stuck: see _stuck).
-    """
-    status: str | None = None
-    why_stuck: str | None = None
+) -> _Stream:
+    """Stream the payload's serial until the VM ends, is stuck or times out."""
+    st = _Stream()
     next_check = 0.0
-    summaries: dict[str, str] = {}
-    failures: dict[str, list[str]] = {}
-    current: str | None = None
-    seen = ended = False
     with out.open("rb") as f:
         buf = b""
         while True:
@@ -315,33 +332,63 @@ def _follow(
                 buf += chunk.replace(b"\r", b"")
                 *lines, buf = buf.split(b"\n")
                 for raw in lines:
-                    seen = True
+                    st.seen = True
                     line = raw.decode(errors="replace")
                     print(prefix + line, flush=True)
                     if m := re.match(r"^==== \S+ \(systemd \S+\) (\w+) manager", line):
-                        current = m.group(1)
-                    elif (m := _SUMMARY.match(line)) and current:
-                        summaries[current] = m.group(1)
-                    elif _FAILED.match(line) and current:
-                        failures.setdefault(current, []).append(line[:400])
+                        st.current, st.last_test = m.group(1), None
+                        st.started.append(st.current)
+                    elif (m := _SUMMARY.match(line)) and st.current:
+                        st.summaries[st.current] = m.group(1)
+                    elif _FAILED.match(line) and st.current:
+                        st.failures.setdefault(st.current, []).append(line[:400])
                     elif m := _STATUS.search(line):
-                        status = m.group(1)
+                        st.status = m.group(1)
+                    elif m := _TEST_LINE.match(line):
+                        st.last_test = m.group(1)[:200]
             elif proc.poll() is not None:
-                ended = True
+                st.ended = True
                 break
             else:
                 time.sleep(0.2)
             # Until the guest has said something: is it slow, or stuck for good?
-            if not seen and time.monotonic() >= next_check:
+            if not st.seen and time.monotonic() >= next_check:
                 next_check = time.monotonic() + 1.0
-                if why_stuck := stuck():
+                if why := stuck():
+                    st.why_stuck = why
                     break
             if time.monotonic() - t0 > timeout:
                 _log(f"{prefix}timeout after {timeout:.0f}s, stopping the VM")
+                st.timed_out = True
                 break
             if _STOPPING.is_set():
                 break
-    return status, summaries, failures, seen, ended, why_stuck
+    return st
+
+
+def _no_result(st: _Stream, manager: str, elapsed: float, console: str) -> str:
+    """One line for the matrix: why a suite has no result, and where it was.
+
+    The matrix's table is the end of CI's log, often the only part a reader
+    sees; the console's tail is further up.
+    """
+    if st.timed_out:
+        how = f"the runner's timeout after {elapsed:.0f}s"
+    elif st.why_stuck:
+        how = st.why_stuck
+    elif st.ended:
+        how = f"the VM ended after {elapsed:.0f}s without the payload's status"
+    else:
+        how = f"stopped after {elapsed:.0f}s"
+    if manager not in st.started:
+        where = "; its suite never started"
+    elif st.current == manager:
+        where = f"; last test: {st.last_test}" if st.last_test else "; before its first test"
+    else:
+        where = "; its suite printed no summary"
+    died = _CONSOLE_DEATH.findall(console)
+    said = f"; guest console: {died[-1][:160]}" if died else ""
+    return f"no result: {how}{where}{said}"
 
 
 def boot(
@@ -411,10 +458,11 @@ def boot(
             console.write_bytes(b"")
             started = time.monotonic()
             proc = _start_qemu([*cmd[:1], *_ACCEL[mode], *cmd[1:]], work)
-            status, summaries, failures, seen, ended, why_stuck = _follow(
+            st = _follow(
                 proc, out, timeout, t0, prefix, functools.partial(_stuck, work, mode, started)
             )
             _stop(proc)
+            seen, ended, why_stuck = st.seen, st.ended, st.why_stuck
             if (ended or why_stuck) and not seen and mode == "kvm" and len(plan) > 1:
                 err = (work / "qemu.err").read_text(errors="replace").strip().splitlines()
                 why = why_stuck or (
@@ -438,14 +486,15 @@ def boot(
             break
         _log(f"{distro.name}: ran under {mode.upper()}")
         elapsed = time.monotonic() - t0
-        codes = dict(kv.split("=", 1) for kv in (status or "").split())
+        codes = dict(kv.split("=", 1) for kv in (st.status or "").split())
+        said = console.read_text(errors="replace") if console.exists() else ""
         for mgr in managers:
             rc = codes.get(mgr)
             code = int(rc) if rc and rc.isdigit() else 1
-            summary = f"exit {rc}" if run and rc else "no result (see the console log above)"
-            results[mgr] = (code, summaries.get(mgr, summary), failures.get(mgr, []))
-        if status is None or any(r[0] != 0 for r in results.values()):
-            tail = console.read_text(errors="replace").splitlines()[-40:]
+            summary = f"exit {rc}" if run and rc else _no_result(st, mgr, elapsed, said)
+            results[mgr] = (code, st.summaries.get(mgr, summary), st.failures.get(mgr, []))
+        if st.status is None or any(r[0] != 0 for r in results.values()):
+            tail = said.splitlines()[-40:]
             _log(f"{distro.name}: guest console (last 40 lines):\n" + "\n".join(tail))
         _log(f"{distro.name}: VM run took {elapsed:.0f}s")
         return results

@@ -48,6 +48,13 @@ kvm*)
 esac
 sleep "${TCG_DELAY:-0}"
 echo "[    0.000000] Linux version 6.12" >> "$console"
+if [ "${TCG_END:-}" = panic ]; then
+    printf '==== fake (systemd 257) system manager ====\n' >> "$out"
+    printf 'tests/test_hosts.py::test_a_runaway[ubuntu] PASSED [ 40%%]\n' >> "$out"
+    printf 'tests/test_launch.py::test_global_oom_kills_only_the_runaway \n' >> "$out"
+    echo "[  812.000000] Kernel panic - not syncing: Fatal exception" >> "$console"
+    exit 0
+fi
 printf '==== fake (systemd 257) system manager ====\n' >> "$out"
 printf '===== 1 passed in 0.10s =====\n' >> "$out"
 printf '@@AGENTSCOPE-STATUS system=0@@\n' >> "$out"
@@ -144,3 +151,20 @@ def test_a_guest_silent_under_tcg_is_booted_once_more_then_given_up(
     err = capsys.readouterr().err
     assert "booting again" in err
     assert "giving up on this VM" in err
+
+
+def test_a_guest_that_died_mid_suite_says_where_in_the_matrix(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CI's log is read from its end: the matrix's line must say why and where,
+    # not only "see the console log above".
+    monkeypatch.setenv("TCG_END", "panic")
+    results = vm.boot("trixie", ["system", "user"], [], timeout=120, memory="768M", accel="tcg")
+    code, summary, _ = results["system"]
+    assert code != 0
+    assert summary.startswith("no result: the VM ended after"), summary
+    assert "last test: tests/test_launch.py::test_global_oom_kills_only_the_runaway" in summary
+    assert "guest console: Kernel panic - not syncing: Fatal exception" in summary
+    code, summary, _ = results["user"]
+    assert code != 0
+    assert "its suite never started" in summary, summary
