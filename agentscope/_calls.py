@@ -283,7 +283,8 @@ def settle(scope_dir: str, pid: int) -> str | None:
 
     ``pid`` must be the scope's only process (the launch gate holds it, or
     it is the caller of ``exec``): it moves into the ``agent`` leaf, then
-    the scope enables ``memory`` and ``pids`` for its children, and
+    the scope enables ``memory`` and ``pids`` for its children, the leaf is
+    marked for systemd-oomd to take last (:func:`_avoid_oomd`), and
     ``claude-code-bash`` is made with no swap. On failure the process stays
     where it was and the scope works as an undelegated one.
     """
@@ -306,6 +307,7 @@ def settle(scope_dir: str, pid: int) -> str | None:
         _write(scope_dir + "/cgroup.subtree_control", " ".join("+" + c for c in CONTROLLERS))
     except OSError as exc:
         return f"cannot enable {' '.join(CONTROLLERS)} in the scope: {exc.strerror}"
+    _avoid_oomd(leaf)
     bash = f"{scope_dir}/{CLAUDE_CODE_BASH}"
     try:
         _mkdir(bash)
@@ -313,6 +315,31 @@ def settle(scope_dir: str, pid: int) -> str | None:
     except OSError as exc:
         return f"cannot create {bash}: {exc.strerror}"
     return None
+
+
+def _avoid_oomd(leaf: str) -> None:
+    """Ask systemd-oomd to take the agent leaf last: after the calls beside it.
+
+    oomd kills a whole candidate cgroup, a leaf or one with ``memory.oom.group``
+    1 (systemd-oomd.service(8)): in a delegated scope the ``agent`` leaf and
+    each call, never the scope, so a ``ManagedOOMPreference=avoid`` on the
+    scope (agentscope's drop-in) no longer reaches any candidate. oomd reads
+    the preference from the candidate's own ``user.oomd_avoid`` xattr, which
+    is what systemd writes for ``avoid`` (src/oom/oomd-util.c,
+    ``oomd_fetch_cgroup_oom_preference``); honoured when the leaf is root's or
+    has the owner of the cgroup whose rule fired (a user manager's agents: the
+    rules on ``user@UID.service`` and below, not ``-.slice``'s swap rule).
+    "avoid" only orders: with no other candidate, oomd still takes the agent.
+    """
+    try:  # noqa: SIM105 (contextlib is one import too many on the call path)
+        _set_xattr(leaf, "user.oomd_avoid", b"1")
+    except OSError:
+        pass  # no user xattrs on cgroupfs (Linux < 5.7): oomd ranks the leaf as any other
+
+
+def _set_xattr(path: str, name: str, value: bytes) -> None:
+    # cgroupfs holds user.* xattrs from Linux 5.7 (tests/test_calls.py fakes a failure).
+    os.setxattr(path, name, value)
 
 
 def settle_process(

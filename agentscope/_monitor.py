@@ -58,7 +58,7 @@ from ._journal import (
     stop_follower,
 )
 from ._killcount import JOURNAL_GRACE, KillCounter
-from ._oomd import OOMD_SOCKET, OOMD_UNIT, oomd_kill_event, parse_oomd_line
+from ._oomd import OOMD_SOCKET, OOMD_UNIT, OomdRepeats, oomd_kill_event, parse_oomd_line
 from ._proc import PROC_ROOT
 from ._recovery import Baseline
 from ._report import MemoryReport, build_report
@@ -186,6 +186,7 @@ class Monitor:
         self._journal_wanted = kmsg == Path("/dev/kmsg") if journal is None else journal
         self._journal: subprocess.Popen[bytes] | None = None
         self._journal_rest = b""
+        self._oomd_repeats = OomdRepeats()
         self._recover = recover
         if guard is True:
             guard = GuardConfig()
@@ -555,6 +556,8 @@ class Monitor:
         line = parse_oomd_line(text)
         if line is None:
             return False
+        if not self._oomd_repeats.first(line.cgroup, time.monotonic()):
+            return True  # the same kill, named again while its processes free their memory
         slice_cgroup = slice_cgroup_path(self.slice_path, self.cgroup_root)
         if slice_cgroup is not None:
             event = oomd_kill_event(line, slice_cgroup, self.unit_agent, time.time())

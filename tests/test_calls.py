@@ -190,6 +190,40 @@ def test_an_undelegated_scope_is_said_to_be_so(kernel: FakeKernel) -> None:
     assert "not in an agent leaf" in str(_calls.delegation(str(scope)))
 
 
+def _oomd_avoid(path: Path) -> bytes | None:
+    try:
+        return os.getxattr(path, "user.oomd_avoid")
+    except OSError as exc:
+        if exc.errno == errno.ENOTSUP:
+            pytest.skip(f"no user xattrs where the fake tree is ({path})")
+        return None
+
+
+def test_the_agent_leaf_is_what_systemd_oomd_takes_last(kernel: FakeKernel) -> None:
+    # oomd picks among leaves and oom.group cgroups, by the candidate's own
+    # user.oomd_avoid (what ManagedOOMPreference=avoid writes): the agent leaf
+    # carries it, its calls do not, so a call goes before its agent.
+    scope = settled(kernel)
+    call = _calls.create_call(str(scope), _calls.call_limits(name="make"))
+    assert _oomd_avoid(scope / "agent") == b"1"
+    assert _oomd_avoid(Path(call)) is None
+    assert _oomd_avoid(scope / "claude-code-bash") is None  # Claude Code's tool calls
+
+
+def test_a_cgroupfs_without_user_xattrs_still_gives_the_scope_its_shape(
+    kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Linux before 5.7 has no user.* xattrs on cgroupfs: the leaf is then unmarked.
+    def refuse(path: str, name: str, value: bytes) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported", path)
+
+    monkeypatch.setattr(_calls, "_set_xattr", refuse)
+    scope = agent_scope(kernel)
+    assert _calls.settle_process(PID, str(kernel.root), str(kernel.proc)) is None
+    assert cgroup_of(kernel) == f"/{SLICE}/{UNIT}/agent"
+    assert (scope / "cgroup.subtree_control").read_text().split() == ["memory", "pids"]
+
+
 def test_claude_codes_cgroup_beside_its_own_lands_inside_its_agent(kernel: FakeKernel) -> None:
     # CLAUDE_CODE_TOOL_MEMORY_LIMIT: dirname(/proc/self/cgroup) + "/claude-code-bash".
     settled(kernel)

@@ -19,6 +19,7 @@ from agentscope._oomd import (
     MAX_LINE,
     OOMD_DEFAULTS,
     OomdConfig,
+    OomdRepeats,
     UnitRules,
     _percent,
     _timespan,
@@ -392,6 +393,36 @@ def test_the_monitor_turns_oomd_s_journal_line_into_an_event(tmp_path: Path) -> 
     other = SWAP_LINE.replace(f"{USER_SLICE}/{UNIT}", "/system.slice/cron.service")
     assert mon._oomd_line(other)  # oomd's line, but no agent of this fleet: no event
     assert [(type(e), e.agent, e.rule) for e in seen] == [(OomdKill, "coder", "swap")]
+
+
+def test_oomd_naming_its_victim_again_is_one_kill(tmp_path: Path) -> None:
+    # Measured (trixie, TCG): oomd's swap rule named the same call twice, 1.2 s
+    # apart, while the killed runaway still held 380 MiB of swap.
+    root = tmp_path / "cgroup"
+    slice_path = root / USER_SLICE.lstrip("/")
+    slice_path.mkdir(parents=True)
+    seen: list[Any] = []
+    mon = Monitor(
+        slice_path=slice_path,
+        unit_agent={UNIT: "coder"}.get,
+        cgroup_root=root,
+        kmsg=None,
+        on_event=seen.append,
+    )
+    call = SWAP_LINE.replace(UNIT, f"{UNIT}/call-grow-1")
+    assert mon._oomd_line(call)
+    assert mon._oomd_line(call)  # oomd's line still, but no second event
+    assert mon._oomd_line(SWAP_LINE.replace(UNIT, f"{UNIT}/call-grow-2"))
+    assert [e.call for e in seen] == ["call-grow-1", "call-grow-2"]
+
+
+def test_a_repeat_is_one_kill_within_its_window_only() -> None:
+    repeats = OomdRepeats(window=10.0)
+    assert repeats.first("/a/call-x-1", 100.0)
+    assert not repeats.first("/a/call-x-1", 101.2)
+    assert not repeats.first("/a/call-x-1", 110.0)  # the window slides with each repeat
+    assert repeats.first("/a/call-x-2", 110.5)
+    assert repeats.first("/a/call-x-1", 125.0)  # a new kill of a new call of that name
 
 
 @pytest.mark.parametrize("kmsg", [False, True])

@@ -54,6 +54,7 @@ HEAVY_SUITES: dict[str, frozenset[tuple[str, str]]] = {
     "docs": frozenset({("sd247", "system"), ("bookworm", "user")}),
     # Podman is in trixie's image only (integration/images.py): root and rootless.
     "containers": frozenset({("trixie", "system"), ("trixie", "user")}),
+    "oomd-calls": frozenset({("trixie", "system"), ("sid", "user")}),
 }
 
 

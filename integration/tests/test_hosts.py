@@ -50,19 +50,26 @@ INCOMPRESSIBLE = (
 HEARTBEAT = 'while :; do date +%s.%N >> "$1"; sleep 0.2; done'
 
 
-@pytest.fixture(params=["ubuntu", "fedora"])
-def host(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The VM as the host a user has, for this test only; Debian's default after.
+@contextlib.contextmanager
+def users_host(profile: str) -> Iterator[str]:
+    """The VM as the host a user has (``profile``); Debian's default after.
 
     Set up before the fleet and taken down after it: the fleet's agents are
     stopped and the memory is back before the swap goes (a swapoff while a
     runaway still holds swap would run the VM out of memory).
     """
-    print(as_root("profile", request.param, timeout=120))
+    print(as_root("profile", profile, timeout=120))
     try:
-        yield request.param
+        yield profile
     finally:
         print(as_root("profile", "debian", timeout=180))
+
+
+@pytest.fixture(params=["ubuntu", "fedora"])
+def host(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The VM as the host a user has, for this test only (:func:`users_host`)."""
+    with users_host(request.param) as name:
+        yield name
 
 
 @pytest.fixture
