@@ -376,18 +376,23 @@ def test_the_event_has_its_schema() -> None:
     assert validate(data) == "agentscope.event/1"
 
 
-def test_the_monitor_turns_oomd_s_journal_line_into_an_event(tmp_path: Path) -> None:
+def oomd_monitor(tmp_path: Path, seen: list[Any]) -> Monitor:
+    """A monitor of the user's agents slice (``coder`` in UNIT); its events go to ``seen``."""
     root = tmp_path / "cgroup"
     slice_path = root / USER_SLICE.lstrip("/")
     slice_path.mkdir(parents=True)
-    seen: list[Any] = []
-    mon = Monitor(
+    return Monitor(
         slice_path=slice_path,
         unit_agent={UNIT: "coder"}.get,
         cgroup_root=root,
         kmsg=None,
         on_event=seen.append,
     )
+
+
+def test_the_monitor_turns_oomd_s_journal_line_into_an_event(tmp_path: Path) -> None:
+    seen: list[Any] = []
+    mon = oomd_monitor(tmp_path, seen)
     assert mon._oomd_line(SWAP_LINE)
     assert not mon._oomd_line("Killed process 7 (node) total-vm:1kB")
     other = SWAP_LINE.replace(f"{USER_SLICE}/{UNIT}", "/system.slice/cron.service")
@@ -398,17 +403,8 @@ def test_the_monitor_turns_oomd_s_journal_line_into_an_event(tmp_path: Path) -> 
 def test_oomd_naming_its_victim_again_is_one_kill(tmp_path: Path) -> None:
     # Measured (trixie, TCG): oomd's swap rule named the same call twice, 1.2 s
     # apart, while the killed runaway still held 380 MiB of swap.
-    root = tmp_path / "cgroup"
-    slice_path = root / USER_SLICE.lstrip("/")
-    slice_path.mkdir(parents=True)
     seen: list[Any] = []
-    mon = Monitor(
-        slice_path=slice_path,
-        unit_agent={UNIT: "coder"}.get,
-        cgroup_root=root,
-        kmsg=None,
-        on_event=seen.append,
-    )
+    mon = oomd_monitor(tmp_path, seen)
     call = SWAP_LINE.replace(UNIT, f"{UNIT}/call-grow-1")
     assert mon._oomd_line(call)
     assert mon._oomd_line(call)  # oomd's line still, but no second event

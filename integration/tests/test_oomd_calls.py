@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from conftest import DISTRO, MANAGER, own_fleet
 from roothelper import as_root
+from test_calls import cgroup_of
 from test_guard import kernel_oom_kills, wait_until
 from test_hosts import HEARTBEAT, INCOMPRESSIBLE, PROFILE_DISTROS, users_host
 
@@ -55,13 +56,6 @@ def ubuntu() -> Iterator[str]:
 async def fleet(ubuntu: str) -> AsyncIterator[AsyncFleet]:
     async with own_fleet("c", squeezed=True) as f:
         yield f
-
-
-def cgroup_of(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        if line.startswith("0::"):
-            return line[3:]
-    raise AssertionError(f"no cgroup v2 line for {pid}")
 
 
 def oomd_kills_since(since: int) -> list[OomdLine]:
