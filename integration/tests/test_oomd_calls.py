@@ -13,7 +13,7 @@ than 90 % used (src/oom/oomd-util.c, ``oomd_select_by_swap_usage``).
 The runaway's call asks for swap (``--memory-swap-max``): a call has none
 unless asked (``memory.swap.max`` 0), and a call without swap is never the
 swap rule's candidate; the kernel's OOM killer ends it instead (docs/calls.md,
-"systemd-oomd"). Ubuntu's memory pressure rule (``user@.service``, 50 % for
+"systemd-oomd and calls"). Ubuntu's memory pressure rule (``user@.service``, 50 % for
 20 s) never fired in these squeezes: the agents' ``full`` pressure stayed
 under 3 %.
 """
@@ -21,6 +21,7 @@ under 3 %.
 from __future__ import annotations
 
 import asyncio
+import grp
 import os
 import shutil
 import signal
@@ -71,8 +72,6 @@ def reads_oomds_journal() -> bool:
     root, or the groups Debian's journald lets read the system journal)."""
     if os.geteuid() == 0:
         return True
-    import grp
-
     names = {g.gr_name for g in grp.getgrall() if g.gr_gid in os.getgroups()}
     return bool(names & {"systemd-journal", "adm"})
 
