@@ -48,6 +48,8 @@ for manager in $MANAGERS; do
     eval "set -- $PYTEST_ARGS"
     echo "==== $DISTRO (systemd $SYSTEMD) $manager manager ===="
     common="AGENTSCOPE_TEST_MANAGER=$manager AGENTSCOPE_TEST_SYSTEMD=$SYSTEMD AGENTSCOPE_TEST_DISTRO=$DISTRO AGENTSCOPE_TEST_EVERYWHERE=${EVERYWHERE:-} PYTHONDONTWRITEBYTECODE=1"
+    # A boot after a guest kernel panic: the tests that had ended are not run again (vm.py).
+    [ -f "/tmp/it/deselect-$manager" ] && common="$common AGENTSCOPE_TEST_DESELECT=/tmp/it/deselect-$manager"
     if [ -n "$RUN" ]; then
         set -- sh -c "$RUN"
         common="$common $RUN_ENV"

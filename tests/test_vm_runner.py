@@ -48,11 +48,23 @@ kvm*)
 esac
 sleep "${TCG_DELAY:-0}"
 echo "[    0.000000] Linux version 6.12" >> "$console"
-if [ "${TCG_END:-}" = panic ]; then
+once=""; [ -e "$FAKE_LOG.panicked" ] && once=done
+if [ "${TCG_END:-}" = panic ] || { [ "${TCG_END:-}" = panic-once ] && [ -z "$once" ]; }; then
+    touch "$FAKE_LOG.panicked"
     printf '==== fake (systemd 257) system manager ====\n' >> "$out"
-    printf 'tests/test_hosts.py::test_a_runaway[ubuntu] PASSED [ 40%%]\n' >> "$out"
-    printf 'tests/test_launch.py::test_global_oom_kills_only_the_runaway \n' >> "$out"
+    printf 'tests/test_hosts.py::test_a_runaway[ubuntu one] PASSED [ 40%%]\n' >> "$out"
+    printf 'tests/test_hosts.py::test_two_guards FAILED [ 41%%]\n' >> "$out"
+    # pytest ends a test's line only when the test ends.
+    printf 'tests/test_launch.py::test_global_oom_kills_only_the_runaway ' >> "$out"
     echo "[  812.000000] Kernel panic - not syncing: Fatal exception" >> "$console"
+    exit 0
+fi
+if [ "${TCG_END:-}" = panic-once ]; then
+    printf '==== fake (systemd 257) system manager ====\n' >> "$out"
+    printf '===== 30 passed in 90.10s =====\n' >> "$out"
+    printf '==== fake (systemd 257) user manager ====\n' >> "$out"
+    printf '===== 41 passed, 2 skipped in 120.10s =====\n' >> "$out"
+    printf '@@AGENTSCOPE-STATUS system=0 user=0@@\n' >> "$out"
     exit 0
 fi
 printf '==== fake (systemd 257) system manager ====\n' >> "$out"
@@ -79,7 +91,10 @@ def fake_qemu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(images, "ensure_image", lambda name, rebuild=False: image)
 
     def payload(work: Path, *args: object, **kwargs: object) -> Path:
+        (work / "payload").mkdir()
         (work / "payload.img").write_bytes(b"")
+        with (tmp_path / "payloads").open("a") as f:
+            f.write(f"{args[1]} {kwargs.get('deselect')}\n")
         return work / "payload.img"
 
     monkeypatch.setattr(vm, "_payload", payload)
@@ -154,12 +169,13 @@ def test_a_guest_silent_under_tcg_is_booted_once_more_then_given_up(
 
 
 def test_a_guest_that_died_mid_suite_says_where_in_the_matrix(
-    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # CI's log is read from its end: the matrix's line must say why and where,
-    # not only "see the console log above".
+    # not only "see the console log above". The guest panics again when booted
+    # once more for the rest, and the runner gives up after that second boot.
     monkeypatch.setenv("TCG_END", "panic")
-    results = vm.boot("trixie", ["system", "user"], [], timeout=120, memory="768M", accel="tcg")
+    results = vm.boot("trixie", ["system", "user"], [], timeout=600, memory="768M", accel="tcg")
     code, summary, _ = results["system"]
     assert code != 0
     assert summary.startswith("no result: the VM ended after"), summary
@@ -168,3 +184,52 @@ def test_a_guest_that_died_mid_suite_says_where_in_the_matrix(
     code, summary, _ = results["user"]
     assert code != 0
     assert "its suite never started" in summary, summary
+    assert fake_qemu.read_text().split() == ["tcg,thread=multi"] * 2
+    err = capsys.readouterr().err
+    assert "booting once more for them, without the 2 tests that had ended" in err
+    assert "Kernel panic - not syncing: Fatal exception" in err
+
+
+def test_a_guest_kernel_panic_mid_suite_is_booted_once_more_for_the_rest(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TCG_END", "panic-once")
+    results = vm.boot("trixie", ["system", "user"], [], timeout=600, memory="768M", accel="tcg")
+    # The second boot ran the system suite without the two tests that had
+    # ended, and the whole user suite.
+    payloads = (tmp_path / "payloads").read_text().splitlines()
+    assert payloads[0] == "['system', 'user'] None"
+    assert payloads[1] == (
+        "['system', 'user'] {'system': ['tests/test_hosts.py::test_a_runaway[ubuntu one]', "
+        "'tests/test_hosts.py::test_two_guards'], 'user': []}"
+    )
+    code, summary, failures = results["system"]
+    # A test that failed before the panic still fails the suite, and is named.
+    assert code == 1
+    assert summary == "30 passed; before the guest kernel panicked: 1 failed, 1 passed"
+    assert failures == ["FAILED tests/test_hosts.py::test_two_guards (before the reboot)"]
+    assert results["user"] == (
+        0,
+        "41 passed, 2 skipped (booted again: the guest kernel panicked)",
+        [],
+    )
+
+
+def test_a_guest_without_a_panic_is_not_booted_again(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TCG_END", "quiet-death")
+    results = vm.boot("trixie", ["system"], [], timeout=600, memory="768M", accel="tcg")
+    assert results["system"][0] == 0  # the fake's usual boot: a status line
+    assert fake_qemu.read_text().split() == ["tcg,thread=multi"]
+
+
+def test_sid_runs_under_single_threaded_tcg(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sid's kernel panicked under multi-threaded TCG (vm._TCG_SINGLE_THREAD).
+    image = images.Image(images.DISTROS["sid"], Path("root"), Path("k"), Path("i"))
+    monkeypatch.setattr(images, "ensure_image", lambda name, rebuild=False: image)
+    results = vm.boot("sid", ["system"], [], timeout=120, memory="768M", accel="tcg")
+    assert results["system"][0] == 0
+    assert fake_qemu.read_text().split() == ["tcg,thread=single"]

@@ -213,6 +213,7 @@ def host_psi_full() -> float:
     return float(line.split()[1].partition("=")[2])
 
 
+@pytest.mark.heavy("throttle")
 async def test_a_scope_throttled_by_its_own_memory_high_costs_no_sibling(
     fleet: AsyncFleet,
 ) -> None:

@@ -70,6 +70,7 @@ def _raise_fd_limit(want: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
 
 
+@pytest.mark.heavy("monitor-http")
 async def test_idle_connections_do_not_blind_the_monitor(fleet: AsyncFleet) -> None:
     monitor = subprocess.Popen(
         [CLI, "--fleet", fleet.name, "monitor", "--interval", "1", "--listen", "127.0.0.1:0"],

@@ -65,7 +65,12 @@ def users_host(profile: str) -> Iterator[str]:
         print(as_root("profile", "debian", timeout=180))
 
 
-@pytest.fixture(params=["ubuntu", "fedora"])
+@pytest.fixture(
+    params=[
+        pytest.param("ubuntu", marks=pytest.mark.heavy("profile-ubuntu")),
+        pytest.param("fedora", marks=pytest.mark.heavy("profile-fedora")),
+    ]
+)
 def host(request: pytest.FixtureRequest) -> Iterator[str]:
     """The VM as the host a user has, for this test only (:func:`users_host`)."""
     with users_host(request.param) as name:
@@ -168,6 +173,7 @@ async def agents_of(fleet: AsyncFleet, n: int) -> list[agentscope.Agent]:
     ]
 
 
+@pytest.mark.heavy("shared-host")
 @pytest.mark.skipif(GuardHeld is None, reason="no GuardHeld in this build")
 async def test_a_hog_outside_the_fleet_costs_no_agent(quiet_fleet: AsyncFleet) -> None:
     agents = await agents_of(quiet_fleet, 3)
@@ -203,6 +209,7 @@ async def test_a_hog_outside_the_fleet_costs_no_agent(quiet_fleet: AsyncFleet) -
         assert a.alive(), f"{a.name} died"
 
 
+@pytest.mark.heavy("shared-host")
 async def test_two_guards_on_one_squeeze_kill_one_process(
     quiet_fleet: AsyncFleet, tmp_path: Path
 ) -> None:
@@ -262,6 +269,7 @@ def unreadable_registry() -> Iterator[dict[str, str]]:
         saved.rename(home)
 
 
+@pytest.mark.heavy("shared-host")
 async def test_the_guard_acts_when_the_registry_cannot_be_opened(tmp_path: Path) -> None:
     # A harness started its agent itself (systemd-run, named as docs/json.md
     # says), and the monitor's registry is garbage: the guard must act anyway.

@@ -359,6 +359,7 @@ async def test_probe_reports_this_systemd() -> None:
     assert caps.pidfds == (SYSTEMD >= 255)
 
 
+@pytest.mark.heavy("facade")
 def test_blocking_fleet_from_script_and_threads(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text(

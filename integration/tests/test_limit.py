@@ -33,9 +33,12 @@ from test_guard import GROW, TOOL_CALL, kernel_oom_kills
 
 import agentscope
 
-pytestmark = pytest.mark.skipif(
-    getattr(agentscope, "GuardKill", None) is None, reason="no guard in this build"
-)
+pytestmark = [
+    pytest.mark.heavy("limits"),
+    pytest.mark.skipif(
+        getattr(agentscope, "GuardKill", None) is None, reason="no guard in this build"
+    ),
+]
 
 LIMIT = 300 << 20
 SIBLINGS = 3

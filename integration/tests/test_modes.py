@@ -22,6 +22,7 @@ import textwrap
 import uuid
 from pathlib import Path
 
+import pytest
 from conftest import MANAGER
 
 LIMIT = 400 << 20
@@ -175,6 +176,7 @@ PROCESS_HARNESS = textwrap.dedent(
 )
 
 
+@pytest.mark.heavy("limits")
 def test_process_mode_forced_on_a_systemd_host_runs_and_stops_process_trees(
     tmp_path: Path,
 ) -> None:

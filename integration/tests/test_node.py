@@ -26,10 +26,13 @@ NODE = shutil.which("node")
 CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
 HARNESS = Path(__file__).resolve().parent / "node_harness.mjs"
 
-pytestmark = pytest.mark.skipif(
-    NODE is None or not CLIENT.is_dir(),
-    reason="no node in this image (nodejs is in trixie's) or no clients/node in the payload",
-)
+pytestmark = [
+    pytest.mark.heavy("node"),
+    pytest.mark.skipif(
+        NODE is None or not CLIENT.is_dir(),
+        reason="no node in this image (nodejs is in trixie's) or no clients/node in the payload",
+    ),
+]
 
 
 def _serve(fleet: str, socket_path: Path) -> subprocess.Popen[str]:

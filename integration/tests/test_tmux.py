@@ -137,6 +137,7 @@ async def fleet(name: str, tmp_path: Path) -> AsyncIterator[AsyncFleet]:
             subprocess.run(["systemctl", *USER, "stop", _tmux.tmux_unit(name)], capture_output=True)
 
 
+@pytest.mark.heavy("tmux-adopt")
 async def test_five_tmux_agents_survive_their_manager_and_are_adopted(
     name: str, fleet: AsyncFleet, tmp_path: Path
 ) -> None:
