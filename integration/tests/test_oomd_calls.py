@@ -118,13 +118,13 @@ async def test_oomd_calls_victim_is_the_runaway_call_and_the_agent_lives(
             stdout=DEVNULL,
             stderr=DEVNULL,
         )
+        where = cgroup_of(agent.pid)  # the agent's leaf, before anything can kill it
         ended = await wait_until(rc.exists, 150)
         lifetime = time.monotonic() - t0
         if reads_oomds_journal() and await wait_until(lambda: events, 15):
             await asyncio.sleep(3)  # oomd names its victim again a reading later: no event
         collector.cancel()
-    leaf = Path("/sys/fs/cgroup" + cgroup_of(agent.pid))
-    scope = cgroup_of(agent.pid).rpartition("/")[0]
+    leaf, scope = Path("/sys/fs/cgroup" + where), where.rpartition("/")[0]
     kills = oomd_kills_since(since)
     status = rc.read_text().strip() if ended else None
     print(
