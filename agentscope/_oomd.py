@@ -3,10 +3,11 @@
 systemd-oomd (systemd-oomd.service(8)) acts only on cgroups whose unit opted
 in with ``ManagedOOMSwap=kill`` or ``ManagedOOMMemoryPressure=kill``, and
 kills a whole *leaf* cgroup below the one whose rule fired: below the agents
-slice that is an agent's scope, the agent with its tool calls. Distributions
-opt in high up: Ubuntu's ``user@.service`` (memory pressure 50 % for 20 s)
-and ``-.slice`` (swap), Fedora's ``systemd-oomd-defaults`` every slice of
-every user manager (80 % for 20 s) and ``-.slice``.
+slice that is an agent's scope, the agent with its tool calls, or in a
+delegated scope one of its calls or the agent's own leaf (docs/calls.md).
+Distributions opt in high up: Ubuntu's ``user@.service`` (memory pressure
+50 % for 20 s) and ``-.slice`` (swap), Fedora's ``systemd-oomd-defaults``
+every slice of every user manager (80 % for 20 s) and ``-.slice``.
 
 This module reads what applies (I/O: :func:`read_oomd_config`,
 :func:`read_oomd_chain`, :func:`oomd_state`) and judges it without I/O
@@ -396,7 +397,8 @@ class OomdRule:
         if self.own and self.kind == "pressure":
             return (
                 f"the agents slice's own rule (agentscope's backstop): memory pressure over "
-                f"{self.limit:g}% for {self.duration:g} s kills the agent scope reclaiming most"
+                f"{self.limit:g}% for {self.duration:g} s kills the tool call or agent reclaiming "
+                "most"
             )
         if self.kind == "swap":
             what = f"swap rule on {where}: memory and swap over {self.limit:g}% used"
@@ -410,7 +412,9 @@ class OomdRule:
             if self.honours_avoid
             else "it ignores the scopes' ManagedOOMPreference= (their owner is not the rule's)"
         )
-        return f"{what} would kill a whole agent scope; {avoid}"
+        # A delegated scope's candidates are its calls and its agent leaf, an
+        # undelegated scope is one (docs/calls.md, "systemd-oomd and calls").
+        return f"{what} would kill a tool call, or a whole agent; {avoid}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,6 +232,9 @@ async def test_ubuntu_s_rules_under_the_user_manager(tmp_path: Path) -> None:
     assert summary.startswith("systemd-oomd is active; the agents slice's own rule")
     assert "swap rule on -.slice (system manager): memory and swap over 90% used" in summary
     assert "ignores the scopes' ManagedOOMPreference= (their owner is not the rule's)" in summary
+    # Its victim: a tool call where the scope is delegated (docs/calls.md), else the agent.
+    assert "would kill a tool call, or a whole agent" in summary
+    assert "kills the tool call or agent reclaiming most" in summary
     assert view.to_dict()["rules"][1]["unit"] == "user@1000.service"
 
 
