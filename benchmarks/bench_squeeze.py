@@ -140,13 +140,17 @@ class Ticker:
 
     def __init__(self) -> None:
         self.worst = 0.0
+        self.lags: list[tuple[float, float]] = []  # (wall time it ended, lateness) over 0.25 s
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
             due = time.monotonic() + TICK
             await asyncio.sleep(TICK)
-            self.worst = max(self.worst, time.monotonic() - due)
+            late = time.monotonic() - due
+            self.worst = max(self.worst, late)
+            if late > 0.25:
+                self.lags.append((time.time(), late))
 
     def start(self) -> None:
         self.worst = 0.0
@@ -178,18 +182,89 @@ def vmstat_oom_kills() -> int:
 
 
 class Crossing(threading.Thread):
-    """Notes when MemAvailable first falls to 10% of MemTotal (20 ms samples)."""
+    """Notes when MemAvailable first falls to 10% of MemTotal (20 ms samples).
+
+    Every 5th sample also goes to ``samples`` for ``--timeline``: (time,
+    MemAvailable %, SwapFree %, PSI some and full totals in microseconds,
+    pages swapped out, pages swapped in or refaulted).
+    """
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.at: float | None = None
         self.stop = threading.Event()
+        self.samples: list[tuple[float, float, float, int, int, int, int]] = []
 
     def run(self) -> None:
+        n = 0
         while not self.stop.wait(0.02):
             m = meminfo()
             if self.at is None and m["MemAvailable"] <= m["MemTotal"] // 10:
                 self.at = time.time()
+            n += 1
+            if n % 5 == 0:
+                self.samples.append(_sample(m))
+
+
+def _sample(m: dict[str, int]) -> tuple[float, float, float, int, int, int, int]:
+    some = full = 0
+    with open("/proc/pressure/memory") as f:
+        for line in f:
+            total = int(line.rsplit("total=", 1)[1])
+            if line.startswith("some"):
+                some = total
+            else:
+                full = total
+    vm = {}
+    with open("/proc/vmstat") as f:
+        for line in f:
+            k, _, v = line.partition(" ")
+            vm[k] = int(v)
+    swap = 100.0 * m["SwapFree"] / m["SwapTotal"] if m.get("SwapTotal") else 0.0
+    return (
+        time.time(),
+        100.0 * m["MemAvailable"] / m["MemTotal"],
+        swap,
+        some,
+        full,
+        vm.get("pswpout", 0),
+        vm.get("pswpin", 0)
+        + vm.get("workingset_refault_anon", 0)
+        + vm.get("workingset_refault_file", 0),
+    )
+
+
+def timeline(
+    crossing: Crossing, ticker: Ticker, beats: list[Path], since: float, until: float
+) -> list[str]:
+    """Half-second rows from the trigger to the end: what the host did, who stalled."""
+    stamps = []
+    for b in beats:
+        with contextlib.suppress(OSError, ValueError):
+            stamps.append([float(x) for x in b.read_text().split() if x.strip()])
+    rows = ["t | avail% | swapfree% | some% | full% | swapout MB/s | in+refault MB/s | lag | gaps"]
+    s = [x for x in crossing.samples if since - 0.5 <= x[0] <= until]
+    page = os.sysconf("SC_PAGE_SIZE") / 2**20
+    i = 0
+    for j in range(1, len(s)):
+        if s[j][0] - s[i][0] < 0.5 and j < len(s) - 1:
+            continue
+        a, b = s[i], s[j]
+        span = b[0] - a[0]
+        lag = max((late for t, late in ticker.lags if a[0] < t <= b[0]), default=0.0)
+        gaps = 0
+        for st in stamps:
+            before = [t for t in st if t <= b[0]]
+            if before and b[0] - before[-1] > 1.0:
+                gaps += 1
+        rows.append(
+            f"{b[0] - since:6.1f} | {b[1]:5.1f} | {b[2]:5.1f} | "
+            f"{(b[3] - a[3]) / span / 1e4:5.1f} | {(b[4] - a[4]) / span / 1e4:5.1f} | "
+            f"{(b[5] - a[5]) * page / span:6.1f} | {(b[6] - a[6]) * page / span:6.1f} | "
+            f"{lag:4.2f} | {gaps}"
+        )
+        i = j
+    return rows
 
 
 def worst_gap(path: Path, since: float, until: float) -> float:
@@ -217,7 +292,12 @@ def recovered() -> bool:
 
 
 async def squeeze(
-    name: str, manager: str, give_up: float, ballast_mb: int, profile: str = "debian"
+    name: str,
+    manager: str,
+    give_up: float,
+    ballast_mb: int,
+    profile: str = "debian",
+    show_timeline: bool = False,
 ) -> Outcome:
     """One round; returns its figures. The fleet's agents are stopped afterwards."""
     way = name.removesuffix("-big")
@@ -308,6 +388,13 @@ async def squeeze(
             if crossing.at is not None:
                 out.crossing_to_death = float(end[1]) - crossing.at
         out.sibling_worst_gap = max(worst_gap(b, t_trigger, t_end) for b in beats)
+        if show_timeline:
+            print(
+                f"timeline of round {name} (crossing at "
+                f"{'-' if crossing.at is None else f'{crossing.at - t_trigger:.1f}'} s, runaway "
+                f"ended at {f'{float(end[1]) - t_trigger:.1f}' if end else '-'} s):"
+            )
+            print("\n".join(timeline(crossing, ticker, beats, t_trigger, t_end)), flush=True)
         out.siblings_alive = sum(1 for s in siblings if s.alive())
         out.runaway_shell_alive = runaway.alive()
         for event in events:
@@ -530,7 +617,9 @@ async def main_async(args: argparse.Namespace) -> None:
                 print("round oomd: skipped (the debian profile has no systemd-oomd)", flush=True)
                 continue
             t0 = time.monotonic()
-            o = await squeeze(name, manager, args.give_up, args.ballast_mb, args.profile)
+            o = await squeeze(
+                name, manager, args.give_up, args.ballast_mb, args.profile, args.timeline
+            )
             rows.append(o)
             took = time.monotonic() - t0
             print(f"round {name} ({took:.0f}s): {json.dumps(asdict(o))}", flush=True)
@@ -571,6 +660,11 @@ def main() -> None:
         help="the host: Debian's default, or Ubuntu's or Fedora's swap and systemd-oomd",
     )
     p.add_argument("--manager", default="auto")
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each round's half-second timeline: memory, PSI, swap, lags, silent siblings",
+    )
     p.add_argument("--idle-agents", type=int, default=50)
     p.add_argument("--idle-seconds", type=float, default=15.0)
     p.add_argument("--idle-pairs", type=int, default=3)
