@@ -114,7 +114,7 @@ def test_a_guest_that_kvm_paused_falls_back_to_tcg_at_once(
     results = boot()
     took = time.monotonic() - t0
     assert results["system"][0] == 0, results
-    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=multi"]
+    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=single"]
     assert took < 15, f"the runner waited {took:.0f}s on a paused guest"
     err = capsys.readouterr().err
     assert "KVM did not work here (qemu paused the guest: KVM internal error" in err
@@ -130,7 +130,7 @@ def test_a_guest_silent_under_kvm_falls_back_after_the_bound(
     results = boot()
     assert results["system"][0] == 0, results
     assert time.monotonic() - t0 < 15
-    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=multi"]
+    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=single"]
     assert "no console output in" in capsys.readouterr().err
 
 
@@ -143,7 +143,7 @@ def test_a_slow_guest_is_not_taken_for_a_stuck_one(
     monkeypatch.setitem(vm._SILENCE, "kvm", 1.0)
     results = boot()
     assert results["system"][0] == 0, results
-    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=multi"]
+    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=single"]
 
 
 def test_a_working_kvm_is_kept(fake_qemu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,7 +162,7 @@ def test_a_guest_silent_under_tcg_is_booted_once_more_then_given_up(
     results = boot(accel="tcg")
     assert time.monotonic() - t0 < 15
     assert results["system"][0] != 0
-    assert fake_qemu.read_text().split() == ["tcg,thread=multi"] * 2
+    assert fake_qemu.read_text().split() == ["tcg,thread=single"] * 2
     err = capsys.readouterr().err
     assert "booting again" in err
     assert "giving up on this VM" in err
@@ -184,7 +184,7 @@ def test_a_guest_that_died_mid_suite_says_where_in_the_matrix(
     code, summary, _ = results["user"]
     assert code != 0
     assert "its suite never started" in summary, summary
-    assert fake_qemu.read_text().split() == ["tcg,thread=multi"] * 2
+    assert fake_qemu.read_text().split() == ["tcg,thread=single"] * 2
     err = capsys.readouterr().err
     assert "booting once more for them, without the 2 tests that had ended" in err
     assert "Kernel panic - not syncing: Fatal exception" in err
@@ -221,7 +221,7 @@ def test_a_guest_without_a_panic_is_not_booted_again(
     monkeypatch.setenv("TCG_END", "quiet-death")
     results = vm.boot("trixie", ["system"], [], timeout=600, memory="768M", accel="tcg")
     assert results["system"][0] == 0  # the fake's usual boot: a status line
-    assert fake_qemu.read_text().split() == ["tcg,thread=multi"]
+    assert fake_qemu.read_text().split() == ["tcg,thread=single"]
 
 
 def test_sid_runs_under_single_threaded_tcg(

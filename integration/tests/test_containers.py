@@ -325,6 +325,7 @@ def test_with_the_guard_only_the_tool_call_dies_and_the_container_lives(
         print(f"the runaway's shell lived: {after['runaway']}")
 
 
+@pytest.mark.heavy("containers-cli")
 def test_the_cli_lists_reports_and_tells_events_inside_the_container(
     rootfs: Path, work: Path
 ) -> None:
@@ -411,6 +412,7 @@ def bed_manifest(work: Path) -> str:
     return text + BED_VOLUMES.format(deploy=DEPLOY, work=work)
 
 
+@pytest.mark.heavy("containers-pod")
 def test_the_pod_manifest_under_kube_play_keeps_the_pod_through_a_runaway(
     rootfs: Path, work: Path
 ) -> None:
