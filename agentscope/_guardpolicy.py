@@ -47,7 +47,7 @@ from ._guardscan import (
     scan_slice_processes,
     scopes_of,
 )
-from ._memsources import MemSources, ZramUse, zram_credit
+from ._memsources import MemSources, ZramMargin, ZramUse, zram_credit
 from ._proc import PAGE_SIZE, PROC_ROOT, parse_meminfo
 
 __all__ = [
@@ -183,7 +183,10 @@ class HostReading:
 
     ``zram_swap_total``/``zram_swap_free`` are the zram devices' share of
     SwapTotal/SwapFree and ``zram_credit`` the RAM their free space would
-    still save (:func:`~agentscope._memsources.zram_credit`);
+    still save (:func:`~agentscope._memsources.zram_credit`): at the dearer
+    of zram's average cost and ``zram_marginal_cost``, what the pages it
+    stored lately cost (:class:`~agentscope._memsources.ZramMargin`), and
+    none while that is not known (None);
     ``psi_full_total`` (microseconds) and ``refaults`` (pages) are the
     kernel's counters since boot, for rates over a window (None: not read).
     ``limit_*`` are the nearest memory limit above the agents (a container's,
@@ -205,6 +208,7 @@ class HostReading:
     zram_swap_total: int = 0
     zram_swap_free: int = 0
     zram_credit: int = 0
+    zram_marginal_cost: float | None = None
     psi_full_total: int | None = None
     refaults: int | None = None
     limit_path: str | None = None
@@ -264,6 +268,7 @@ def _reading(
     now: float,
     zram: ZramUse | None = None,
     refaults: int | None = None,
+    zram_marginal_cost: float | None = None,
 ) -> HostReading:
     mem = parse_meminfo(meminfo)
     pressure = None if psi is None else parse_pressure(psi)
@@ -279,7 +284,8 @@ def _reading(
         psi_full_avg10=None if full is None else full.avg10,
         zram_swap_total=min(zram.swap_total, mem.swap_total),
         zram_swap_free=min(zram.swap_free, mem.swap_free),
-        zram_credit=zram_credit(zram),
+        zram_credit=zram_credit(zram, zram_marginal_cost),
+        zram_marginal_cost=zram_marginal_cost,
         psi_full_total=None if full is None else full.total,
         refaults=refaults,
     )
@@ -332,6 +338,7 @@ class HostReader:
         self._sources = MemSources(Path(proc_root), sys_root)
         self._last_full_total: int | None = None
         self._last_refaults: int | None = None
+        self._zram_margin = ZramMargin()
 
     def read(self, now: float) -> HostReading:
         """A reading now.
@@ -364,7 +371,8 @@ class HostReader:
         if reading.swap_total:
             zram = self._sources.zram()
             if zram.swap_total:
-                reading = _reading(meminfo, psi, now, zram, reading.refaults)
+                margin = self._zram_margin.update(now, zram)
+                reading = _reading(meminfo, psi, now, zram, reading.refaults, margin)
         return reading
 
     def close(self) -> None:

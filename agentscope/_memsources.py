@@ -29,6 +29,7 @@ __all__ = [
     "MemSources",
     "SwapDevice",
     "ZramStat",
+    "ZramMargin",
     "ZramUse",
     "parse_mm_stat",
     "parse_swaps",
@@ -159,23 +160,70 @@ class ZramUse:
 MIN_STORED_FOR_RATIO = 16 << 20
 
 
-def zram_credit(use: ZramUse) -> int:
-    """The RAM (bytes) zram can still give back: its free space at the measured ratio.
+def zram_credit(use: ZramUse, marginal_cost: float | None) -> int:
+    """The RAM (bytes) zram can still give back: its free space at what storing costs now.
 
-    Storing ``x`` bytes in zram frees ``x`` and costs ``x * cost`` (``cost``
-    = ``mem_used_total / orig_data_size``), so the free space is worth
-    ``free * (1 - cost)`` of RAM, and nothing once pages do not compress
-    (``cost`` >= 1). Bounded by ``mem_limit`` where one is set.
+    Storing ``x`` bytes in zram frees ``x`` and costs ``x * cost`` of RAM, so
+    its free space is worth ``free * (1 - cost)``, and nothing once pages do
+    not compress (``cost`` >= 1). ``cost`` is the dearer of zram's average
+    (``mem_used_total / orig_data_size``) and ``marginal_cost``, what the
+    pages it stored lately cost (:class:`ZramMargin`); with no such pages
+    (None) there is no evidence of what the next ones will cost, and no
+    credit: the cautious guess, as before zram holds
+    :data:`MIN_STORED_FOR_RATIO`. Bounded by ``mem_limit`` where one is set.
     """
-    if use.swap_free <= 0 or use.stored < MIN_STORED_FOR_RATIO:
+    if marginal_cost is None or use.swap_free <= 0 or use.stored < MIN_STORED_FOR_RATIO:
         return 0
-    cost = use.ram_used / use.stored
+    cost = max(use.ram_used / use.stored, marginal_cost)
     if cost >= 1.0:
         return 0
     storable = use.swap_free
     if use.ram_room is not None:
         storable = min(storable, int(use.ram_room / cost) if cost > 0 else storable)
     return int(storable * (1.0 - cost))
+
+
+class ZramMargin:
+    """What the pages zram stored lately cost: RAM used per byte stored, over a window.
+
+    zram's average ratio mixes what it stored long ago (idle pages that
+    compress 3:1 or better) with what it stores now, and says nothing of
+    the pages it will be given next. In the squeeze of issue #25 (trixie,
+    Fedora's profile, a runaway whose pages do not compress) zram held
+    20 MiB at 0.64 when MemAvailable reached 10 %: the average's credit (35 %
+    of RAM) held the guard back until MemAvailable was 0.4 % and the host
+    had stalled for seconds (the guard killed 22 s after the crossing, where
+    earlyoom's rule never holds). So zram earns credit only for pages it is
+    being given: a cost is known once ``MIN_GROWTH`` bytes were stored over
+    ``MIN_SPAN`` seconds or more, and stays known ``KEEP`` seconds; a window
+    that stored less says nothing new.
+    """
+
+    MIN_SPAN = 1.0
+    MIN_GROWTH = 8 << 20
+    KEEP = 10.0
+
+    def __init__(self) -> None:
+        self._base: tuple[float, int, int] | None = None
+        self._cost: float | None = None
+        self._at = 0.0
+
+    def update(self, now: float, use: ZramUse) -> float | None:
+        """Note a reading of ``use`` at ``now``; the marginal cost (None: not known)."""
+        if self._base is None or use.stored < self._base[1]:
+            # First reading, or zram gave pages back (swap-in, a reset): start over.
+            self._base = (now, use.stored, use.ram_used)
+        else:
+            since, stored, used = self._base
+            if now - since >= self.MIN_SPAN:
+                grown = use.stored - stored
+                if grown >= self.MIN_GROWTH:
+                    self._cost = max(use.ram_used - used, 0) / grown
+                    self._at = now
+                self._base = (now, use.stored, use.ram_used)
+        if self._cost is not None and now - self._at > self.KEEP:
+            self._cost = None
+        return self._cost
 
 
 class MemSources:

@@ -112,22 +112,92 @@ def test_the_zram_wedge_is_a_shortage_though_swap_looks_free(tree: Tree) -> None
 
 
 def test_zram_that_still_compresses_counts_as_the_ram_it_would_save(tree: Tree) -> None:
-    # 3:1: each free GiB of zram still saves 2/3 GiB; 2 % + 40 % x 2/3 ~ 28.7 %.
-    zram_host(tree, 2, 40, ratio=1 / 3)
+    # 3:1: each free GiB of zram still saves 2/3 GiB; 2 % + 40 % x 2/3 ~ 28.7 %,
+    # once zram is seen being given pages at that ratio (61 -> 60 % used).
     reader = HostReader(tree.proc)
     try:
-        host = reader.read(0.0)
+        zram_host(tree, 2, 41, ratio=1 / 3)
+        first = reader.read(0.0)
+        # No pages given to zram seen yet: no credit, the cautious guess.
+        assert first.zram_credit == 0
+        assert under_pressure(first, GuardConfig()) == "memory"
+        zram_host(tree, 2, 40, ratio=1 / 3)
+        host = reader.read(1.0)
+        assert host.available_percent == pytest.approx(2 + 40 * 2 / 3, abs=0.2)
+        assert under_pressure(host, GuardConfig()) is None
+        # Nearly full, it saves little: the guard acts.
+        zram_host(tree, 2, 5, ratio=1 / 3)
+        assert under_pressure(reader.read(2.0), GuardConfig()) == "memory"
     finally:
         reader.close()
-    assert host.available_percent == pytest.approx(2 + 40 * 2 / 3, abs=0.2)
-    assert under_pressure(host, GuardConfig()) is None
-    # Nearly full, it saves little: the guard acts.
-    zram_host(tree, 2, 5, ratio=1 / 3)
+
+
+def test_zram_earns_credit_only_for_the_pages_it_is_given(
+    tree: Tree,
+) -> None:
+    # zram holds 1 GiB of long-stored pages at 3:1, so its average says each
+    # free byte still saves 2/3 of one; then 400 MiB of a runaway's pages
+    # that do not compress arrive in 1.5 s. The next pages are the
+    # runaway's: the guard counts what they cost, not the average.
+    total = 8 * GIB_KB
+    from tests.fakefs import make_meminfo
+
+    def host(available_pct: float, orig: int, mem_used: int) -> None:
+        used_kb = orig >> 10
+        make_meminfo(
+            tree.proc,
+            total_kb=total,
+            available_kb=int(total * available_pct / 100),
+            swap_total_kb=total,
+            swap_free_kb=total - used_kb,
+        )
+        zram(tree, size_kb=total, used_kb=used_kb, orig=orig, mem_used=mem_used)
+
+    boot = 1 << 30
+    host(8, boot, boot // 3)
     reader = HostReader(tree.proc)
     try:
-        assert under_pressure(reader.read(1.0), GuardConfig()) == "memory"
+        before = reader.read(0.0)
+        # zram given nothing yet: its average (which alone would have said
+        # 8 % + 61 % = 69 % available) earns no credit.
+        assert before.zram_marginal_cost is None
+        assert before.available_percent == pytest.approx(8, abs=0.1)
+        assert under_pressure(before, GuardConfig()) == "memory"
+        grown = 400 << 20
+        host(8, boot + grown, boot // 3 + grown)
+        after = reader.read(1.5)
+        assert after.zram_marginal_cost == pytest.approx(1.0)
+        assert after.zram_credit == 0
+        assert under_pressure(after, GuardConfig()) == "memory"
+        # Pages that compress again 3:1 earn their credit back.
+        host(8, boot + grown + (400 << 20), boot // 3 + grown + (400 << 20) // 3)
+        again = reader.read(3.0)
+        assert again.zram_marginal_cost == pytest.approx(1 / 3)
+        assert again.available_percent > 10
     finally:
         reader.close()
+
+
+def test_zram_margin_needs_growth_and_time_and_forgets() -> None:
+    from agentscope._memsources import ZramMargin, ZramUse
+
+    mib = 1 << 20
+    margin = ZramMargin()
+    assert margin.update(0.0, ZramUse(stored=100 * mib, ram_used=30 * mib)) is None
+    # Too soon: no reading yet, whatever grew.
+    assert margin.update(0.5, ZramUse(stored=200 * mib, ram_used=130 * mib)) is None
+    # A second after the window's start: 100 MiB more, at full cost.
+    assert margin.update(1.0, ZramUse(stored=200 * mib, ram_used=130 * mib)) == pytest.approx(1.0)
+    assert margin.update(2.0, ZramUse(stored=300 * mib, ram_used=230 * mib)) == pytest.approx(1.0)
+    # A window that stored little keeps the last cost until it is KEEP old.
+    assert margin.update(3.5, ZramUse(stored=301 * mib, ram_used=231 * mib)) == pytest.approx(1.0)
+    assert (
+        margin.update(2.0 + ZramMargin.KEEP + 1, ZramUse(stored=302 * mib, ram_used=232 * mib))
+        is None
+    )
+    # zram gave pages back: the window starts over, nothing is said from it.
+    assert margin.update(20.0, ZramUse(stored=50 * mib, ram_used=20 * mib)) is None
+    assert margin.update(21.5, ZramUse(stored=90 * mib, ram_used=30 * mib)) == pytest.approx(0.25)
 
 
 def test_never_later_than_earlyoom_even_with_zram_credit() -> None:
