@@ -186,14 +186,15 @@ class Crossing(threading.Thread):
 
     Every 5th sample also goes to ``samples`` for ``--timeline``: (time,
     MemAvailable %, SwapFree %, PSI some and full totals in microseconds,
-    pages swapped out, pages swapped in or refaulted).
+    pages swapped out, pages swapped in or refaulted, zram0's stored and
+    RAM-used bytes).
     """
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.at: float | None = None
         self.stop = threading.Event()
-        self.samples: list[tuple[float, float, float, int, int, int, int]] = []
+        self.samples: list[tuple[float, float, float, int, int, int, int, int, int]] = []
 
     def run(self) -> None:
         n = 0
@@ -206,7 +207,7 @@ class Crossing(threading.Thread):
                 self.samples.append(_sample(m))
 
 
-def _sample(m: dict[str, int]) -> tuple[float, float, float, int, int, int, int]:
+def _sample(m: dict[str, int]) -> tuple[float, float, float, int, int, int, int, int, int]:
     some = full = 0
     with open("/proc/pressure/memory") as f:
         for line in f:
@@ -221,6 +222,10 @@ def _sample(m: dict[str, int]) -> tuple[float, float, float, int, int, int, int]
             k, _, v = line.partition(" ")
             vm[k] = int(v)
     swap = 100.0 * m["SwapFree"] / m["SwapTotal"] if m.get("SwapTotal") else 0.0
+    stored = used = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mm = Path("/sys/block/zram0/mm_stat").read_text().split()
+        stored, used = int(mm[0]), int(mm[2])
     return (
         time.time(),
         100.0 * m["MemAvailable"] / m["MemTotal"],
@@ -231,6 +236,8 @@ def _sample(m: dict[str, int]) -> tuple[float, float, float, int, int, int, int]
         vm.get("pswpin", 0)
         + vm.get("workingset_refault_anon", 0)
         + vm.get("workingset_refault_file", 0),
+        stored,
+        used,
     )
 
 
@@ -242,7 +249,10 @@ def timeline(
     for b in beats:
         with contextlib.suppress(OSError, ValueError):
             stamps.append([float(x) for x in b.read_text().split() if x.strip()])
-    rows = ["t | avail% | swapfree% | some% | full% | swapout MB/s | in+refault MB/s | lag | gaps"]
+    rows = [
+        "t | avail% | swapfree% | some% | full% | swapout MB/s | in+refault MB/s"
+        " | zram MiB stored/used (cost, marginal) | lag | gaps"
+    ]
     s = [x for x in crossing.samples if since - 0.5 <= x[0] <= until]
     page = os.sysconf("SC_PAGE_SIZE") / 2**20
     i = 0
@@ -261,6 +271,8 @@ def timeline(
             f"{b[0] - since:6.1f} | {b[1]:5.1f} | {b[2]:5.1f} | "
             f"{(b[3] - a[3]) / span / 1e4:5.1f} | {(b[4] - a[4]) / span / 1e4:5.1f} | "
             f"{(b[5] - a[5]) * page / span:6.1f} | {(b[6] - a[6]) * page / span:6.1f} | "
+            f"{b[7] >> 20}/{b[8] >> 20} ({b[8] / b[7] if b[7] else 0:.2f}, "
+            f"{(b[8] - a[8]) / (b[7] - a[7]) if b[7] - a[7] > 1 << 20 else 0:.2f}) | "
             f"{lag:4.2f} | {gaps}"
         )
         i = j
