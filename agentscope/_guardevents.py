@@ -24,8 +24,10 @@ class GuardKill:
     """The guard killed a process of an agent before the kernel had to.
 
     ``rss`` and ``swap`` are its sizes (bytes) at the kill; ``trigger`` the
-    threshold that held (``"memory"``: MemAvailable and SwapFree, ``"psi"``:
-    sustained PSI full) and the figures of the reading that decided it;
+    threshold that held (``"memory"``: MemAvailable and SwapFree, or
+    MemAvailable with the host stalling; ``"thrash"``: stalls and refaults
+    over a window; ``"psi"``: sustained PSI full) and the figures of the
+    reading that decided it;
     ``reaction_seconds`` the time from the threshold crossing to the
     signal; ``released`` whether ``process_mrelease`` reaped its memory at
     once. ``agent`` is None for a scope that is not one of this fleet's.

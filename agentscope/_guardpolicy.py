@@ -78,6 +78,11 @@ __all__ = [
 #: rate when that is faster.
 ASSUMED_MEM_FILL = 6000 << 20  # bytes/s
 ASSUMED_SWAP_FILL = 800 << 20  # bytes/s
+#: The window of "short of memory and stalling" (:meth:`PressureClock.update`):
+#: MemAvailable at its threshold and PSI full over ``thrash_full_percent`` for
+#: this long. One second: the siblings' heartbeats in bench_squeeze.py went
+#: silent for 2 s and more within 1-2 s of the host starting to swap.
+STALL_SECONDS: Final = 1.0
 #: Near a memory limit above the agents the guard looks at least this often.
 LIMIT_MIN_INTERVAL = 0.02
 
@@ -101,7 +106,10 @@ class GuardConfig:
     without swap has 0 % free), as earlyoom does; on a host with zram swap
     also when the same holds with zram counted as the RAM it is (memory
     available plus what zram's free space would still save at its measured
-    compression, and swap on disk only); when the host *thrashes*: over the
+    compression, and swap on disk only); when MemAvailable is at its
+    threshold and PSI memory ``full`` was at least ``thrash_full_percent``
+    % of the last second (a host swapping while it stalls, whatever
+    SwapFree says); when the host *thrashes*: over the
     last ``thrash_seconds`` PSI memory ``full`` was at least
     ``thrash_full_percent`` % of the time and pages were refaulted or
     swapped in at ``thrash_refault_percent`` % of MemTotal per second or
@@ -547,6 +555,36 @@ class PressureClock:
         self.crossed_at = None
         self._window.clear()
 
+    def _short_and_stalling(self, reading: HostReading) -> bool:
+        """MemAvailable at its threshold while PSI full held over the last STALL_SECONDS.
+
+        earlyoom's rule waits for swap to fill as well; a host that swaps
+        with MemAvailable gone stalls while it does (measured: Ubuntu's
+        profile, a swap file as large as memory, 16-20 s from MemAvailable's
+        10 % to SwapFree's 20 %, siblings silent up to 8.9 s). Stalling is
+        what the guard is there to end, so once MemAvailable is at its
+        threshold a stall over the thrash threshold is a shortage, whatever
+        SwapFree says.
+        """
+        config = self.config
+        if (
+            config.thrash_full_percent is None
+            or reading.psi_full_total is None
+            or reading.mem_available_percent > config.mem_available_percent
+        ):
+            return False
+        base = None
+        for old in reversed(self._window):
+            if old.ts <= reading.ts - STALL_SECONDS:
+                base = old
+                break
+        if base is None or base.psi_full_total is None:
+            return False
+        stall = 100.0 * (reading.psi_full_total - base.psi_full_total) / (
+            (reading.ts - base.ts) * 1e6
+        )
+        return stall >= config.thrash_full_percent
+
     def _thrash(self, reading: HostReading) -> bool:
         """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""
         window = self._window
@@ -563,10 +601,11 @@ class PressureClock:
         self._prev = reading
         now = reading.ts
         thrash = self._thrash(reading)
-        if memory_low(reading, config):
+        stalling = self._short_and_stalling(reading)
+        if memory_low(reading, config) or stalling:
             if self.crossed_at is None:
                 self.crossed_at = now
-                if prev is not None and not memory_low(prev, config):
+                if prev is not None and not memory_low(prev, config) and not stalling:
                     # The figures of the shortage that holds: the host's or the limit's.
                     host = host_low(reading, config)
                     mem = "mem_available_percent" if host else "limit_available_percent"

@@ -28,8 +28,8 @@ from ._cgroup import _GONE_OR_UNSUPPORTED
 __all__ = [
     "MemSources",
     "SwapDevice",
-    "ZramStat",
     "ZramMargin",
+    "ZramStat",
     "ZramUse",
     "parse_mm_stat",
     "parse_swaps",

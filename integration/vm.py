@@ -58,9 +58,18 @@ _STOPPING = threading.Event()
 # patching; the guest keeps its two CPUs. It costs no time where it matters:
 # CI runs two VMs on a two-core host, so each VM had one core's worth anyway
 # (sid's whole run: 1,411 s single against 1,388 s multi-threaded).
+# Benchmarks that measure how the guest's processes share its CPUs (a
+# sibling's heartbeat beside a runaway) set AGENTSCOPE_VM_TCG_THREAD=multi:
+# one TCG thread gives two busy vCPUs one host core between them.
 _ACCEL = {
     "kvm": ["-accel", "kvm", "-cpu", "host"],
-    "tcg": ["-accel", "tcg,thread=single", "-cpu", "max"],
+    "tcg": [
+        "-accel",
+        "tcg,thread="
+        + ("multi" if os.environ.get("AGENTSCOPE_VM_TCG_THREAD") == "multi" else "single"),
+        "-cpu",
+        "max",
+    ],
 }
 # What qemu prints when KVM cannot run the guest. It then *pauses* the VM and
 # stays alive rather than exiting (seen on this project's own machine kind,

@@ -283,6 +283,37 @@ def test_thrashing_triggers_on_stall_and_refaults_over_the_window() -> None:
     assert off.update(counters(5, 5.0, 50 * per_s)) is None
 
 
+def test_memory_gone_and_the_host_stalling_is_a_shortage_before_swap_fills() -> None:
+    # Ubuntu's profile: a swap file, 50 % of it free. earlyoom's rule waits
+    # for swap to fill; with MemAvailable at 8 % and PSI full 60 % of the
+    # last second, the host is stalling now: the guard acts.
+    config = GuardConfig()
+
+    def host(ts: float, full_s: float, avail: float = 8) -> HostReading:
+        return counters(ts, full_s, 0, avail=avail)
+
+    clock = PressureClock(config)
+    assert clock.update(host(0.0, 0.0)) is None  # no second of history yet
+    assert clock.update(host(0.5, 0.3)) is None
+    assert clock.update(host(1.0, 0.6)) == "memory"  # 60 % of the last second
+    assert clock.crossed_at == 1.0
+    # Stalling less than the thrash threshold: swap is doing its job.
+    calm = PressureClock(config)
+    calm.update(host(0.0, 0.0))
+    assert calm.update(host(1.0, 0.3)) is None
+    # Stalling with memory to spare is not this rule's (the thrash rule
+    # wants refaults over its 5 s window).
+    spare = PressureClock(config)
+    spare.update(host(0.0, 0.0, avail=25))
+    assert spare.update(host(1.0, 0.9, avail=25)) is None
+    # After a kill the second starts again: one squeeze, one kill.
+    clock.restart(1.05)
+    assert clock.update(host(1.5, 0.9)) is None
+    off = PressureClock(replace(config, thrash_full_percent=None))
+    off.update(host(0.0, 0.0))
+    assert off.update(host(1.0, 0.9)) is None
+
+
 # -- whose shortage ----------------------------------------------------------
 
 
