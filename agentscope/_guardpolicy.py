@@ -580,8 +580,8 @@ class PressureClock:
                 break
         if base is None or base.psi_full_total is None:
             return False
-        stall = 100.0 * (reading.psi_full_total - base.psi_full_total) / (
-            (reading.ts - base.ts) * 1e6
+        stall = (
+            100.0 * (reading.psi_full_total - base.psi_full_total) / ((reading.ts - base.ts) * 1e6)
         )
         return stall >= config.thrash_full_percent
 
