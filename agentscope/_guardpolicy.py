@@ -78,11 +78,17 @@ __all__ = [
 #: rate when that is faster.
 ASSUMED_MEM_FILL = 6000 << 20  # bytes/s
 ASSUMED_SWAP_FILL = 800 << 20  # bytes/s
-#: The window of "short of memory and stalling" (:meth:`PressureClock.update`):
-#: MemAvailable at its threshold and PSI full over ``thrash_full_percent`` for
-#: this long. One second: the siblings' heartbeats in bench_squeeze.py went
-#: silent for 2 s and more within 1-2 s of the host starting to swap.
+#: "Memory gone and the host stalling" (:meth:`PressureClock.update`): with
+#: MemAvailable at its threshold, over the last STALL_SECONDS either PSI full
+#: held ``thrash_full_percent`` of the time, or it held SWAP_STALL_PERCENT while
+#: pages went out to swap at SWAP_OUT_PERCENT of MemTotal a second. Measured
+#: in bench_squeeze.py (trixie, 768 MB, TCG, Ubuntu's profile): once
+#: MemAvailable was gone the host swapped out at 1-6 % of MemTotal a second
+#: with PSI full at 5-35 % per half second, in bursts, for 65 s until
+#: earlyoom's SwapFree 10 %, its siblings' heartbeats silent for seconds.
 STALL_SECONDS: Final = 1.0
+SWAP_STALL_PERCENT: Final = 10.0
+SWAP_OUT_PERCENT: Final = 1.0
 #: Near a memory limit above the agents the guard looks at least this often.
 LIMIT_MIN_INTERVAL = 0.02
 
@@ -195,8 +201,9 @@ class HostReading:
     of zram's average cost and ``zram_marginal_cost``, what the pages it
     stored lately cost (:class:`~agentscope._memsources.ZramMargin`), and
     none while that is not known (None);
-    ``psi_full_total`` (microseconds) and ``refaults`` (pages) are the
-    kernel's counters since boot, for rates over a window (None: not read).
+    ``psi_full_total`` (microseconds), ``refaults`` and ``swap_outs``
+    (pages) are the kernel's counters since boot, for rates over a window
+    (None: not read).
     ``limit_*`` are the nearest memory limit above the agents (a container's,
     a slice's or service's ``MemoryMax``: :mod:`agentscope._guardlimit`):
     its cgroup (relative to the cgroup root; None: no limit), the limit, the
@@ -219,6 +226,7 @@ class HostReading:
     zram_marginal_cost: float | None = None
     psi_full_total: int | None = None
     refaults: int | None = None
+    swap_outs: int | None = None
     limit_path: str | None = None
     limit_bytes: int = 0
     limit_available: int = 0
@@ -346,6 +354,7 @@ class HostReader:
         self._sources = MemSources(Path(proc_root), sys_root)
         self._last_full_total: int | None = None
         self._last_refaults: int | None = None
+        self._last_swap_outs: int | None = None
         self._zram_margin = ZramMargin()
 
     def read(self, now: float) -> HostReading:
@@ -372,15 +381,18 @@ class HostReader:
         # the base without a count for seconds, and thrashing never fired).
         full_total = reading.psi_full_total
         if full_total is not None and full_total != self._last_full_total:
-            self._last_refaults = self._sources.refaults()
+            self._last_refaults, self._last_swap_outs = self._sources.paging()
         if full_total is not None:
-            reading = replace(reading, refaults=self._last_refaults)
+            reading = replace(reading, refaults=self._last_refaults, swap_outs=self._last_swap_outs)
         self._last_full_total = full_total
         if reading.swap_total:
             zram = self._sources.zram()
             if zram.swap_total:
                 margin = self._zram_margin.update(now, zram)
-                reading = _reading(meminfo, psi, now, zram, reading.refaults, margin)
+                reading = replace(
+                    _reading(meminfo, psi, now, zram, reading.refaults, margin),
+                    swap_outs=reading.swap_outs,
+                )
         return reading
 
     def close(self) -> None:
@@ -556,15 +568,16 @@ class PressureClock:
         self._window.clear()
 
     def _short_and_stalling(self, reading: HostReading) -> bool:
-        """MemAvailable at its threshold while PSI full held over the last STALL_SECONDS.
+        """MemAvailable at its threshold while the host stalled over the last STALL_SECONDS.
 
         earlyoom's rule waits for swap to fill as well; a host that swaps
         with MemAvailable gone stalls while it does (measured: Ubuntu's
-        profile, a swap file as large as memory, 16-20 s from MemAvailable's
-        10 % to SwapFree's 20 %, siblings silent up to 8.9 s). Stalling is
-        what the guard is there to end, so once MemAvailable is at its
-        threshold a stall over the thrash threshold is a shortage, whatever
-        SwapFree says.
+        profile, a swap file as large as memory, 16-65 s from MemAvailable's
+        10 % to SwapFree's 10-20 %, siblings silent for seconds). Stalling is
+        what the guard is there to end: once MemAvailable is at its
+        threshold, PSI full over the thrash threshold, or over
+        SWAP_STALL_PERCENT while swap-out runs at SWAP_OUT_PERCENT, is a
+        shortage whatever SwapFree says.
         """
         config = self.config
         if (
@@ -580,10 +593,14 @@ class PressureClock:
                 break
         if base is None or base.psi_full_total is None:
             return False
-        stall = (
-            100.0 * (reading.psi_full_total - base.psi_full_total) / ((reading.ts - base.ts) * 1e6)
-        )
-        return stall >= config.thrash_full_percent
+        span = reading.ts - base.ts
+        stall = 100.0 * (reading.psi_full_total - base.psi_full_total) / (span * 1e6)
+        if stall >= config.thrash_full_percent:
+            return True
+        if stall < SWAP_STALL_PERCENT or reading.swap_outs is None or base.swap_outs is None:
+            return False
+        out = (reading.swap_outs - base.swap_outs) * PAGE_SIZE
+        return 100.0 * out / reading.mem_total / span >= SWAP_OUT_PERCENT
 
     def _thrash(self, reading: HostReading) -> bool:
         """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""

@@ -13,7 +13,7 @@ counters that show thrashing while MemAvailable still looks fine:
   ``compr_data_size``, ``mem_used_total``, ``mem_limit`` in bytes);
 - :func:`parse_vmstat_refaults` (``/proc/vmstat``: ``workingset_refault_anon``,
   ``workingset_refault_file`` (Linux 5.9+; ``workingset_refault`` before)
-  and ``pswpin``, in pages);
+  and ``pswpin``, in pages), and ``pswpout`` beside them;
 - :class:`MemSources` keeps those files open and reads them at each poll.
 """
 
@@ -229,7 +229,7 @@ class ZramMargin:
 class MemSources:
     """``/proc/swaps``, the zram devices' ``mm_stat`` and ``/proc/vmstat``, kept open.
 
-    :meth:`zram` and :meth:`refaults` read them again at each call
+    :meth:`zram` and :meth:`paging` read them again at each call
     (``pread`` at offset 0, as :class:`~agentscope._guardpolicy.HostReader`
     does); a file the kernel does not have gives the empty answer. Close
     with :meth:`close`.
@@ -274,12 +274,14 @@ class MemSources:
                 room = (room or 0) + max(stat.mem_limit - stat.mem_used_total, 0)
         return ZramUse(total, free, stored, used, room)
 
-    def refaults(self) -> int | None:
-        """Pages refaulted or swapped in since boot (None: no such counters)."""
+    def paging(self) -> tuple[int | None, int | None]:
+        """(pages refaulted or swapped in, pages swapped out) since boot; None: no counter."""
         if self._vmstat is None:
-            return None
+            return None, None
         data = _pread(self._vmstat, 16384)
-        return None if not data else parse_vmstat_refaults(data)
+        if not data:
+            return None, None
+        return parse_vmstat_refaults(data), _counter(b"\n" + data, b"pswpout")
 
     def close(self) -> None:
         """Close the files."""

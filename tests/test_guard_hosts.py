@@ -314,6 +314,50 @@ def test_memory_gone_and_the_host_stalling_is_a_shortage_before_swap_fills() -> 
     assert off.update(host(1.0, 0.9)) is None
 
 
+def test_memory_gone_and_swapping_out_with_stalls_is_a_shortage() -> None:
+    # Ubuntu's profile as measured: MemAvailable gone, pages going out to the
+    # swap file at 2 % of MemTotal a second, PSI full 15 % of the last
+    # second: the guard acts, though swap is 80 % free.
+    config = GuardConfig()
+    per_s = int(0.02 * (8 << 30) / PAGE)
+
+    def host(ts: float, full_s: float, out: int, avail: float = 8) -> HostReading:
+        return replace(counters(ts, full_s, 0, avail=avail), swap_outs=out)
+
+    clock = PressureClock(config)
+    assert clock.update(host(0.0, 0.0, 0)) is None
+    assert clock.update(host(1.0, 0.15, per_s)) == "memory"
+    # Swapping out with hardly a stall: swap keeps up, it does its job.
+    easy = PressureClock(config)
+    easy.update(host(0.0, 0.0, 0))
+    assert easy.update(host(1.0, 0.05, per_s)) is None
+    # The same stall with nothing going out to swap (reclaim of page cache).
+    cache = PressureClock(config)
+    cache.update(host(0.0, 0.0, 0))
+    assert cache.update(host(1.0, 0.15, 0)) is None
+    # With memory to spare it is not this rule's.
+    spare = PressureClock(config)
+    spare.update(host(0.0, 0.0, 0, avail=30))
+    assert spare.update(host(1.0, 0.15, per_s, avail=30)) is None
+
+
+def test_the_host_reader_counts_swap_outs_beside_refaults(tree: Tree) -> None:
+    from tests.fakefs import make_meminfo
+
+    make_meminfo(tree.proc, total_kb=8 * GIB_KB, available_kb=GIB_KB)
+    write(tree.proc / "vmstat", "pswpin 3\npswpout 70\nworkingset_refault_anon 4\n")
+    write(
+        tree.proc / "pressure" / "memory",
+        format_pressure((0, 0, 0, 10), (0, 0, 0, 5)),
+    )
+    reader = HostReader(tree.proc)
+    try:
+        got = reader.read(0.0)
+    finally:
+        reader.close()
+    assert (got.refaults, got.swap_outs) == (7, 70)
+
+
 # -- whose shortage ----------------------------------------------------------
 
 
