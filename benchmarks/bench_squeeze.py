@@ -122,6 +122,10 @@ class Outcome:
     exit_status: int | None = None  # the tool call's, as its shell saw it
     manager_worst_lag: float = 0.0
     sibling_worst_gap: float = 0.0
+    # The same before MemAvailable reached 10 %: the noise floor of the gap
+    # under TCG (a sibling's `date` and `sleep` are execs of ~30 ms there, and
+    # the runaway holds a vCPU), not the squeeze's.
+    sibling_gap_before_crossing: float | None = None
     kernel_oom_kills: int = 0
     earlyoom_kills: list[str] = field(default_factory=list)
     oomd_kills: list[str] = field(default_factory=list)
@@ -400,6 +404,10 @@ async def squeeze(
             if crossing.at is not None:
                 out.crossing_to_death = float(end[1]) - crossing.at
         out.sibling_worst_gap = max(worst_gap(b, t_trigger, t_end) for b in beats)
+        if crossing.at is not None:
+            out.sibling_gap_before_crossing = max(
+                worst_gap(b, t_trigger, crossing.at) for b in beats
+            )
         if show_timeline:
             print(
                 f"timeline of round {name} (crossing at "
@@ -551,6 +559,7 @@ def table(rows: list[Outcome]) -> str:
         "lifetime",
         "lag",
         "gap",
+        "gap before crossing",
         "killed",
         "kernel oom",
         "named",
@@ -575,6 +584,7 @@ def table(rows: list[Outcome]) -> str:
                     life,
                     _fmt(o.manager_worst_lag),
                     _fmt(o.sibling_worst_gap),
+                    _fmt(o.sibling_gap_before_crossing),
                     killed,
                     str(o.kernel_oom_kills),
                     o.named_agent or "nobody",
