@@ -15,7 +15,7 @@ import typer
 
 from ._context import emit_json, fleet_of, history_of, options, said, show
 from ._errors import BadInput, Failed
-from ._parse import parse_duration, parse_size, real_option, whole_option
+from ._parse import duration_option, parse_duration, parse_size, whole_option
 
 __all__ = ["demo", "doctor", "gc", "install", "uninstall"]
 
@@ -66,7 +66,10 @@ def gc(
     ctx: typer.Context,
     retention: Annotated[
         str,
-        typer.Option(help="Keep exited agents younger than this time span (10min, 1h30min, 7d)."),
+        typer.Option(
+            help="Keep exited agents younger than this time span (10min, 1h30min, 7d).",
+            metavar="SPAN",
+        ),
     ] = "7d",
 ) -> None:
     """Forget exited agents (and their records) older than the retention.
@@ -214,8 +217,9 @@ def demo(
     timeout: Annotated[
         float,
         typer.Option(
-            help="Seconds to wait for the kill (1-86400).",
-            parser=real_option("--timeout", 1, 86400),
+            help="How long to wait for the kill: a time span (150, 5min; 1s to 1d).",
+            parser=duration_option("--timeout", 1, 86400),
+            metavar="SPAN",
         ),
     ] = 150.0,
 ) -> None:

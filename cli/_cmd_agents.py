@@ -45,9 +45,9 @@ _PROPERTY = typer.Option(
     "IOWeight, MemoryMax, MemorySwapMax, TasksMax.",
 )
 _REAP_AFTER = typer.Option(
-    metavar="SECONDS|keep",
-    help="Seconds the processes it leaves in its scope may run on after its main "
-    "process ends, then they are stopped (default 10); keep: never.",
+    metavar="SPAN|keep",
+    help="How long the processes it leaves in its scope may run on after its main "
+    "process ends, then they are stopped: a time span (default 10, 30s, 5min); keep: never.",
 )
 
 
@@ -263,7 +263,11 @@ def stop(
     all_: Annotated[bool, typer.Option("--all", help="Stop every agent of the fleet.")] = False,
     timeout: Annotated[
         float,
-        typer.Option(help="Seconds from SIGTERM to SIGKILL (0-86400).", parser=TIMEOUT),
+        typer.Option(
+            help="From SIGTERM to SIGKILL: a time span (10, 500ms, 1min; at most 1d).",
+            parser=TIMEOUT,
+            metavar="SPAN",
+        ),
     ] = 10.0,
 ) -> None:
     """Stop an agent (SIGTERM, then SIGKILL after the timeout), or all of them."""

@@ -18,7 +18,7 @@ from . import _fleet
 from ._context import emit_json, fleet_of, options, show, valid_agent
 from ._direct import LIMIT, print_events
 from ._errors import BadInput, Failed, Interrupted
-from ._parse import real_option, whole_option
+from ._parse import duration_option, real_option, whole_option
 
 if TYPE_CHECKING:
     import queue
@@ -93,8 +93,9 @@ def top(
     interval: Annotated[
         float,
         typer.Option(
-            help="Seconds between refreshes (0.1-86400).",
-            parser=real_option("--interval", 0.1, MAX_INTERVAL),
+            help="Time between refreshes: a time span (2, 500ms, 1min; 100ms to 1d).",
+            parser=duration_option("--interval", 0.1, MAX_INTERVAL),
+            metavar="SPAN",
         ),
     ] = 1.0,
 ) -> None:
@@ -128,8 +129,9 @@ def monitor(
     interval: Annotated[
         float,
         typer.Option(
-            help="Seconds between samples (0.1-86400).",
-            parser=real_option("--interval", 0.1, MAX_INTERVAL),
+            help="Time between samples: a time span (2, 500ms, 1min; 100ms to 1d).",
+            parser=duration_option("--interval", 0.1, MAX_INTERVAL),
+            metavar="SPAN",
         ),
     ] = 2.0,
     top: Annotated[
@@ -189,10 +191,11 @@ def monitor(
     guard_psi_seconds: Annotated[
         float,
         typer.Option(
-            help="Guard: how long PSI full must stay over --guard-psi-full, in seconds.",
-            metavar="S",
+            help="Guard: how long PSI full must stay over --guard-psi-full: a time span "
+            "(10, 30s, 1min; at most 1h).",
+            metavar="SPAN",
             envvar="AGENTSCOPE_GUARD_PSI_SECONDS",
-            parser=real_option("--guard-psi-seconds", 0, 3600),
+            parser=duration_option("--guard-psi-seconds", 0, 3600),
         ),
     ] = 10.0,
     guard_process: Annotated[

@@ -43,7 +43,7 @@ __all__ = [
 
 USAGE = (
     "agentscope exec NAME [--memory-max SIZE] [--tasks-max N] [--cpu-weight N] "
-    "[--io-weight N] [-p NAME=VALUE]... [--reap-after SECONDS|keep] [--fallback run|fail] "
+    "[--io-weight N] [-p NAME=VALUE]... [--reap-after SPAN|keep] [--fallback run|fail] "
     "[--quiet] -- CMD [ARGS...]"
 )
 
@@ -104,8 +104,9 @@ Options:
   -p, --property NAME=VALUE
                         a systemd property of its scope: AllowedCPUs, CPUQuota,
                         CPUWeight, IOWeight, MemoryMax, MemorySwapMax, TasksMax
-  --reap-after SECONDS  stop what CMD leaves in its scope this long after CMD
-                        ends (default 10); keep: never
+  --reap-after SPAN|keep
+                        stop what CMD leaves in its scope this long after CMD
+                        ends: a time span (default 10, 30s, 5min); keep: never
   --fallback run|fail   where no scope can be made (no systemd manager, or it
                         refused the scope): run CMD unconfined, saying so in
                         one line on stderr (run), or exit 125 (fail, the

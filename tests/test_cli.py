@@ -36,7 +36,7 @@ from agentscope import _exec as agentscope_exec
 from agentscope._report import CallMemory
 from cli import _docs, _doctor, _fleet, _render
 from cli._errors import BadInput, CannotRun, CommandNotFound, Failed
-from cli._exec import parse_exec_args, resolve_command
+from cli._exec import launch_controls, parse_exec_args, resolve_command
 from cli._notify import Notifier, format_state
 from cli._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
 from cli.main import hoist_globals, main, split_globals
@@ -970,6 +970,27 @@ def test_gc(fleet: FakeFleet) -> None:
     assert run_json("gc", "--retention", "2h")[1]["retention_seconds"] == 7200
 
 
+@pytest.mark.parametrize(("span", "seconds"), [("90", 90.0), ("1min 30s", 90.0), ("500ms", 0.5)])
+def test_every_time_option_takes_systemd_time_spans(
+    fleet: FakeFleet, span: str, seconds: float
+) -> None:
+    """stop --timeout, top/monitor --interval, --guard-psi-seconds, --reap-after: one grammar."""
+    assert run_json("stop", "a", "--timeout", span)[0].code == 0
+    assert ("stop", "a", seconds) in fleet.calls
+    assert run("monitor", "--interval", span).code == 0
+    assert ("monitor", seconds, 10) in fleet.calls
+    assert run("monitor", "--guard", "--guard-psi-seconds", span).code == 0
+    (config,) = [c[3] for c in fleet.calls if c[0] == "monitor" and len(c) > 3]
+    assert config.psi_full_seconds == seconds
+    assert run("top", "--interval", span).code == 0  # no terminal: one table, no loop
+    result = run_json("run", "a", "--reap-after", span, "--", "true")[0]
+    assert result.code == 0, result.stderr
+    ((*_, kw),) = [c for c in fleet.calls if c[0] == "launch"]
+    assert kw["reap_after"] == seconds
+    parsed = parse_exec_args(["a", "--reap-after", span, "--", "sh"])
+    assert launch_controls(reap_after=parsed.reap_after)["reap_after"] == seconds
+
+
 def test_top_without_a_terminal(fleet: FakeFleet) -> None:
     result = run("top")
     assert result.code == 0
@@ -1088,8 +1109,9 @@ def test_monitor_guard_options_make_its_config(fleet: FakeFleet) -> None:
         (["--guard-mem-available", "150"], "--guard-mem-available = '150' is out of range"),
         (["--guard-psi-full", "0"], "--guard-psi-full '0' is not a percentage above 0"),
         (["--guard-psi-full", "lots"], "--guard-psi-full 'lots' is not a percentage"),
-        (["--guard-psi-seconds", "-1"], "--guard-psi-seconds = '-1' is out of range"),
-        (["--guard-psi-seconds", "nan"], "--guard-psi-seconds = 'nan' is not a number"),
+        (["--guard-psi-seconds", "2h"], "--guard-psi-seconds = '2h' is out of range"),
+        (["--guard-psi-seconds", "-1"], "--guard-psi-seconds = '-1' is not a time span"),
+        (["--guard-psi-seconds", "nan"], "--guard-psi-seconds = 'nan' is not a time span"),
     ],
 )
 def test_monitor_guard_values_out_of_range_exit_2(
