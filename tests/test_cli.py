@@ -478,6 +478,30 @@ def test_bad_sizes_and_times_are_exit_2(fleet: FakeFleet) -> None:
         assert_no_traceback(result)
 
 
+@pytest.mark.parametrize(
+    "text", ["4096", "512K", "512M", "1.5G", "1.5 G", "2GiB", "1TB", "0.5T", "50%", "infinity"]
+)
+def test_memory_max_and_p_memorymax_take_one_size_grammar(fleet: FakeFleet, text: str) -> None:
+    """``--memory-max X`` and ``-p MemoryMax=X`` are the same bytes (issue 28)."""
+    from agentscope import _scopeprops
+
+    size = parse_size(text)
+    sent = _scopeprops.build(properties={"MemoryMax": text})["MemoryMax"][1]
+    assert sent == (2**64 - 1 if size is None else size)
+    for option in (["--memory-max", text], ["-p", f"MemoryMax={text}"]):
+        assert run("run", "a", *option, "--", "true").code == 0
+
+
+@pytest.mark.parametrize("text", ["1.5X", "0", "-1G", "1.5", "150%", "9E", "\u00b2G", "G", ""])
+def test_memory_max_and_p_memorymax_refuse_alike(fleet: FakeFleet, text: str) -> None:
+    for option in (["--memory-max", text], ["-p", f"MemoryMax={text}"]):
+        result = run("run", "a", *option, "--", "true")
+        assert result.code == 2, (option, result.stderr)
+        assert "MemoryMax" in result.stderr or "--memory-max" in result.stderr
+        assert_no_traceback(result)
+    assert not [c for c in fleet.calls if c[0] == "launch"]
+
+
 def test_run_memory_max_infinity_is_no_cap(fleet: FakeFleet, tmp_path: Path) -> None:
     result = run(
         "run", "a", "--memory-max", "infinity", "--log", str(tmp_path / "a.log"), "--", "true"
