@@ -123,8 +123,11 @@ created or any bus is reached; `run` checks its command, `--cwd` and
 | `WATCHDOG_USEC` | 0 to 2^64 - 1 (another value: no watchdog) |
 
 Global options may also follow the command (`agentscope ls --json` is
-`agentscope --json ls`), anywhere before a `--`; what follows `--` is the
-agent's own command line and is left alone.
+`agentscope --json ls`), anywhere before the agent's command line; that line
+is what follows `--`, or, for `run`, `exec` and `call` given without `--`,
+the first word after NAME (after `call`) and everything after it, options
+included, and it is left alone: `agentscope run b mytool -v --json` runs
+`mytool -v --json`.
 
 `exec` starts without importing typer or rich: `main()` parses its
 arguments itself when it is the command (after any global options), and

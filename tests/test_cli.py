@@ -1442,6 +1442,56 @@ def test_options_after_the_agents_command_belong_to_the_agent(
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "b", "true", "-v", "--json", "--fleet", "prod"],
+        ["run", "--log", "{log}", "b", "true", "-v", "--json", "--fleet", "prod"],
+        [
+            "run",
+            "b",
+            "--log",
+            "{log}",
+            "-p",
+            "TasksMax=8",
+            "true",
+            "-v",
+            "--json",
+            "--fleet",
+            "prod",
+        ],
+        ["run", "b", "--tmux", "--memory-max=1G", "true", "-v", "--json", "--fleet", "prod"],
+    ],
+)
+def test_options_after_runs_command_belong_to_the_agent(
+    fleet: FakeFleet, tmp_path: Path, args: list[str]
+) -> None:
+    """``agentscope run b mytool -v --json``: mytool gets ``-v --json`` (issue 28)."""
+    args = [a.replace("{log}", str(tmp_path / "b.log")) for a in args]
+    result = run(*args)
+    assert result.code == 0, result.stderr
+    ((_, name, argv, _kw),) = [c for c in fleet.calls if c[0] == "launch"]
+    assert (name, argv) == ("b", ["true", "-v", "--json", "--fleet", "prod"])
+    assert fleet.name == "default"  # --fleet prod was the agent's
+    assert not result.stdout.lstrip().startswith("{")  # --json too
+
+
+def test_runs_valued_options_are_the_commands() -> None:
+    """main.RUN_VALUED, which finds where run's agent command begins, lists run's options
+    that take a value: an option added to run without it would eat the agent's command."""
+    from cli._app import build_command
+    from cli.main import RUN_VALUED
+
+    command = build_command("run")
+    valued = {
+        opt
+        for param in command.params
+        if param.param_type_name == "option" and not param.is_flag
+        for opt in param.opts
+    }
+    assert valued == set(RUN_VALUED)
+
+
+@pytest.mark.parametrize(
     ("args", "front"),
     [
         (["exec", "b", "mytool", "--json", "--fleet", "prod"], []),
