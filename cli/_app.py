@@ -74,7 +74,7 @@ def build_command(name: str) -> Any:
     """The click command ``name``: its module imported and its typer command built now."""
     module, attr = COMMANDS[name]
     function = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
-    single = typer.Typer(add_completion=False)
+    single = typer.Typer(add_completion=False, rich_markup_mode=None)
     single.command(name, cls=_Command)(_interruptible(function))
     return quicken(typer.main.get_command(single))
 
@@ -134,6 +134,7 @@ app = typer.Typer(
     help="Run every AI coding agent in its own systemd scope, and see which one ate the memory.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

@@ -40,7 +40,8 @@ _TOP = whole_option("--top", 0, 10_000)
 def report(
     ctx: typer.Context,
     top: Annotated[
-        int, typer.Option(help="How many top processes to show (0-10000).", parser=_TOP)
+        int,
+        typer.Option(help="How many top processes to show (0-10000).", metavar="N", parser=_TOP),
     ] = 10,
 ) -> None:
     """The memory report: per agent, and the top processes with their agents."""
@@ -135,13 +136,14 @@ def monitor(
         ),
     ] = 2.0,
     top: Annotated[
-        int, typer.Option(help="Top processes kept per sample (0-10000).", parser=_TOP)
+        int, typer.Option(help="Top processes kept per sample (0-10000).", metavar="N", parser=_TOP)
     ] = 10,
     listen: Annotated[
         str | None,
         typer.Option(
             help="Serve /health, /metrics and the read API (/v1/) on HOST:PORT (loopback) "
             "or on unix:PATH (a socket of mode 0600).",
+            metavar="HOST:PORT|unix:PATH",
             envvar="AGENTSCOPE_MONITOR_LISTEN",
             show_default=False,
         ),

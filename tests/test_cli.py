@@ -35,6 +35,7 @@ from agentscope import AgentMemory
 from agentscope import _exec as agentscope_exec
 from agentscope._report import CallMemory
 from cli import _docs, _doctor, _fleet, _render
+from cli._app import COMMANDS, build_command
 from cli._errors import BadInput, CannotRun, CommandNotFound, Failed
 from cli._exec import launch_controls, parse_exec_args, resolve_command
 from cli._notify import Notifier, format_state
@@ -635,6 +636,27 @@ ERRORS = [
     (PermissionError(13, "Permission denied"), 1, "os_error"),
     (RuntimeError("boom"), 1, "internal"),
 ]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_help_at_80_columns_cuts_nothing(command: str) -> None:
+    """Every option's names and environment variable are whole at 80 columns (issue 28)."""
+    result = run(command, "--help", env={"COLUMNS": "80"})
+    assert result.code == 0, result.stderr
+    assert "\u2026" not in result.stdout
+    assert max(map(len, result.stdout.splitlines())) <= 80
+    words = {word.strip(",") for word in result.stdout.split()}
+    if command in ("exec", "call"):
+        return  # their own help, not typer's: test_exec_help and tests/test_calls.py
+    for param in build_command(command).params:
+        for name in [*param.opts, *param.secondary_opts]:
+            if param.param_type_name == "option":
+                assert name in words, (command, name)
+        if param.envvar:
+            assert param.envvar in result.stdout.replace("\n", " ").replace("  ", ""), (
+                command,
+                param.envvar,
+            )
 
 
 @pytest.mark.parametrize(("exc", "code", "kind"), ERRORS)

@@ -301,6 +301,15 @@ def test_usage_error_without_output_directory(tmp_path: Path) -> None:
     assert "usage: agentscope-generator" in result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_is_exit_0_with_an_example(tmp_path: Path, flag: str) -> None:
+    result = run(tmp_path, flag)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith("usage: agentscope-generator")
+    assert "Example:\n  agentscope-generator --user" in result.stdout
+    assert not list(tmp_path.glob("**/*.service"))  # --help generates nothing
+
+
 def test_imports_only_the_standard_library(tmp_path: Path) -> None:
     probe = textwrap.dedent(
         f"""
