@@ -75,7 +75,7 @@ is not found.
 
 Examples:
   agentscope call --memory-max 2G -- pytest -x
-  agentscope call --name build --tasks-max 256 make -j8
+  agentscope call --name build --tasks-max 256 -- make -j8
 """
 
 

@@ -28,6 +28,12 @@ def doctor(
 
     Exits 1 when a check fails, 4 when systemd is unreachable and the fleet
     needs it (the systemd mode: docs/containers.md).
+
+    Examples:
+
+    \b
+      agentscope doctor
+      agentscope --user doctor --fix
     """
     from . import _doctor, _render
 
@@ -75,6 +81,11 @@ def gc(
     """Forget exited agents (and their records) older than the retention.
 
     Reads and writes the registry file alone: works without systemd.
+
+    Examples:
+
+    \b
+      agentscope gc --retention 1d
     """
     seconds = parse_duration(retention)
     with history_of(ctx) as history:
@@ -125,6 +136,12 @@ def install(
     """Install the agents slice (no memory limits) and the monitor service for --fleet.
 
     For the manager of --user or --system (the global options; root: system).
+
+    Examples:
+
+    \b
+      agentscope install --user --linger
+      sudo agentscope install --system --dry-run
     """
     from agentscope import install as inst
 
@@ -180,7 +197,13 @@ def uninstall(
         bool, typer.Option("--dry-run", help="Print what would be removed.")
     ] = False,
 ) -> None:
-    """Remove exactly what install wrote for --user or --system (agents keep running)."""
+    """Remove exactly what install wrote for --user or --system (agents keep running).
+
+    Examples:
+
+    \b
+      agentscope uninstall --user --dry-run
+    """
     from agentscope import install as inst
 
     scope = options(ctx).resolved_manager
@@ -204,7 +227,11 @@ def demo(
         ),
     ] = 8,
     memory_max: Annotated[
-        str, typer.Option(help="The runaway's own cap (SIZE), so this machine is never squeezed.")
+        str,
+        typer.Option(
+            help="The runaway's own cap (SIZE), so this machine is never squeezed.",
+            metavar="SIZE",
+        ),
     ] = "256M",
     global_oom: Annotated[
         bool,
@@ -230,6 +257,11 @@ def demo(
     (by the kernel in its capped scope; with --global-oom by the guard), then shows
     the survivors, the slice's limits and the memory report, and stops every
     agent it started (also on Ctrl-C). Exits 0 only if every outcome happened.
+
+    Examples:
+
+    \b
+      agentscope demo --agents 4 --timeout 5min
     """
     from ._demo import DemoSettings, run_demo
 

@@ -44,7 +44,14 @@ def report(
         typer.Option(help="How many top processes to show (0-10000).", metavar="N", parser=_TOP),
     ] = 10,
 ) -> None:
-    """The memory report: per agent, and the top processes with their agents."""
+    """The memory report: per agent, and the top processes with their agents.
+
+    Examples:
+
+    \b
+      agentscope report --top 5
+      agentscope --json report
+    """
     with fleet_of(ctx) as fleet:
         data = fleet.report(top=top).to_dict()
     if options(ctx).json:
@@ -83,6 +90,12 @@ def events(
     """Print the fleet's recorded events (OOM kills, throttling, starts, exits).
 
     Reads the registry file alone: works without systemd (no bus needed).
+
+    Examples:
+
+    \b
+      agentscope events --since "1h ago" --kind oom_kill
+      agentscope --json events --follow
     """
     print_events(
         options(ctx), follow=follow, since=since, until=until, kind=kind, agent=agent, limit=limit
@@ -100,7 +113,13 @@ def top(
         ),
     ] = 1.0,
 ) -> None:
-    """A live view of the fleet: agents with memory bars, PSI, recent events; q quits."""
+    """A live view of the fleet: agents with memory bars, PSI, recent events; q quits.
+
+    Examples:
+
+    \b
+      agentscope top --interval 500ms
+    """
     from agentscope._contract import agent_list
 
     from . import _render
@@ -232,6 +251,12 @@ def monitor(
     pane scopes) is printed once as an escaped event; with --reclaim-escaped
     it is moved back first, and the event says whether that worked
     (docs/escapes.md).
+
+    Examples:
+
+    \b
+      agentscope monitor --guard --listen 127.0.0.1:9101
+      agentscope monitor --interval 5s --guard-psi-seconds 30s
     """
     import contextlib
     import signal

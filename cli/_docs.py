@@ -15,7 +15,7 @@ import typer
 
 from ._app import app
 
-__all__ = ["generate", "write"]
+__all__ = ["generate", "help_markdown", "write"]
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
@@ -188,6 +188,25 @@ old too, so events written while the clock was behind stay (python-api.md,
 """
 
 
+def help_markdown(text: str) -> str:
+    """A command's help as Markdown: its ``\\b`` blocks (click's "keep these lines as
+    they are", the examples) become code blocks."""
+    out: list[str] = []
+    block = False
+    for line in inspect.cleandoc(text).splitlines():
+        if line == "\b":
+            out.append("```sh")
+            block = True
+        elif block and not line.startswith("  "):
+            out += ["```", line]
+            block = False
+        else:
+            out.append(line.strip() if block else line)
+    if block:
+        out.append("```")
+    return "\n".join(out)
+
+
 def _type_name(param: Any) -> str:
     annotation = param.type_descriptor.annotation
     if param.is_flag if hasattr(param, "is_flag") else False:
@@ -248,7 +267,7 @@ def generate() -> str:
         args = [_arg_name(p) for p in command.params if p.param_type_name == "argument"]
         usage = " ".join(["[OPTIONS]", *args])
         out += [f"### `agentscope {name}`", ""]
-        out += [inspect.cleandoc(command.help or ""), ""]
+        out += [help_markdown(command.help or ""), ""]
         out += ["```", f"agentscope [GLOBAL OPTIONS] {name} {usage}", "```", ""]
         out += _table(list(command.params))
     return "\n".join(out).rstrip() + "\n"

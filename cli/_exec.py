@@ -124,7 +124,7 @@ run, 127 if CMD is not found.
 
 Examples:
   agentscope exec claude-1 --memory-max 4G -- claude
-  agentscope exec builder --reap-after 30s --fallback run npm test
+  agentscope exec builder --reap-after 30s --fallback run -- npm test
 """
 
 

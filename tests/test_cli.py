@@ -638,6 +638,41 @@ ERRORS = [
 ]
 
 
+def _examples(help_text: str) -> list[list[str]]:
+    """The example command lines of a ``--help``, as argv (``sudo`` dropped)."""
+    import shlex
+
+    _, found, rest = help_text.partition("Examples:\n")
+    assert found, "no Examples: section"
+    lines = [line.strip() for line in rest.strip("\n").splitlines()]
+    lines = lines[: lines.index("") if "" in lines else len(lines)]
+    return [shlex.split(line.removeprefix("sudo ")) for line in lines]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_commands_help_has_examples_that_parse(command: str) -> None:
+    """``agentscope COMMAND --help`` shows examples, and each is a command line this
+    agentscope takes: its options exist and their values parse (issue 28)."""
+    from cli._call import parse_call_args
+
+    result = run(command, "--help")
+    assert result.code == 0, result.stderr
+    examples = _examples(result.stdout)
+    assert examples
+    for argv in examples:
+        assert argv[0] == "agentscope", argv
+        split = split_globals(hoist_globals(argv[1:]))
+        assert split is not None, argv
+        _opts, name, args = split
+        assert name == command, argv
+        if command == "exec":
+            assert parse_exec_args(args).cmd, argv
+        elif command == "call":
+            assert parse_call_args(args)[1], argv
+        else:  # click parses it all: unknown options and bad values raise
+            build_command(command).make_context(command, list(args))
+
+
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_help_at_80_columns_cuts_nothing(command: str) -> None:
     """Every option's names and environment variable are whole at 80 columns (issue 28)."""
