@@ -27,6 +27,10 @@ _HEAD = """\
 `agentscope [GLOBAL OPTIONS] COMMAND [ARGS]...` drives a fleet of agents, each
 in its own transient systemd scope, through the library's public API. Node,
 Rust or shell harnesses use it with `--json`; people use it at a terminal.
+The same reference, generated from the same app, is the man page
+`agentscope(1)` (and `agentscope-generator(8)`), installed with the wheel
+under the environment's `share/man` (`man agentscope`; `make man` rebuilds
+`man/`).
 
 ## Output and exit codes
 
