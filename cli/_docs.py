@@ -46,7 +46,7 @@ traceback.
 |---|---|---|
 | 0 | ok | |
 | 1 | the operation failed | `bus_error`, `agent_exists`, `error`, `os_error`, `failed`, |
-| | | `no_log`, `terminated`, `internal`; and the host's conditions: |
+| | | `no_log`, `terminated`, `demo_failed`, `internal`; and the host's conditions: |
 | | | `host_under_pressure`, `tmux_unavailable`, `tmux_error` |
 | 2 | bad usage or bad input | `usage`, `bad_input`, `invalid_name`, `invalid_config`, |
 | | | `launch_error`, `mode_unsupported` (the manager mode cannot do it) |

@@ -113,6 +113,23 @@ def test_the_scrape_has_every_family_of_the_face(exported: set[str]) -> None:
         assert name in exported
 
 
+def test_docs_install_md_names_every_metric_of_the_face(exported: set[str]) -> None:
+    """docs/install.md's list of /metrics is the face's: nothing missing, nothing extra
+    (``agentscope_host_mem_*_bytes`` stands for a family of names)."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text.partition("## The monitor's HTTP face")[2].partition("\n## ")[0]
+    documented = set(re.findall(r"`(agentscope_[a-z_*]+)`", section))
+    ours = {name for name in exported if name.startswith("agentscope_")}
+
+    def named(metric: str) -> bool:
+        return any(re.fullmatch(d.replace("*", "[a-z_]+"), metric) for d in documented)
+
+    assert {m for m in ours if not named(m)} == set()
+    assert {
+        d for d in documented if not any(re.fullmatch(d.replace("*", "[a-z_]+"), m) for m in ours)
+    } == set()
+
+
 def test_the_metric_name_reader_sees_metrics_only() -> None:
     expr = (
         'sum by (agent) (increase(agentscope_agent_oom_kills_total{fleet=~"$fleet",'
