@@ -117,6 +117,12 @@ def _option(param: Any) -> list[str]:
     return [".TP", head, roff_text(body)]
 
 
+def _statuses(rows: list[tuple[int, str]]) -> list[str]:
+    return [
+        line for code, meaning in rows for line in (".TP", f"\\fB{code}\\fR", roff_text(meaning))
+    ]
+
+
 def _agentscope_page() -> str:
     group = typer.main.get_command(app)
     out = [
@@ -148,16 +154,14 @@ def _agentscope_page() -> str:
         for param in command.params:
             out += _option(param)
         out.append(".RE")
-    out += [".SH EXIT STATUS", ".TP", "Every command but \\fBexec\\fR and \\fBcall\\fR:"]
-    for code, meaning in _EXIT_STATUS:
-        out += [".TP", f"\\fB{code}\\fR", roff_text(meaning)]
+    out += [".SH EXIT STATUS", "Every command but \\fBexec\\fR and \\fBcall\\fR:"]
+    out += _statuses(_EXIT_STATUS)
     out += [
         ".PP",
         "\\fBexec\\fR and \\fBcall\\fR become their command: its status (128+N when signal N",
         "ended it), and for their own failures:",
     ]
-    for code, meaning in _EXEC_STATUS:
-        out += [".TP", f"\\fB{code}\\fR", roff_text(meaning)]
+    out += _statuses(_EXEC_STATUS)
     out += [
         ".SH SEE ALSO",
         "\\fBagentscope\\-generator\\fR(8), \\fBsystemd\\-run\\fR(1), \\fBsystemd.scope\\fR(5),",
