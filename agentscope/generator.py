@@ -418,7 +418,9 @@ def _guard(table: dict[str, object], problems: list[str]) -> tuple[bool, tuple[s
                 "using the default"
             )
             continue
-        args += [option, f"{float(value):g}"]
+        # Fixed-point and exact: the monitor's options take no exponent (a time
+        # span has none: 1e-05 is not one), and :g would round to 6 digits.
+        args += [option, f"{float(value):.6f}".rstrip("0").rstrip(".")]
     return enabled, tuple(args)
 
 

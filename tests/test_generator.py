@@ -460,6 +460,22 @@ def test_the_guard_is_configured_in_its_own_table(tmp_path: Path) -> None:
     assert _exec_start(off).endswith(" monitor --no-guard")
 
 
+def test_the_monitor_takes_the_guard_values_it_is_given(tmp_path: Path) -> None:
+    """The ExecStart's guard options parse with the monitor's own parsers, to the same
+    numbers: small ones are not written as 1e-05, which a time span is not."""
+    import shlex
+
+    from cli._app import build_command
+
+    out = tmp_path / "out"
+    config = "[guard]\nswap_free_percent = 12.34567\npsi_full_seconds = 0.00001\n"
+    assert run(tmp_path, "--system", str(out), config=config).returncode == 0
+    argv = shlex.split(_exec_start(out).partition(" monitor ")[2])
+    ctx = build_command("monitor").make_context("monitor", argv)
+    assert ctx.params["guard_swap_free"] == 12.34567
+    assert ctx.params["guard_psi_seconds"] == pytest.approx(0.00001)
+
+
 def test_a_guard_value_out_of_range_falls_back_to_its_default(tmp_path: Path) -> None:
     out = tmp_path / "out"
     config = "[guard]\nmem_available_percent = 150\npsi_full_percent = 0\nenabled = 1\n"
