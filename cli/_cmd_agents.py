@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 __all__ = ["attach", "exec_", "freeze", "kill", "logs", "ls", "run", "send", "stop", "thaw"]
 
 
-_CMD = typer.Argument(metavar="-- CMD [ARGS]...", help="The command and its arguments.")
+_CMD = typer.Argument(
+    metavar="-- CMD [ARGS]...",
+    help="The command and its arguments; every word after CMD is its own, options included.",
+)
 _TASKS_MAX = typer.Option(
     metavar="N", help="At most N processes and threads in its scope (TasksMax)."
 )
