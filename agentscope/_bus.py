@@ -207,9 +207,9 @@ class SystemdBus:
                 bus_class = _DirectBus if addr.direct else MessageBus
                 try:
                     # The address is parsed here: a malformed $DBUS_*_ADDRESS
-                    # is an unreachable manager (exit 4), not a bug. dbus-fast
-                    # before 2.22 also connects the socket here: a missing one
-                    # is FileNotFoundError from the constructor (issue 28).
+                    # is an unreachable manager (exit 4), not a bug. Older dbus-fast
+                    # (2.21, issue 28) also connects the socket here: a missing one
+                    # is FileNotFoundError from the constructor.
                     bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
                 except (InvalidAddressError, OSError) as exc:
                     tried.append(f"{addr.address} ({exc.__class__.__name__}: {exc})")
