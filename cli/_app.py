@@ -132,6 +132,11 @@ app = typer.Typer(
     cls=_LazyGroup,
     name="agentscope",
     help="Run every AI coding agent in its own systemd scope, and see which one ate the memory.",
+    epilog="Examples:\n\n\b\n"
+    "  agentscope run claude-1 --memory-max 4G -- claude\n"
+    "  agentscope ls\n"
+    "  agentscope monitor --guard\n\n"
+    "agentscope COMMAND --help shows a command's own; man agentscope, docs/cli.md.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,

@@ -68,10 +68,10 @@ def _paragraphs(help_text: str) -> list[str]:
             out += [".PP", ".nf", ".RS 4"]
             block = True
         elif block and not line.startswith("  "):
-            out += [".RE", ".fi"]
+            out += [".RE", ".fi", ".PP"]
             block = False
             if line:
-                out += [".PP", roff_text(line)]
+                out.append(roff_text(line))
         elif not line:
             out.append(".PP")
         else:
@@ -143,6 +143,7 @@ def _agentscope_page() -> str:
     for param in group.params:
         if not param.name.endswith("completion"):
             out += _option(param)
+    out += [".SH EXAMPLES", *_paragraphs(group.epilog or "")[1:]]  # from "Examples:" on
     out.append(".SH COMMANDS")
     commands: dict[str, Any] = getattr(group, "commands", {})
     for name, command in commands.items():

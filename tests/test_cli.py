@@ -649,6 +649,17 @@ def _examples(help_text: str) -> list[list[str]]:
     return [shlex.split(line.removeprefix("sudo ")) for line in lines]
 
 
+def test_the_root_help_has_examples_that_parse() -> None:
+    result = run("--help")
+    assert result.code == 0, result.stderr
+    examples = _examples(result.stdout)
+    assert len(examples) >= 3
+    for argv in examples:
+        split = split_globals(hoist_globals(argv[1:]))
+        assert split is not None, argv
+        assert split[1] in COMMANDS, argv
+
+
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_commands_help_has_examples_that_parse(command: str) -> None:
     """``agentscope COMMAND --help`` shows examples, and each is a command line this
