@@ -191,7 +191,7 @@ def _globals(
         bool, typer.Option("--system", help="The system manager (root): --manager system.")
     ] = False,
     fleet: Annotated[
-        str, typer.Option(help="The fleet to act on.", callback=_valid_fleet)
+        str, typer.Option(help="The fleet to act on.", metavar="NAME", callback=_valid_fleet)
     ] = "default",
     json_: Annotated[
         bool, typer.Option("--json", help="Print JSON only on stdout; errors as JSON on stderr.")

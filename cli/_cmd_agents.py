@@ -56,7 +56,9 @@ _REAP_AFTER = typer.Option(
 
 def run(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent's name.", callback=valid_agent)],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The agent's name.", callback=valid_agent)
+    ],
     cmd: Annotated[list[str], _CMD],
     cwd: Annotated[Path | None, typer.Option(help="The agent's working directory.")] = None,
     env: Annotated[
@@ -216,7 +218,9 @@ def _open_log(opts: Options, name: str, log: Path | None) -> tuple[Path, int]:
 
 def exec_(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent's name.", callback=valid_agent)],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The agent's name.", callback=valid_agent)
+    ],
     cmd: Annotated[list[str], _CMD],
     memory_max: Annotated[
         str | None,
@@ -283,7 +287,7 @@ def ls(ctx: typer.Context) -> None:
 def stop(
     ctx: typer.Context,
     name: Annotated[
-        str | None, typer.Argument(help="The agent to stop.", callback=valid_agent)
+        str | None, typer.Argument(metavar="NAME", help="The agent to stop.", callback=valid_agent)
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Stop every agent of the fleet.")] = False,
     timeout: Annotated[
@@ -308,7 +312,9 @@ def stop(
 
 def kill(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent to signal.", callback=valid_agent)],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The agent to signal.", callback=valid_agent)
+    ],
     signal_: Annotated[str, typer.Option("--signal", "-s", help="TERM, SIGKILL, 9, ...")] = "TERM",
 ) -> None:
     """Send a signal to every process of an agent.
@@ -323,7 +329,7 @@ def kill(
 
 def freeze(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent.", callback=valid_agent)],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
 ) -> None:
     """Freeze every process of an agent (cgroup freezer).
 
@@ -339,7 +345,7 @@ def freeze(
 
 def thaw(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent.", callback=valid_agent)],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
 ) -> None:
     """Thaw a frozen agent.
 
@@ -356,7 +362,10 @@ def thaw(
 def attach(
     ctx: typer.Context,
     name: Annotated[
-        str, typer.Argument(help="The agent (launched with run --tmux).", callback=valid_agent)
+        str,
+        typer.Argument(
+            metavar="NAME", help="The agent (launched with run --tmux).", callback=valid_agent
+        ),
     ],
     read_only: Annotated[
         bool, typer.Option("--read-only", "-r", help="Watch only: keys are not sent.")
@@ -381,7 +390,7 @@ def attach(
 
 def logs(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent.", callback=valid_agent)],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
     lines: Annotated[
         int,
         typer.Option(
@@ -470,9 +479,12 @@ def _is_tmux_agent(ctx: typer.Context, name: str) -> bool:
 def send(
     ctx: typer.Context,
     name: Annotated[
-        str, typer.Argument(help="The agent (launched with run --tmux).", callback=valid_agent)
+        str,
+        typer.Argument(
+            metavar="NAME", help="The agent (launched with run --tmux).", callback=valid_agent
+        ),
     ],
-    text: Annotated[str, typer.Argument(help="What to type, literally.")],
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="What to type, literally.")],
     enter: Annotated[bool, typer.Option("--enter", help="Press Enter after the text.")] = False,
 ) -> None:
     """Type TEXT into a tmux agent's window.
