@@ -9,7 +9,7 @@ EVERYWHERE ?=
 JOBS ?= 2
 VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS) $(if $(EVERYWHERE),--everywhere)
 
-.PHONY: help venv host-deps check lint typecheck unit node-test integration images test demo bench clean-vm dashboard-shot
+.PHONY: help venv host-deps check lint typecheck unit node-test integration images test demo bench clean-vm dashboard-shot man docs
 
 help:
 	@echo "make demo          the main job: a fleet in a VM, a runaway agent, the guard's kill named"
@@ -19,6 +19,7 @@ help:
 	@echo "make integration   the VM matrix; narrow it: DISTRO=bookworm MANAGER=user K=smoke"
 	@echo "make images        build (or reuse) the cached VM images"
 	@echo "make dashboard-shot  docs/img/dashboard.png from dashboards/sample/ (needs prometheus)"
+	@echo "make docs          docs/cli.md and the man pages (man/), generated from the CLI"
 
 # The stamp is a file of our own: $(PY) is a symlink to the system interpreter,
 # and touching it would follow the link (Permission denied as a user; as root
@@ -117,3 +118,12 @@ dashboard-shot: venv
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { echo "make: dashboard-shot needs prometheus and promtool: apt-get install prometheus" >&2; exit 1; }
 	$(PY) -m pip install --quiet --disable-pip-version-check '.[shot]'
 	$(PY) -m dashboards.shot render
+
+# Generated from the CLI itself, checked in, and checked by the host tests
+# (tests/test_cli.py: docs/cli.md; tests/test_man.py: man/, shipped in the wheel).
+docs: venv
+	$(PY) -c 'import cli._docs as d; d.write()'
+	@$(MAKE) --no-print-directory man
+
+man: venv
+	$(PY) -c 'import cli._man as m; m.write()'

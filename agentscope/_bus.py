@@ -207,10 +207,12 @@ class SystemdBus:
                 bus_class = _DirectBus if addr.direct else MessageBus
                 try:
                     # The address is parsed here: a malformed $DBUS_*_ADDRESS
-                    # is an unreachable manager (exit 4), not a bug.
+                    # is an unreachable manager (exit 4), not a bug. Older dbus-fast
+                    # (2.21, issue 28) also connects the socket here: a missing one
+                    # is FileNotFoundError from the constructor.
                     bus = bus_class(bus_address=addr.address, negotiate_unix_fd=True)
-                except InvalidAddressError as exc:
-                    tried.append(f"{addr.address} (InvalidAddressError: {exc})")
+                except (InvalidAddressError, OSError) as exc:
+                    tried.append(f"{addr.address} ({exc.__class__.__name__}: {exc})")
                     continue
                 try:
                     async with asyncio.timeout(10):

@@ -238,19 +238,36 @@ def physical_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def duration(field: str, value: object, *, low: float = 0.0, high: float = _MAX_DURATION) -> float:
+def _span_text(seconds: float) -> str:
+    """``seconds`` as the largest systemd unit that holds it whole: ``1d``, ``100ms``, ``90s``."""
+    if seconds == _MAX_DURATION:
+        return "100 years"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def duration(
+    field: str,
+    value: object,
+    *,
+    low: float = 0.0,
+    high: float = _MAX_DURATION,
+    allowed: str | None = None,
+) -> float:
     """Seconds from a systemd time span: ``90``, ``30s``, ``10min``, ``1h30min``, ``500ms``, ``7d``.
 
     Units as systemd.time(7) spells them (``m`` and ``min`` are minutes,
     ``M`` months); parts add up, with or without blanks between them. An
     int or a float is taken as seconds. The result is finite and in
-    ``low..high`` (by default at most 100 years).
+    ``low..high`` (by default at most 100 years). ``allowed`` replaces the
+    message's description of what the field takes.
 
     Raises:
         InvalidConfig: not a time span, or out of range.
     """
-    top = "100 years" if high == _MAX_DURATION else f"{high:g} s"
-    what = f"{_SPAN_HINT}, from {low:g} s to {top}"
+    what = allowed or f"{_SPAN_HINT}, from {_span_text(low)} to {_span_text(high)}"
     if isinstance(value, int | float) and not isinstance(value, bool):
         return real(field, value, low=low, high=high, allowed=what)
     if not isinstance(value, str):

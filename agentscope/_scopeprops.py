@@ -139,6 +139,8 @@ def _cpus(field: str, value: object) -> bytes:
 def parse_reap_after(value: object) -> float | None:
     """A launch's ``reap_after``: seconds (0 to a week), or None for ``"keep"``.
 
+    Seconds as a number, or a systemd time span (``30s``, ``5min``, ``1h``).
+
     Here, not in :mod:`._reaper`, because ``agentscope exec`` checks it
     before any heavy import.
 
@@ -147,8 +149,10 @@ def parse_reap_after(value: object) -> float | None:
     """
     if value == "keep":
         return None
-    allowed = f"seconds from 0 to {_MAX_REAP_AFTER:.0f}, or 'keep'"
-    return _numbers.real("reap_after", value, low=0, high=_MAX_REAP_AFTER, allowed=allowed)
+    allowed = (
+        f"a time span (seconds, 30s, 5min, 1h) from 0 to {_MAX_REAP_AFTER / 86400:g}d, or 'keep'"
+    )
+    return _numbers.duration("reap_after", value, low=0, high=_MAX_REAP_AFTER, allowed=allowed)
 
 
 def parse_property(name: str, value: object) -> tuple[str, str, Any]:

@@ -166,7 +166,9 @@ class Entry:
     def encode(self) -> bytes:
         # NUL-separated: no field can hold a NUL (names, paths and argv are C strings).
         fields = [_MAGIC, self.fleet, self.name, self.unit, str(self.pid), str(self.start_time)]
-        keep = "keep" if self.reap_after is None else repr(float(self.reap_after))
+        # Fixed-point, to the microsecond: read back by parse_reap_after, whose
+        # time spans have no exponent (repr(1e-05) is "1e-05").
+        keep = "keep" if self.reap_after is None else f"{float(self.reap_after):.6f}"
         fields += [repr(self.created), self.slice_dir, self.cwd, keep, *self.argv]
         return b"\0".join(os.fsencode(f) for f in fields)
 

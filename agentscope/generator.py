@@ -418,7 +418,9 @@ def _guard(table: dict[str, object], problems: list[str]) -> tuple[bool, tuple[s
                 "using the default"
             )
             continue
-        args += [option, f"{float(value):g}"]
+        # Fixed-point and exact: the monitor's options take no exponent (a time
+        # span has none: 1e-05 is not one), and :g would round to 6 digits.
+        args += [option, f"{float(value):.6f}".rstrip("0").rstrip(".")]
     return enabled, tuple(args)
 
 
@@ -706,6 +708,26 @@ def _user_mode(flags: set[str], argv0: str) -> bool:
     return os.path.basename(os.path.dirname(os.path.abspath(argv0))) == "user-generators"
 
 
+USAGE = "usage: agentscope-generator [--user|--system] NORMAL_DIR [EARLY_DIR LATE_DIR]"
+HELP = """\
+The systemd generator of agentscope (systemd.generator(7)): writes the agents
+slice, the monitor template, one wants link per fleet and the systemd-oomd
+drop-ins into NORMAL_DIR, from /etc/agentscope/agentscope.toml
+($AGENTSCOPE_CONFIG). systemd runs it at boot and on every daemon-reload;
+an invalid config is logged and never fails either. agentscope install puts
+it in place.
+
+Options:
+  --user       generate for a user manager (else $SYSTEMD_SCOPE, else the
+               directory it runs from: user-generators)
+  --system     generate for the system manager
+  -h, --help   show this message and exit
+
+Example:
+  agentscope-generator --user /tmp/out    # see what it would generate
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Generate into the first (normal) output directory; 0 unless it could not write.
 
@@ -713,12 +735,13 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = list(sys.argv if argv is None else argv)
     argv0, rest = (args[0] if args else "agentscope-generator"), args[1:]
+    if "-h" in rest or "--help" in rest:
+        sys.stdout.write(f"{USAGE}\n\n{HELP}")
+        return 0
     flags = {a for a in rest if a.startswith("--")}
     dirs = [a for a in rest if not a.startswith("--")]
     if len(dirs) not in (1, 3) or flags - {"--user", "--system"}:
-        sys.stderr.write(
-            "usage: agentscope-generator [--user|--system] NORMAL_DIR [EARLY_DIR LATE_DIR]\n"
-        )
+        sys.stderr.write(f"{USAGE}\nTry 'agentscope-generator --help' for help.\n")
         return 2
     user_mode = _user_mode(flags, argv0)
     path = os.environ.get("AGENTSCOPE_CONFIG") or DEFAULT_CONFIG_PATH

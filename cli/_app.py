@@ -74,7 +74,7 @@ def build_command(name: str) -> Any:
     """The click command ``name``: its module imported and its typer command built now."""
     module, attr = COMMANDS[name]
     function = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
-    single = typer.Typer(add_completion=False)
+    single = typer.Typer(add_completion=False, rich_markup_mode=None)
     single.command(name, cls=_Command)(_interruptible(function))
     return quicken(typer.main.get_command(single))
 
@@ -132,8 +132,14 @@ app = typer.Typer(
     cls=_LazyGroup,
     name="agentscope",
     help="Run every AI coding agent in its own systemd scope, and see which one ate the memory.",
+    epilog="Examples:\n\n\b\n"
+    "  agentscope run claude-1 --memory-max 4G -- claude\n"
+    "  agentscope ls\n"
+    "  agentscope monitor --guard\n\n"
+    "agentscope COMMAND --help shows a command's own; man agentscope, docs/cli.md.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -185,7 +191,7 @@ def _globals(
         bool, typer.Option("--system", help="The system manager (root): --manager system.")
     ] = False,
     fleet: Annotated[
-        str, typer.Option(help="The fleet to act on.", callback=_valid_fleet)
+        str, typer.Option(help="The fleet to act on.", metavar="NAME", callback=_valid_fleet)
     ] = "default",
     json_: Annotated[
         bool, typer.Option("--json", help="Print JSON only on stdout; errors as JSON on stderr.")

@@ -30,10 +30,13 @@ if TYPE_CHECKING:  # annotations only: collections and typing cost imports
 
 __all__ = ["HELP", "VALUED", "CallHelp", "call_command", "parse_call_args", "run_call"]
 
-USAGE = (
-    "agentscope call [--memory-max SIZE] [--memory-swap-max SIZE] [--tasks-max N] "
-    "[--name LABEL] -- CMD [ARGS...]"
+# The usage, in lines that --help prints under each other (80 columns).
+_USAGE_LINES = (
+    "agentscope call [--memory-max SIZE] [--memory-swap-max SIZE]",
+    "[--tasks-max N] [--name LABEL] -- CMD [ARGS...]",
 )
+USAGE = " ".join(_USAGE_LINES)
+_HELP_USAGE = "\n         ".join(_USAGE_LINES)
 
 # call's options that take a value, and the keyword of _calls.call_limits each fills.
 VALUED = {
@@ -43,7 +46,7 @@ VALUED = {
     "--name": "name",
 }
 
-HELP = f"""Usage: {USAGE}
+HELP = f"""Usage: {_HELP_USAGE}
 
   Run CMD as a tool call of the agent this process belongs to: in a cgroup of
   its own inside the agent's scope (call-LABEL-N), with its own caps. A call
@@ -69,6 +72,10 @@ agent's own cgroup without the call's caps, and a line on stderr says why.
 Exit status: CMD's own (128+N if a signal N ended it); 125 if agentscope
 failed (bad usage, not inside an agent), 126 if CMD cannot run, 127 if CMD
 is not found.
+
+Examples:
+  agentscope call --memory-max 2G -- pytest -x
+  agentscope call --name build --tasks-max 256 -- make -j8
 """
 
 

@@ -15,7 +15,7 @@ import typer
 
 from ._context import emit_json, fleet_of, history_of, options, said, show
 from ._errors import BadInput, Failed
-from ._parse import parse_duration, parse_size, real_option, whole_option
+from ._parse import duration_option, parse_duration, parse_size, whole_option
 
 __all__ = ["demo", "doctor", "gc", "install", "uninstall"]
 
@@ -28,6 +28,12 @@ def doctor(
 
     Exits 1 when a check fails, 4 when systemd is unreachable and the fleet
     needs it (the systemd mode: docs/containers.md).
+
+    Examples:
+
+    \b
+      agentscope doctor
+      agentscope --user doctor --fix
     """
     from . import _doctor, _render
 
@@ -66,12 +72,20 @@ def gc(
     ctx: typer.Context,
     retention: Annotated[
         str,
-        typer.Option(help="Keep exited agents younger than this time span (10min, 1h30min, 7d)."),
+        typer.Option(
+            help="Keep exited agents younger than this time span (10min, 1h30min, 7d).",
+            metavar="SPAN",
+        ),
     ] = "7d",
 ) -> None:
     """Forget exited agents (and their records) older than the retention.
 
     Reads and writes the registry file alone: works without systemd.
+
+    Examples:
+
+    \b
+      agentscope gc --retention 1d
     """
     seconds = parse_duration(retention)
     with history_of(ctx) as history:
@@ -122,6 +136,12 @@ def install(
     """Install the agents slice (no memory limits) and the monitor service for --fleet.
 
     For the manager of --user or --system (the global options; root: system).
+
+    Examples:
+
+    \b
+      agentscope install --user --linger
+      sudo agentscope install --system --dry-run
     """
     from agentscope import install as inst
 
@@ -177,7 +197,13 @@ def uninstall(
         bool, typer.Option("--dry-run", help="Print what would be removed.")
     ] = False,
 ) -> None:
-    """Remove exactly what install wrote for --user or --system (agents keep running)."""
+    """Remove exactly what install wrote for --user or --system (agents keep running).
+
+    Examples:
+
+    \b
+      agentscope uninstall --user --dry-run
+    """
     from agentscope import install as inst
 
     scope = options(ctx).resolved_manager
@@ -201,7 +227,11 @@ def demo(
         ),
     ] = 8,
     memory_max: Annotated[
-        str, typer.Option(help="The runaway's own cap (SIZE), so this machine is never squeezed.")
+        str,
+        typer.Option(
+            help="The runaway's own cap (SIZE), so this machine is never squeezed.",
+            metavar="SIZE",
+        ),
     ] = "256M",
     global_oom: Annotated[
         bool,
@@ -214,8 +244,9 @@ def demo(
     timeout: Annotated[
         float,
         typer.Option(
-            help="Seconds to wait for the kill (1-86400).",
-            parser=real_option("--timeout", 1, 86400),
+            help="How long to wait for the kill: a time span (150, 5min; 1s to 1d).",
+            parser=duration_option("--timeout", 1, 86400),
+            metavar="SPAN",
         ),
     ] = 150.0,
 ) -> None:
@@ -226,6 +257,11 @@ def demo(
     (by the kernel in its capped scope; with --global-oom by the guard), then shows
     the survivors, the slice's limits and the memory report, and stops every
     agent it started (also on Ctrl-C). Exits 0 only if every outcome happened.
+
+    Examples:
+
+    \b
+      agentscope demo --agents 4 --timeout 5min
     """
     from ._demo import DemoSettings, run_demo
 

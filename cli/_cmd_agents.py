@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 __all__ = ["attach", "exec_", "freeze", "kill", "logs", "ls", "run", "send", "stop", "thaw"]
 
 
-_CMD = typer.Argument(metavar="-- CMD [ARGS]...", help="The command and its arguments.")
+_CMD = typer.Argument(
+    metavar="-- CMD [ARGS]...",
+    help="The command and its arguments; every word after CMD is its own, options included.",
+)
 _TASKS_MAX = typer.Option(
     metavar="N", help="At most N processes and threads in its scope (TasksMax)."
 )
@@ -45,22 +48,25 @@ _PROPERTY = typer.Option(
     "IOWeight, MemoryMax, MemorySwapMax, TasksMax.",
 )
 _REAP_AFTER = typer.Option(
-    metavar="SECONDS|keep",
-    help="Seconds the processes it leaves in its scope may run on after its main "
-    "process ends, then they are stopped (default 10); keep: never.",
+    metavar="SPAN|keep",
+    help="How long the processes it leaves in its scope may run on after its main "
+    "process ends, then they are stopped: a time span (default 10, 30s, 5min); keep: never.",
 )
 
 
 def run(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent's name.", callback=valid_agent)],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The agent's name.", callback=valid_agent)
+    ],
     cmd: Annotated[list[str], _CMD],
     cwd: Annotated[Path | None, typer.Option(help="The agent's working directory.")] = None,
     env: Annotated[
         list[str] | None, typer.Option("--env", help="K=V added to the agent's environment.")
     ] = None,
     memory_max: Annotated[
-        str | None, typer.Option(help="Cap the agent's memory: SIZE, 50% of RAM, or infinity.")
+        str | None,
+        typer.Option(help="Cap the agent's memory: SIZE, 50% of RAM, or infinity.", metavar="SIZE"),
     ] = None,
     log: Annotated[
         Path | None, typer.Option(help="Where the agent's stdout and stderr go.")
@@ -85,7 +91,14 @@ def run(
         ),
     ] = False,
 ) -> None:
-    """Launch CMD as agent NAME, detached, its output going to a log file (or a tmux window)."""
+    """Launch CMD as agent NAME, detached, its output going to a log file (or a tmux window).
+
+    Examples:
+
+    \b
+      agentscope run claude-1 --memory-max 4G -- claude
+      agentscope run builder --tmux -p CPUQuota=200% --reap-after 1min -- codex
+    """
     import subprocess
 
     opts = options(ctx)
@@ -205,10 +218,13 @@ def _open_log(opts: Options, name: str, log: Path | None) -> tuple[Path, int]:
 
 def exec_(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent's name.", callback=valid_agent)],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The agent's name.", callback=valid_agent)
+    ],
     cmd: Annotated[list[str], _CMD],
     memory_max: Annotated[
-        str | None, typer.Option(help="Cap the agent's memory: SIZE, 50% of RAM, or infinity.")
+        str | None,
+        typer.Option(help="Cap the agent's memory: SIZE, 50% of RAM, or infinity.", metavar="SIZE"),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not name the unit.")] = False,
     tasks_max: Annotated[str | None, _TASKS_MAX] = None,
@@ -232,6 +248,12 @@ def exec_(
     CMD keeps the PID, stdio and signals, like systemd-run --scope. Exits
     with CMD's status; its own failures are 125 (agentscope failed), 126 (CMD
     cannot run) and 127 (CMD not found).
+
+    Examples:
+
+    \b
+      agentscope exec claude-1 --memory-max 4G -- claude
+      agentscope exec builder --reap-after 30s --fallback run -- npm test
     """
     from ._exec import fallback_mode
 
@@ -249,7 +271,14 @@ def exec_(
 
 
 def ls(ctx: typer.Context) -> None:
-    """List the fleet's agents."""
+    """List the fleet's agents.
+
+    Examples:
+
+    \b
+      agentscope ls
+      agentscope --json ls
+    """
     from ._direct import list_agents
 
     list_agents(options(ctx))
@@ -258,32 +287,57 @@ def ls(ctx: typer.Context) -> None:
 def stop(
     ctx: typer.Context,
     name: Annotated[
-        str | None, typer.Argument(help="The agent to stop.", callback=valid_agent)
+        str | None, typer.Argument(metavar="NAME", help="The agent to stop.", callback=valid_agent)
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Stop every agent of the fleet.")] = False,
     timeout: Annotated[
         float,
-        typer.Option(help="Seconds from SIGTERM to SIGKILL (0-86400).", parser=TIMEOUT),
+        typer.Option(
+            help="From SIGTERM to SIGKILL: a time span (10, 500ms, 1min; at most 1d).",
+            parser=TIMEOUT,
+            metavar="SPAN",
+        ),
     ] = 10.0,
 ) -> None:
-    """Stop an agent (SIGTERM, then SIGKILL after the timeout), or all of them."""
+    """Stop an agent (SIGTERM, then SIGKILL after the timeout), or all of them.
+
+    Examples:
+
+    \b
+      agentscope stop claude-1
+      agentscope stop --all --timeout 30s
+    """
     stop_agents(options(ctx), name, all_, timeout)
 
 
 def kill(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent to signal.", callback=valid_agent)],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The agent to signal.", callback=valid_agent)
+    ],
     signal_: Annotated[str, typer.Option("--signal", "-s", help="TERM, SIGKILL, 9, ...")] = "TERM",
 ) -> None:
-    """Send a signal to every process of an agent."""
+    """Send a signal to every process of an agent.
+
+    Examples:
+
+    \b
+      agentscope kill builder --signal KILL
+    """
     signal_agent(options(ctx), name, signal_)
 
 
 def freeze(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent.", callback=valid_agent)],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
 ) -> None:
-    """Freeze every process of an agent (cgroup freezer)."""
+    """Freeze every process of an agent (cgroup freezer).
+
+    Examples:
+
+    \b
+      agentscope freeze builder
+    """
     with fleet_of(ctx) as fleet:
         fleet.freeze(name)
     said(ctx, "state", {"name": name, "frozen": True}, f"froze {name}")
@@ -291,9 +345,15 @@ def freeze(
 
 def thaw(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent.", callback=valid_agent)],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
 ) -> None:
-    """Thaw a frozen agent."""
+    """Thaw a frozen agent.
+
+    Examples:
+
+    \b
+      agentscope thaw builder
+    """
     with fleet_of(ctx) as fleet:
         fleet.thaw(name)
     said(ctx, "state", {"name": name, "frozen": False}, f"thawed {name}")
@@ -302,13 +362,23 @@ def thaw(
 def attach(
     ctx: typer.Context,
     name: Annotated[
-        str, typer.Argument(help="The agent (launched with run --tmux).", callback=valid_agent)
+        str,
+        typer.Argument(
+            metavar="NAME", help="The agent (launched with run --tmux).", callback=valid_agent
+        ),
     ],
     read_only: Annotated[
         bool, typer.Option("--read-only", "-r", help="Watch only: keys are not sent.")
     ] = False,
 ) -> None:
-    """Attach this terminal to a tmux agent's window (detach: C-b d)."""
+    """Attach this terminal to a tmux agent's window (detach: C-b d).
+
+    Examples:
+
+    \b
+      agentscope attach builder
+      agentscope attach builder --read-only
+    """
     with fleet_of(ctx) as fleet:
         argv = fleet.attach_command(name, read_only=read_only)
     if options(ctx).json:
@@ -320,7 +390,7 @@ def attach(
 
 def logs(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The agent.", callback=valid_agent)],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
     lines: Annotated[
         int,
         typer.Option(
@@ -342,6 +412,12 @@ def logs(
     A tmux agent's lines are its window's; every other agent's are its log
     file's (the default one, or --log's), readable without systemd and after
     the agent is gone. --follow keeps reading the file (until Ctrl-C).
+
+    Examples:
+
+    \b
+      agentscope logs builder -n 50
+      agentscope logs builder --follow
     """
     from . import _logfile
 
@@ -403,12 +479,21 @@ def _is_tmux_agent(ctx: typer.Context, name: str) -> bool:
 def send(
     ctx: typer.Context,
     name: Annotated[
-        str, typer.Argument(help="The agent (launched with run --tmux).", callback=valid_agent)
+        str,
+        typer.Argument(
+            metavar="NAME", help="The agent (launched with run --tmux).", callback=valid_agent
+        ),
     ],
-    text: Annotated[str, typer.Argument(help="What to type, literally.")],
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="What to type, literally.")],
     enter: Annotated[bool, typer.Option("--enter", help="Press Enter after the text.")] = False,
 ) -> None:
-    """Type TEXT into a tmux agent's window."""
+    """Type TEXT into a tmux agent's window.
+
+    Examples:
+
+    \b
+      agentscope send builder 'run the tests again' --enter
+    """
     with fleet_of(ctx) as fleet:
         fleet.send(name, text, enter=enter)
     said(ctx, "send", {"name": name, "sent": text, "enter": enter}, f"sent to {name}")

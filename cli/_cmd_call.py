@@ -54,6 +54,12 @@ def call(
     whole, never the agent; CMD keeps the PID, stdio and signals, and the
     call's cgroup is removed when it ends (docs/calls.md). Exits with CMD's
     status; its own failures are 125, 126 (CMD cannot run) and 127 (not found).
+
+    Examples:
+
+    \b
+      agentscope call --memory-max 2G -- pytest -x
+      agentscope call --name build --tasks-max 256 -- make -j8
     """
     call_command(
         options(ctx),

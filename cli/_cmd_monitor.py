@@ -18,7 +18,7 @@ from . import _fleet
 from ._context import emit_json, fleet_of, options, show, valid_agent
 from ._direct import LIMIT, print_events
 from ._errors import BadInput, Failed, Interrupted
-from ._parse import real_option, whole_option
+from ._parse import duration_option, real_option, whole_option
 
 if TYPE_CHECKING:
     import queue
@@ -40,10 +40,18 @@ _TOP = whole_option("--top", 0, 10_000)
 def report(
     ctx: typer.Context,
     top: Annotated[
-        int, typer.Option(help="How many top processes to show (0-10000).", parser=_TOP)
+        int,
+        typer.Option(help="How many top processes to show (0-10000).", metavar="N", parser=_TOP),
     ] = 10,
 ) -> None:
-    """The memory report: per agent, and the top processes with their agents."""
+    """The memory report: per agent, and the top processes with their agents.
+
+    Examples:
+
+    \b
+      agentscope report --top 5
+      agentscope --json report
+    """
     with fleet_of(ctx) as fleet:
         data = fleet.report(top=top).to_dict()
     if options(ctx).json:
@@ -82,6 +90,12 @@ def events(
     """Print the fleet's recorded events (OOM kills, throttling, starts, exits).
 
     Reads the registry file alone: works without systemd (no bus needed).
+
+    Examples:
+
+    \b
+      agentscope events --since "1h ago" --kind oom_kill
+      agentscope --json events --follow
     """
     print_events(
         options(ctx), follow=follow, since=since, until=until, kind=kind, agent=agent, limit=limit
@@ -93,12 +107,19 @@ def top(
     interval: Annotated[
         float,
         typer.Option(
-            help="Seconds between refreshes (0.1-86400).",
-            parser=real_option("--interval", 0.1, MAX_INTERVAL),
+            help="Time between refreshes: a time span (2, 500ms, 1min; 100ms to 1d).",
+            parser=duration_option("--interval", 0.1, MAX_INTERVAL),
+            metavar="SPAN",
         ),
     ] = 1.0,
 ) -> None:
-    """A live view of the fleet: agents with memory bars, PSI, recent events; q quits."""
+    """A live view of the fleet: agents with memory bars, PSI, recent events; q quits.
+
+    Examples:
+
+    \b
+      agentscope top --interval 500ms
+    """
     from agentscope._contract import agent_list
 
     from . import _render
@@ -128,18 +149,20 @@ def monitor(
     interval: Annotated[
         float,
         typer.Option(
-            help="Seconds between samples (0.1-86400).",
-            parser=real_option("--interval", 0.1, MAX_INTERVAL),
+            help="Time between samples: a time span (2, 500ms, 1min; 100ms to 1d).",
+            parser=duration_option("--interval", 0.1, MAX_INTERVAL),
+            metavar="SPAN",
         ),
     ] = 2.0,
     top: Annotated[
-        int, typer.Option(help="Top processes kept per sample (0-10000).", parser=_TOP)
+        int, typer.Option(help="Top processes kept per sample (0-10000).", metavar="N", parser=_TOP)
     ] = 10,
     listen: Annotated[
         str | None,
         typer.Option(
             help="Serve /health, /metrics and the read API (/v1/) on HOST:PORT (loopback) "
             "or on unix:PATH (a socket of mode 0600).",
+            metavar="HOST:PORT|unix:PATH",
             envvar="AGENTSCOPE_MONITOR_LISTEN",
             show_default=False,
         ),
@@ -189,10 +212,11 @@ def monitor(
     guard_psi_seconds: Annotated[
         float,
         typer.Option(
-            help="Guard: how long PSI full must stay over --guard-psi-full, in seconds.",
-            metavar="S",
+            help="Guard: how long PSI full must stay over --guard-psi-full: a time span "
+            "(10, 30s, 1min; at most 1h).",
+            metavar="SPAN",
             envvar="AGENTSCOPE_GUARD_PSI_SECONDS",
-            parser=real_option("--guard-psi-seconds", 0, 3600),
+            parser=duration_option("--guard-psi-seconds", 0, 3600),
         ),
     ] = 10.0,
     guard_process: Annotated[
@@ -227,6 +251,12 @@ def monitor(
     pane scopes) is printed once as an escaped event; with --reclaim-escaped
     it is moved back first, and the event says whether that worked
     (docs/escapes.md).
+
+    Examples:
+
+    \b
+      agentscope monitor --guard --listen 127.0.0.1:9101
+      agentscope monitor --interval 5s --guard-psi-seconds 30s
     """
     import contextlib
     import signal

@@ -25,7 +25,7 @@ import time
 from . import _fleet
 from ._errors import BadInput, Failed, Interrupted
 from ._options import Options
-from ._parse import parse_since, real_option, whole_option
+from ._parse import duration_option, parse_since, whole_option
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: typing and collections cost imports
@@ -48,8 +48,8 @@ __all__ = [
 #: The bounds of ``events --limit`` (docs/cli.md lists them).
 MAX_EVENTS = 10**9
 LIMIT = whole_option("--limit", 0, MAX_EVENTS)
-#: ``stop --timeout``: seconds from SIGTERM to SIGKILL.
-TIMEOUT = real_option("--timeout", 0, 86400)
+#: ``stop --timeout``: a time span from SIGTERM to SIGKILL.
+TIMEOUT = duration_option("--timeout", 0, 86400)
 _EVENTS_PAGE = 1000
 
 #: The commands read here, and their options: a flag's value is True.
@@ -208,8 +208,10 @@ def list_agents(opts: Options) -> None:
 
 def stop_agents(opts: Options, name: str | None, all_: bool, timeout: float) -> None:
     """``agentscope stop``: one agent (SIGTERM, then SIGKILL after ``timeout``), or all."""
-    if (name is None) == (not all_):
+    if name is not None and all_:
         raise BadInput("give an agent NAME or --all, not both")
+    if name is None and not all_:
+        raise BadInput("name the agent to stop (agentscope stop NAME), or stop them all with --all")
     with contextlib.closing(_fleet.open_fleet(opts)) as fleet:
         if name is not None:
             fleet.stop(name, timeout=timeout)

@@ -15,7 +15,7 @@ import typer
 
 from ._app import app
 
-__all__ = ["generate", "write"]
+__all__ = ["generate", "help_markdown", "write"]
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
@@ -27,6 +27,10 @@ _HEAD = """\
 `agentscope [GLOBAL OPTIONS] COMMAND [ARGS]...` drives a fleet of agents, each
 in its own transient systemd scope, through the library's public API. Node,
 Rust or shell harnesses use it with `--json`; people use it at a terminal.
+The same reference, generated from the same app, is the man page
+`agentscope(1)` (and `agentscope-generator(8)`), installed with the wheel
+under the environment's `share/man` (`man agentscope`; `make man` rebuilds
+`man/`).
 
 ## Output and exit codes
 
@@ -42,7 +46,7 @@ traceback.
 |---|---|---|
 | 0 | ok | |
 | 1 | the operation failed | `bus_error`, `agent_exists`, `error`, `os_error`, `failed`, |
-| | | `no_log`, `terminated`, `internal`; and the host's conditions: |
+| | | `no_log`, `terminated`, `demo_failed`, `internal`; and the host's conditions: |
 | | | `host_under_pressure`, `tmux_unavailable`, `tmux_error` |
 | 2 | bad usage or bad input | `usage`, `bad_input`, `invalid_name`, `invalid_config`, |
 | | | `launch_error`, `mode_unsupported` (the manager mode cannot do it) |
@@ -78,9 +82,11 @@ there is nothing for its codes to collide with.
 SIZE is what systemd takes for `MemoryMax=`: bytes or a K/M/G/T suffix in
 powers of 1024 (`512M`, `1.5G`, `2GiB`; `KB` and `KiB` both mean 1024), a
 share of this machine's RAM (`50%`, rounded down to whole pages), or
-`infinity` (no cap). A time span (`gc --retention`) is systemd's
-(systemd.time(7)): `90`, `500ms`, `30s`, `10min` or `10m`, `1h30min`, `7d`,
-`2w` (`M` is a month, as in systemd). TIME (`events --since/--until`) is
+`infinity` (no cap). SPAN, every time option (`stop --timeout`, `top` and
+`monitor --interval`, `--guard-psi-seconds`, `--reap-after`, `demo
+--timeout`, `gc --retention`), is a systemd time span (systemd.time(7)):
+`90` (seconds), `500ms`, `30s`, `10min` or `10m`, `1min 30s`, `1h30min`,
+`7d`, `2w` (`M` is a month, as in systemd). TIME (`events --since/--until`) is
 what `journalctl --since` takes: unix seconds (`1714567890`, `@1714567890`),
 ISO 8601 (`2024-05-01T12:00:00`, local time without a zone), `now`,
 `today`, `yesterday`, a time relative to now (`-1h`, `-10min`, `2h ago`),
@@ -103,26 +109,29 @@ created or any bus is reached; `run` checks its command, `--cwd` and
 | `--cpu-weight`, `--io-weight`, `-p CPUWeight=`, `-p IOWeight=` | 1 to 10000 |
 | `-p CPUQuota=` | above 0% and at most 100000%, two decimals at most |
 | `-p AllowedCPUs=` | CPUs 0 to 8191, as `0-3,6` |
-| `--reap-after` | 0 to 604800 seconds, or `keep` |
-| `stop --timeout` | 0 to 86400 seconds |
-| `top --interval`, `monitor --interval` | 0.1 to 86400 seconds |
+| `--reap-after` | SPAN from 0 to 7d, or `keep` |
+| `stop --timeout` | SPAN from 0 to 1d |
+| `top --interval`, `monitor --interval` | SPAN from 100ms to 1d |
 | `report --top`, `monitor --top` | 0 to 10000 |
 | `events --limit` | 0 to 1000000000 |
 | `logs --lines` | 0 to 10000000 |
 | `demo --agents` | 2 to 64 |
-| `demo --timeout` | 1 to 86400 seconds |
+| `demo --timeout` | SPAN from 1s to 1d |
 | `--listen HOST:PORT` | port 0 to 65535 |
 | `--listen unix:PATH` | an absolute path of at most 107 bytes |
 | `--guard-mem-available`, `--guard-swap-free` | 0 to 100 (percent) |
 | `--guard-psi-full` | above 0 and at most 100 (percent), or `off` |
-| `--guard-psi-seconds` | 0 to 3600 seconds |
-| `gc --retention` | a time span up to 100 years |
+| `--guard-psi-seconds` | SPAN from 0 to 1h |
+| `gc --retention` | SPAN up to 100 years |
 | `AGENTSCOPE_RETENTION_DAYS` | 0 to 100000 days (another value: the default, with a warning) |
 | `WATCHDOG_USEC` | 0 to 2^64 - 1 (another value: no watchdog) |
 
 Global options may also follow the command (`agentscope ls --json` is
-`agentscope --json ls`), anywhere before a `--`; what follows `--` is the
-agent's own command line and is left alone.
+`agentscope --json ls`), anywhere before the agent's command line; that line
+is what follows `--`, or, for `run`, `exec` and `call` given without `--`,
+the first word after NAME (after `call`) and everything after it, options
+included, and it is left alone: `agentscope run b mytool -v --json` runs
+`mytool -v --json`.
 
 `exec` starts without importing typer or rich: `main()` parses its
 arguments itself when it is the command (after any global options), and
@@ -183,10 +192,31 @@ old too, so events written while the clock was behind stay (python-api.md,
 """
 
 
+def help_markdown(text: str) -> str:
+    """A command's help as Markdown: its ``\\b`` blocks (click's "keep these lines as
+    they are", the examples) become code blocks."""
+    out: list[str] = []
+    block = False
+    for line in inspect.cleandoc(text).splitlines():
+        if line == "\b":
+            out.append("```sh")
+            block = True
+        elif block and not line.startswith("  "):
+            out += ["```", line]
+            block = False
+        else:
+            out.append(line.strip() if block else line)
+    if block:
+        out.append("```")
+    return "\n".join(out)
+
+
 def _type_name(param: Any) -> str:
     annotation = param.type_descriptor.annotation
     if param.is_flag if hasattr(param, "is_flag") else False:
         return "flag"
+    if param.param_type_name == "option" and param.metavar:
+        return str(param.metavar).replace("|", "\\|")  # what --help shows: SPAN, SIZE, PCT
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return " \\| ".join(str(m.value) for m in annotation)
     if getattr(annotation, "__origin__", None) is list:
@@ -241,7 +271,7 @@ def generate() -> str:
         args = [_arg_name(p) for p in command.params if p.param_type_name == "argument"]
         usage = " ".join(["[OPTIONS]", *args])
         out += [f"### `agentscope {name}`", ""]
-        out += [inspect.cleandoc(command.help or ""), ""]
+        out += [help_markdown(command.help or ""), ""]
         out += ["```", f"agentscope [GLOBAL OPTIONS] {name} {usage}", "```", ""]
         out += _table(list(command.params))
     return "\n".join(out).rstrip() + "\n"

@@ -41,11 +41,14 @@ __all__ = [
     "run_exec",
 ]
 
-USAGE = (
-    "agentscope exec NAME [--memory-max SIZE] [--tasks-max N] [--cpu-weight N] "
-    "[--io-weight N] [-p NAME=VALUE]... [--reap-after SECONDS|keep] [--fallback run|fail] "
-    "[--quiet] -- CMD [ARGS...]"
+# The usage, in lines that --help prints under each other (80 columns).
+_USAGE_LINES = (
+    "agentscope exec NAME [--memory-max SIZE] [--tasks-max N] [--cpu-weight N]",
+    "[--io-weight N] [-p NAME=VALUE]... [--reap-after SPAN|keep]",
+    "[--fallback run|fail] [--quiet] -- CMD [ARGS...]",
 )
+USAGE = " ".join(_USAGE_LINES)
+_HELP_USAGE = "\n         ".join(_USAGE_LINES)
 
 #: Where a harness sets exec's --fallback once for every exec it starts.
 FALLBACK_ENV = "AGENTSCOPE_EXEC_FALLBACK"
@@ -90,7 +93,7 @@ class ExecArgs:
         self.properties: list[str] = []
 
 
-HELP = f"""Usage: {USAGE}
+HELP = f"""Usage: {_HELP_USAGE}
 
   Move this process into a new agent scope NAME, then exec CMD in it: CMD keeps
   this PID, stdio and signals, like systemd-run --scope. Everything after CMD
@@ -99,13 +102,15 @@ HELP = f"""Usage: {USAGE}
 Options:
   --memory-max SIZE     cap the agent's scope (MemoryMax, no swap), e.g. 4G
   --tasks-max N         at most N processes and threads (TasksMax)
-  --cpu-weight N        its share of CPU, 1-10000 (CPUWeight; systemd's default 100)
+  --cpu-weight N        its share of CPU, 1-10000 (CPUWeight; systemd's
+                        default 100)
   --io-weight N         its share of I/O, 1-10000 (IOWeight)
   -p, --property NAME=VALUE
                         a systemd property of its scope: AllowedCPUs, CPUQuota,
                         CPUWeight, IOWeight, MemoryMax, MemorySwapMax, TasksMax
-  --reap-after SECONDS  stop what CMD leaves in its scope this long after CMD
-                        ends (default 10); keep: never
+  --reap-after SPAN|keep
+                        stop what CMD leaves in its scope this long after CMD
+                        ends: a time span (default 10, 30s, 5min); keep: never
   --fallback run|fail   where no scope can be made (no systemd manager, or it
                         refused the scope): run CMD unconfined, saying so in
                         one line on stderr (run), or exit 125 (fail, the
@@ -116,6 +121,10 @@ Options:
 Exit status: CMD's own (128+N if a signal N ended it); 125 if agentscope
 failed (bad usage, no systemd manager, the scope refused), 126 if CMD cannot
 run, 127 if CMD is not found.
+
+Examples:
+  agentscope exec claude-1 --memory-max 4G -- claude
+  agentscope exec builder --reap-after 30s --fallback run -- npm test
 """
 
 

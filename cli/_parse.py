@@ -18,6 +18,7 @@ from agentscope._errors import InvalidConfig
 from ._errors import BadInput
 
 __all__ = [
+    "duration_option",
     "parse_duration",
     "parse_env",
     "parse_signal",
@@ -175,5 +176,20 @@ def real_option(
 
     def parse(value: object) -> float:
         return _numbers.real(option, value, low=low, high=high, above_low=above_low)
+
+    return parse
+
+
+def duration_option(option: str, low: float, high: float) -> Callable[[object], float]:
+    """A typer ``parser=`` for a time option: seconds from a systemd time span in ``low..high``.
+
+    Every time option of the command line takes systemd.time(7)'s spans
+    (``90``, ``500ms``, ``1min 30s``, ``2h``; a bare number is seconds):
+    :func:`agentscope._numbers.duration`, the one grammar, with the
+    option's name in the message.
+    """
+
+    def parse(value: object) -> float:
+        return _numbers.duration(option, value, low=low, high=high)
 
     return parse

@@ -30,12 +30,18 @@ def hoist_globals(args: Sequence[str]) -> list[str]:
     """Move global options given after the command to the front.
 
     Harnesses write ``agentscope ls --json`` as often as ``agentscope --json
-    ls``; both mean the same. Only what comes before a ``--`` moves: what
-    follows it is the agent's own command line.
+    ls``; both mean the same. Only what comes before the agent's command
+    moves: what follows ``--``, or the command of ``run``, ``exec`` or
+    ``call`` given without ``--``, is the agent's own command line. For
+    ``run`` a ``--`` is put before that command, so that typer leaves its
+    options to the agent (``agentscope run b mytool -v --json``).
     """
     args = list(args)
     end = args.index("--") if "--" in args else len(args)
-    end = min(end, _exec_command_start(args))
+    start, command = _agent_command_start(args)
+    if command == "run" and start < end:
+        args.insert(start, "--")  # click would read mytool's -v as run's (issue 28)
+    end = min(end, start)
     front: list[str] = []
     rest: list[str] = []
     i = 0
@@ -55,19 +61,36 @@ def hoist_globals(args: Sequence[str]) -> list[str]:
     return [*front, *rest, *args[end:]]
 
 
-def _exec_command_start(args: Sequence[str]) -> int:
-    """Where ``exec``'s own command begins when it is given without ``--`` (else len(args)).
+#: ``run``'s options that take a value (tests/test_cli.py checks them against the command).
+RUN_VALUED = (
+    "--cwd",
+    "--env",
+    "--memory-max",
+    "--log",
+    "--tasks-max",
+    "--cpu-weight",
+    "--io-weight",
+    "--property",
+    "-p",
+    "--reap-after",
+)
+
+
+def _agent_command_start(args: Sequence[str]) -> tuple[int, str | None]:
+    """Where the agent's command begins in ``run``, ``exec`` or ``call`` given without
+    ``--`` (else len(args)), and which of them ``args`` run (None: another).
 
     ``agentscope exec b mytool --json`` gives ``--json`` to ``mytool``: what follows
     the agent's command is the agent's, never ours.
     """
     from ._exec import VALUED as EXEC_VALUED
 
-    CALL_VALUED: dict[str, str] = {}
+    valued: dict[str, Sequence[str]] = {"exec": tuple(EXEC_VALUED), "run": RUN_VALUED}
     if "call" in args:  # not imported on exec's path
         from ._call import VALUED as CALL_VALUED
 
-    i, seen_command, name_seen = 0, False, False
+        valued["call"] = tuple(CALL_VALUED)
+    i, command, name_seen = 0, None, False
     while i < len(args):
         arg = args[i]
         if arg == "--":
@@ -75,19 +98,21 @@ def _exec_command_start(args: Sequence[str]) -> int:
         key = arg.partition("=")[0]
         if arg in _FLAGS or arg in ("-q", "--quiet", "-h", "--help"):
             pass
-        elif key in _VALUED or key in EXEC_VALUED or key in CALL_VALUED:
+        elif key in _VALUED or (command is not None and key in valued[command]):
             i += 0 if "=" in arg else 1
-        elif not seen_command:
-            if arg not in ("exec", "call"):
-                return len(args)
-            seen_command = True
+        elif command is not None and arg.startswith("-") and arg != "-":
+            pass  # a flag of the command's (run --tmux); a bad one is the command's to refuse
+        elif command is None:
+            if arg not in valued:
+                return len(args), None
+            command = arg
             name_seen = arg == "call"  # call has no NAME: its next word is the command
         elif not name_seen:
             name_seen = True
         else:
-            return i
+            return i, command
         i += 1
-    return len(args)
+    return len(args), command
 
 
 def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] | None:

@@ -158,7 +158,7 @@ def _cases() -> Iterator[Any]:
         yield pytest.param(["run", "a", "--log", log, *cmd], 2, "--log", id=f"log-{log}")
     for manager in ("bogus", "", "System"):
         yield pytest.param(["--manager", manager, "ls"], 2, "manager", id=f"manager-{manager!r}")
-    yield pytest.param(["stop"], 2, "NAME|--all", id="stop-neither")
+    yield pytest.param(["stop"], 2, "name the agent to stop", id="stop-neither")
     yield pytest.param(["stop", "a", "--all"], 2, "not both", id="stop-both")
 
 

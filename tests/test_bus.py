@@ -53,6 +53,26 @@ def test_no_user_bus_leaves_only_private_socket(tmp_path) -> None:  # type: igno
     assert got == [BusAddress(f"unix:path={tmp_path}/systemd/private", direct=True)]
 
 
+async def test_a_missing_socket_is_systemd_unavailable_even_from_the_constructor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Older dbus-fast connects the socket in ``MessageBus()`` itself: a host without
+    systemd is still exit 4's SystemdUnavailable, never a bare FileNotFoundError."""
+    import agentscope._bus as bus_module
+    from agentscope import SystemdUnavailable
+
+    missing = tmp_path / "no-bus"
+
+    class ConnectsAtOnce:  # a stand-in: this dbus-fast's own MessageBus connects later
+        def __init__(self, **kwargs: Any) -> None:
+            raise FileNotFoundError(2, "No such file or directory", str(missing))
+
+    monkeypatch.setattr(bus_module, "MessageBus", ConnectsAtOnce)
+    bus = SystemdBus("system", env={"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={missing}"})
+    with pytest.raises(SystemdUnavailable, match=r"FileNotFoundError.*no-bus"):
+        await bus.connect()
+
+
 def test_resolve_manager() -> None:
     assert resolve_manager("system") == "system"
     assert resolve_manager("auto") in ("system", "user")

@@ -35,8 +35,9 @@ from agentscope import AgentMemory
 from agentscope import _exec as agentscope_exec
 from agentscope._report import CallMemory
 from cli import _docs, _doctor, _fleet, _render
+from cli._app import COMMANDS, build_command
 from cli._errors import BadInput, CannotRun, CommandNotFound, Failed
-from cli._exec import parse_exec_args, resolve_command
+from cli._exec import launch_controls, parse_exec_args, resolve_command
 from cli._notify import Notifier, format_state
 from cli._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
 from cli.main import hoist_globals, main, split_globals
@@ -478,6 +479,30 @@ def test_bad_sizes_and_times_are_exit_2(fleet: FakeFleet) -> None:
         assert_no_traceback(result)
 
 
+@pytest.mark.parametrize(
+    "text", ["4096", "512K", "512M", "1.5G", "1.5 G", "2GiB", "1TB", "0.5T", "50%", "infinity"]
+)
+def test_memory_max_and_p_memorymax_take_one_size_grammar(fleet: FakeFleet, text: str) -> None:
+    """``--memory-max X`` and ``-p MemoryMax=X`` are the same bytes (issue 28)."""
+    from agentscope import _scopeprops
+
+    size = parse_size(text)
+    sent = _scopeprops.build(properties={"MemoryMax": text})["MemoryMax"][1]
+    assert sent == (2**64 - 1 if size is None else size)
+    for option in (["--memory-max", text], ["-p", f"MemoryMax={text}"]):
+        assert run("run", "a", *option, "--", "true").code == 0
+
+
+@pytest.mark.parametrize("text", ["1.5X", "0", "-1G", "1.5", "150%", "9E", "\u00b2G", "G", ""])
+def test_memory_max_and_p_memorymax_refuse_alike(fleet: FakeFleet, text: str) -> None:
+    for option in (["--memory-max", text], ["-p", f"MemoryMax={text}"]):
+        result = run("run", "a", *option, "--", "true")
+        assert result.code == 2, (option, result.stderr)
+        assert "MemoryMax" in result.stderr or "--memory-max" in result.stderr
+        assert_no_traceback(result)
+    assert not [c for c in fleet.calls if c[0] == "launch"]
+
+
 def test_run_memory_max_infinity_is_no_cap(fleet: FakeFleet, tmp_path: Path) -> None:
     result = run(
         "run", "a", "--memory-max", "infinity", "--log", str(tmp_path / "a.log"), "--", "true"
@@ -611,6 +636,73 @@ ERRORS = [
     (PermissionError(13, "Permission denied"), 1, "os_error"),
     (RuntimeError("boom"), 1, "internal"),
 ]
+
+
+def _examples(help_text: str) -> list[list[str]]:
+    """The example command lines of a ``--help``, as argv (``sudo`` dropped)."""
+    import shlex
+
+    _, found, rest = help_text.partition("Examples:\n")
+    assert found, "no Examples: section"
+    lines = [line.strip() for line in rest.strip("\n").splitlines()]
+    lines = lines[: lines.index("") if "" in lines else len(lines)]
+    return [shlex.split(line.removeprefix("sudo ")) for line in lines]
+
+
+def test_the_root_help_has_examples_that_parse() -> None:
+    result = run("--help")
+    assert result.code == 0, result.stderr
+    examples = _examples(result.stdout)
+    assert len(examples) >= 3
+    for argv in examples:
+        split = split_globals(hoist_globals(argv[1:]))
+        assert split is not None, argv
+        assert split[1] in COMMANDS, argv
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_commands_help_has_examples_that_parse(command: str) -> None:
+    """``agentscope COMMAND --help`` shows examples, and each is a command line this
+    agentscope takes: its options exist and their values parse (issue 28)."""
+    from cli._call import parse_call_args
+
+    result = run(command, "--help")
+    assert result.code == 0, result.stderr
+    examples = _examples(result.stdout)
+    assert examples
+    for argv in examples:
+        assert argv[0] == "agentscope", argv
+        split = split_globals(hoist_globals(argv[1:]))
+        assert split is not None, argv
+        _opts, name, args = split
+        assert name == command, argv
+        if command == "exec":
+            assert parse_exec_args(args).cmd, argv
+        elif command == "call":
+            assert parse_call_args(args)[1], argv
+        else:  # click parses it all: unknown options and bad values raise
+            build_command(command).make_context(command, list(args))
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_help_at_80_columns_cuts_nothing(command: str) -> None:
+    """Every option's names and environment variable are whole at 80 columns (issue 28)."""
+    result = run(command, "--help", env={"COLUMNS": "80"})
+    assert result.code == 0, result.stderr
+    assert "\u2026" not in result.stdout
+    assert max(map(len, result.stdout.splitlines())) <= 80
+    words = {word.strip(",") for word in result.stdout.split()}
+    if command in ("exec", "call"):
+        return  # their own help, not typer's: test_exec_help and tests/test_calls.py
+    for param in build_command(command).params:
+        for name in [*param.opts, *param.secondary_opts]:
+            if param.param_type_name == "option":
+                assert name in words, (command, name)
+        if param.envvar:
+            assert param.envvar in result.stdout.replace("\n", " ").replace("  ", ""), (
+                command,
+                param.envvar,
+            )
 
 
 @pytest.mark.parametrize(("exc", "code", "kind"), ERRORS)
@@ -970,6 +1062,27 @@ def test_gc(fleet: FakeFleet) -> None:
     assert run_json("gc", "--retention", "2h")[1]["retention_seconds"] == 7200
 
 
+@pytest.mark.parametrize(("span", "seconds"), [("90", 90.0), ("1min 30s", 90.0), ("500ms", 0.5)])
+def test_every_time_option_takes_systemd_time_spans(
+    fleet: FakeFleet, span: str, seconds: float
+) -> None:
+    """stop --timeout, top/monitor --interval, --guard-psi-seconds, --reap-after: one grammar."""
+    assert run_json("stop", "a", "--timeout", span)[0].code == 0
+    assert ("stop", "a", seconds) in fleet.calls
+    assert run("monitor", "--interval", span).code == 0
+    assert ("monitor", seconds, 10) in fleet.calls
+    assert run("monitor", "--guard", "--guard-psi-seconds", span).code == 0
+    (config,) = [c[3] for c in fleet.calls if c[0] == "monitor" and len(c) > 3]
+    assert config.psi_full_seconds == seconds
+    assert run("top", "--interval", span).code == 0  # no terminal: one table, no loop
+    result = run_json("run", "a", "--reap-after", span, "--", "true")[0]
+    assert result.code == 0, result.stderr
+    ((*_, kw),) = [c for c in fleet.calls if c[0] == "launch"]
+    assert kw["reap_after"] == seconds
+    parsed = parse_exec_args(["a", "--reap-after", span, "--", "sh"])
+    assert launch_controls(reap_after=parsed.reap_after)["reap_after"] == seconds
+
+
 def test_top_without_a_terminal(fleet: FakeFleet) -> None:
     result = run("top")
     assert result.code == 0
@@ -1088,8 +1201,9 @@ def test_monitor_guard_options_make_its_config(fleet: FakeFleet) -> None:
         (["--guard-mem-available", "150"], "--guard-mem-available = '150' is out of range"),
         (["--guard-psi-full", "0"], "--guard-psi-full '0' is not a percentage above 0"),
         (["--guard-psi-full", "lots"], "--guard-psi-full 'lots' is not a percentage"),
-        (["--guard-psi-seconds", "-1"], "--guard-psi-seconds = '-1' is out of range"),
-        (["--guard-psi-seconds", "nan"], "--guard-psi-seconds = 'nan' is not a number"),
+        (["--guard-psi-seconds", "2h"], "--guard-psi-seconds = '2h' is out of range"),
+        (["--guard-psi-seconds", "-1"], "--guard-psi-seconds = '-1' is not a time span"),
+        (["--guard-psi-seconds", "nan"], "--guard-psi-seconds = 'nan' is not a time span"),
     ],
 )
 def test_monitor_guard_values_out_of_range_exit_2(
@@ -1393,6 +1507,56 @@ def test_options_after_the_agents_command_belong_to_the_agent(
     execs.clear()
     result = run("exec", "b", "--json", "true", "--fleet", "x")
     assert execs == [["true", "--fleet", "x"]]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "b", "true", "-v", "--json", "--fleet", "prod"],
+        ["run", "--log", "{log}", "b", "true", "-v", "--json", "--fleet", "prod"],
+        [
+            "run",
+            "b",
+            "--log",
+            "{log}",
+            "-p",
+            "TasksMax=8",
+            "true",
+            "-v",
+            "--json",
+            "--fleet",
+            "prod",
+        ],
+        ["run", "b", "--tmux", "--memory-max=1G", "true", "-v", "--json", "--fleet", "prod"],
+    ],
+)
+def test_options_after_runs_command_belong_to_the_agent(
+    fleet: FakeFleet, tmp_path: Path, args: list[str]
+) -> None:
+    """``agentscope run b mytool -v --json``: mytool gets ``-v --json`` (issue 28)."""
+    args = [a.replace("{log}", str(tmp_path / "b.log")) for a in args]
+    result = run(*args)
+    assert result.code == 0, result.stderr
+    ((_, name, argv, _kw),) = [c for c in fleet.calls if c[0] == "launch"]
+    assert (name, argv) == ("b", ["true", "-v", "--json", "--fleet", "prod"])
+    assert fleet.name == "default"  # --fleet prod was the agent's
+    assert not result.stdout.lstrip().startswith("{")  # --json too
+
+
+def test_runs_valued_options_are_the_commands() -> None:
+    """main.RUN_VALUED, which finds where run's agent command begins, lists run's options
+    that take a value: an option added to run without it would eat the agent's command."""
+    from cli._app import build_command
+    from cli.main import RUN_VALUED
+
+    command = build_command("run")
+    valued = {
+        opt
+        for param in command.params
+        if param.param_type_name == "option" and not param.is_flag
+        for opt in param.opts
+    }
+    assert valued == set(RUN_VALUED)
 
 
 @pytest.mark.parametrize(

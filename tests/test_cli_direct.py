@@ -88,7 +88,8 @@ STOP_CASES = [
     (("stop", "builder-1", "reviewer"), False),
     (("stop", "--timeout", "-1", "builder-1"), False),
     (("stop", "--timeout", "nan", "builder-1"), False),
-    (("stop", "--timeout", "5min", "builder-1"), False),
+    (("stop", "--timeout", "5min", "builder-1"), True),  # a systemd time span
+    (("stop", "--timeout", "5 parsecs", "builder-1"), False),
     (("stop", "builder-1", "--timeout"), False),
     (("stop", "builder-1", "--timeout", "1", "--timeout", "2"), False),
     (("stop", "--all=yes"), False),

@@ -149,11 +149,8 @@ def test_ls_and_stop_import_no_typer_no_rich_no_monitor_nor_other_command(
 def test_help_lists_every_command_in_its_order(tmp_path: Path) -> None:
     result, modules = imported_by(tmp_path, "--help")
     assert result["code"] == 0
-    listed = [
-        line.split()[1]
-        for line in result["stdout"].splitlines()
-        if line.startswith("│ ") and len(line.split()) > 2 and line.split()[1] in _app.COMMANDS
-    ]
+    commands = result["stdout"].partition("\nCommands:\n")[2].partition("\n\n")[0]
+    listed = [line.split()[0] for line in commands.splitlines() if line.startswith("  ")]
     assert listed == list(_app.COMMANDS)
     group = typer.main.get_command(_app.app)
     for name in _app.COMMANDS:

@@ -113,6 +113,23 @@ def test_the_scrape_has_every_family_of_the_face(exported: set[str]) -> None:
         assert name in exported
 
 
+def test_docs_install_md_names_every_metric_of_the_face(exported: set[str]) -> None:
+    """docs/install.md's list of /metrics is the face's: nothing missing, nothing extra
+    (``agentscope_host_mem_*_bytes`` stands for a family of names)."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text.partition("## The monitor's HTTP face")[2].partition("\n## ")[0]
+    documented = set(re.findall(r"`(agentscope_[a-z_*]+)`", section))
+    ours = {name for name in exported if name.startswith("agentscope_")}
+
+    def named(metric: str) -> bool:
+        return any(re.fullmatch(d.replace("*", "[a-z_]+"), metric) for d in documented)
+
+    assert {m for m in ours if not named(m)} == set()
+    assert {
+        d for d in documented if not any(re.fullmatch(d.replace("*", "[a-z_]+"), m) for m in ours)
+    } == set()
+
+
 def test_the_metric_name_reader_sees_metrics_only() -> None:
     expr = (
         'sum by (agent) (increase(agentscope_agent_oom_kills_total{fleet=~"$fleet",'
@@ -161,15 +178,78 @@ def test_every_alert_metric_is_exported_and_the_rules_are_well_formed(
         assert names <= exported, (rule["alert"], names - exported)
 
 
+def _datasources(node: object) -> list[dict[str, Any]]:
+    """Every ``datasource`` object anywhere in a dashboard model."""
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource" and isinstance(value, dict):
+                found.append(value)
+            found += _datasources(value)
+    elif isinstance(node, list):
+        for item in node:
+            found += _datasources(item)
+    return found
+
+
+def test_the_dashboard_imports_into_grafana_as_it_is() -> None:
+    """Grafana's import (Dashboards, New, Import) asks for each of ``__inputs`` and puts
+    the chosen data source's uid for ``${DS_PROMETHEUS}``: no uid of ours is in it.
+    Provisioned from a file, nothing is substituted: ``${DS_PROMETHEUS}`` is then the
+    data source variable of that name (the default Prometheus), the workaround of
+    grafana/grafana#10786 ("Datasource ${DS_PROMETHEUS} was not found")."""
+    text = DASHBOARD.read_text()
+    dash = json.loads(text)
+    assert dash["__inputs"] == [
+        {
+            "name": "DS_PROMETHEUS",
+            "label": "Prometheus",
+            "description": dash["__inputs"][0]["description"],
+            "type": "datasource",
+            "pluginId": "prometheus",
+            "pluginName": "Prometheus",
+        }
+    ]
+    assert dash["id"] is None  # a fresh dashboard in the Grafana it goes to
+    required = {(r["type"], r["id"]) for r in dash["__requires"]}
+    assert {("grafana", "grafana"), ("datasource", "prometheus")} <= required
+    assert {("panel", p["type"]) for p in dash["panels"]} <= required
+    sources = _datasources(dash)
+    assert len(sources) > len(dash["panels"])  # the panels', their targets', the variables'
+    for source in sources:
+        assert source == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+    # The import: the one substitution Grafana makes leaves no input unfilled.
+    imported = json.loads(text.replace("${DS_PROMETHEUS}", "P1809F7CD0C75ACF3"))
+    assert "DS_" not in json.dumps(imported["panels"] + imported["templating"]["list"][1:])
+    assert {s["uid"] for s in _datasources(imported)} == {"P1809F7CD0C75ACF3"}
+    # Provisioned: the variable of the same name stands for it.
+    variable = dash["templating"]["list"][0]
+    assert (variable["name"], variable["type"], variable["query"]) == (
+        "DS_PROMETHEUS",
+        "datasource",
+        "prometheus",
+    )
+
+
+def test_every_variable_a_query_uses_is_defined() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    defined = {v["name"] for v in dash["templating"]["list"]}
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            used = set(re.findall(r"\$\{?(\w+)", target["expr"]))
+            builtins = {u for u in used if u.startswith("__")}  # $__rate_interval, ...
+            assert used - builtins <= defined, (panel["title"], used - builtins - defined)
+
+
 def test_the_dashboard_is_a_grafana_model_with_a_datasource_and_a_fleet_variable() -> None:
     dash = json.loads(DASHBOARD.read_text())
     variables = {v["name"]: v for v in dash["templating"]["list"]}
-    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["DS_PROMETHEUS"]["query"] == "prometheus"
     assert "fleet" in variables
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dash["panels"]:
-        assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}"
         assert {"h", "w", "x", "y"} <= set(panel["gridPos"])
         for target in panel["targets"]:
             assert 'fleet=~"$fleet"' in target["expr"], panel["title"]

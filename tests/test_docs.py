@@ -232,12 +232,16 @@ def test_readme_says_probe_is_async_and_probe_sync_blocks() -> None:
 def test_readme_exec_figures_are_the_benchmarks_own() -> None:
     readme = (ROOT / "README.md").read_text()
     bench = (ROOT / "docs" / "benchmarks.md").read_text()
-    sentence = readme[readme.index("`exec` starts") :].split("\n\n")[0]
+    paragraphs = [" ".join(p.split()) for p in readme.split("\n\n")]
+    (sentence,) = [p for p in paragraphs if "`exec` starts" in p]
     figures = re.findall(r"\d[\d.,]*\s?(?:ms|x)\b", sentence)
-    assert len(figures) >= 3, sentence
+    assert len(figures) >= 5, sentence
     for figure in figures:
         assert figure.replace(" ", "") in bench.replace(" ", "").replace("*", ""), figure
     assert "about as fast as" not in sentence
+    # Which figures are native and which the VM's (TCG: many times slower), said (#28).
+    assert "Natively" in sentence
+    assert "TCG" in sentence
 
 
 # -- docs/python-api.md and the real signatures -------------------------------------------
@@ -378,3 +382,63 @@ def test_architecture_lists_every_module() -> None:
     present = {p.name for p in (ROOT / "agentscope").glob("*.py")}
     assert present - listed == set(), "docs/architecture.md does not list these modules"
     assert listed - present == set(), "docs/architecture.md lists modules that are gone"
+
+
+def test_json_md_lists_every_event_kind_and_no_other() -> None:
+    """docs/json.md's event table names exactly the kinds that have a schema
+    (schemas/events/KIND.json, which tests/test_contract.py holds to the code)."""
+    text = (ROOT / "docs" / "json.md").read_text()
+    table = text.partition("| kind | seen by | what happened |")[2].partition("\n\n")[0]
+    documented = {
+        kind
+        for row in table.splitlines()[2:]
+        for kind in re.findall(r"`([a-z_]+)`", row.split("|")[1])
+    }
+    schemas = {p.stem for p in (ROOT / "schemas" / "events").glob("*.json")}
+    assert documented == schemas, (schemas - documented, documented - schemas)
+
+
+def _cli_kinds() -> set[str]:
+    """The ``kind`` words the command line can put in its error: classify()'s, and those
+    its own failures carry (``Failed(message, kind)``), read from cli/'s source."""
+    import ast
+
+    kinds: set[str] = set()
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        if path.name == "_readapi.py":  # the read API's: HTTP answers, docs/json.md
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "classify":
+                for item in ast.walk(node):
+                    if isinstance(item, ast.Tuple) and len(item.elts) in (2, 3):
+                        last = item.elts[-1]
+                        options = (
+                            [last.body, last.orelse] if isinstance(last, ast.IfExp) else [last]
+                        )
+                        kinds |= {
+                            o.value
+                            for o in options
+                            if isinstance(o, ast.Constant) and isinstance(o.value, str)
+                        }
+            if isinstance(node, ast.Call) and len(node.args) >= 2:
+                name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+                kind = node.args[1]
+                if (
+                    name in ("Failed", "__init__")
+                    and isinstance(kind, ast.Constant)
+                    and isinstance(kind.value, str)
+                ):
+                    kinds.add(kind.value)
+    return kinds
+
+
+def test_cli_md_lists_every_error_kind_and_no_other() -> None:
+    """docs/cli.md's exit tables name exactly the kinds an error of the CLI can have."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    rows: list[str] = []
+    for head in ("| exit | meaning | kinds |", "| exit | `exec` | kinds |"):
+        rows += text.partition(head)[2].partition("\n\n")[0].splitlines()[2:]
+    documented = {k for row in rows for k in re.findall(r"`([a-z_]+)`", row.split("|")[3])}
+    kinds = _cli_kinds()
+    assert {"usage", "bad_input", "not_found", "interrupted", "no_log"} <= kinds
+    assert documented == kinds, (kinds - documented, documented - kinds)

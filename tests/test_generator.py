@@ -301,6 +301,15 @@ def test_usage_error_without_output_directory(tmp_path: Path) -> None:
     assert "usage: agentscope-generator" in result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_is_exit_0_with_an_example(tmp_path: Path, flag: str) -> None:
+    result = run(tmp_path, flag)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith("usage: agentscope-generator")
+    assert "Example:\n  agentscope-generator --user" in result.stdout
+    assert not list(tmp_path.glob("**/*.service"))  # --help generates nothing
+
+
 def test_imports_only_the_standard_library(tmp_path: Path) -> None:
     probe = textwrap.dedent(
         f"""
@@ -449,6 +458,22 @@ def test_the_guard_is_configured_in_its_own_table(tmp_path: Path) -> None:
     off = tmp_path / "off"
     run(tmp_path, "--system", str(off), config="[guard]\nenabled = false\n")
     assert _exec_start(off).endswith(" monitor --no-guard")
+
+
+def test_the_monitor_takes_the_guard_values_it_is_given(tmp_path: Path) -> None:
+    """The ExecStart's guard options parse with the monitor's own parsers, to the same
+    numbers: small ones are not written as 1e-05, which a time span is not."""
+    import shlex
+
+    from cli._app import build_command
+
+    out = tmp_path / "out"
+    config = "[guard]\nswap_free_percent = 12.34567\npsi_full_seconds = 0.00001\n"
+    assert run(tmp_path, "--system", str(out), config=config).returncode == 0
+    argv = shlex.split(_exec_start(out).partition(" monitor ")[2])
+    ctx = build_command("monitor").make_context("monitor", argv)
+    assert ctx.params["guard_swap_free"] == 12.34567
+    assert ctx.params["guard_psi_seconds"] == pytest.approx(0.00001)
 
 
 def test_a_guard_value_out_of_range_falls_back_to_its_default(tmp_path: Path) -> None:

@@ -54,9 +54,12 @@ def test_the_grace_travels_in_the_entry_and_version_1_still_reads(tmp_path: Path
     assert back is not None
     assert back.reap_after is None
     assert back.argv == kept.argv  # the grace sits before argv, never in it
-    quick = entry(tmp_path)
-    quick.reap_after = 1.5
-    assert (_spool.Entry.decode(quick.encode()) or quick).reap_after == 1.5
+    for grace in (1.5, 0.0, 1e-05, 604800.0):
+        quick = entry(tmp_path)
+        quick.reap_after = grace
+        decoded = _spool.Entry.decode(quick.encode())
+        assert decoded is not None, grace
+        assert decoded.reap_after == pytest.approx(grace, abs=1e-6)
     fields = [
         b"agentscope-spool-1",
         b"f",

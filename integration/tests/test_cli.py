@@ -56,10 +56,11 @@ def test_run_ls_stop_and_the_agent_outlives_the_cli(fleet: str, tmp_path: Path) 
         "a",
         "--log",
         str(log),
-        "--",
+        # No "--": what follows the command is the agent's, --json included (#28).
         "sh",
         "-c",
-        "echo started; exec sleep 300",
+        'echo started "$0"; exec sleep 300',
+        "--json",
     )
     assert isinstance(out, dict)
     assert validate(out) == "agentscope.launched/1"
@@ -72,7 +73,7 @@ def test_run_ls_stop_and_the_agent_outlives_the_cli(fleet: str, tmp_path: Path) 
     # The agent's output reached the file run named. `logs` reading it back
     # is a file read, the same on any host: tests/test_cli.py's
     # test_logs_reads_the_log_file_run_writes.
-    assert log.read_text() == "started\n"
+    assert log.read_text() == "started --json\n"
     # Piped, the table is at full width: the unit name on one line with its row.
     table = cli("--fleet", fleet, "ls")
     assert any(line.startswith("a ") and out["unit"] in line for line in table.stdout.splitlines())
@@ -95,7 +96,7 @@ def test_run_ls_stop_and_the_agent_outlives_the_cli(fleet: str, tmp_path: Path) 
     assert isinstance(report, dict)
     assert validate(report) == "agentscope.report/1"
     assert [a["agent"] for a in report["agents"]] == ["a"]
-    validate(ok_json("--fleet", fleet, "stop", "a", "--timeout", "5"))
+    validate(ok_json("--fleet", fleet, "stop", "a", "--timeout", "5s"))  # a systemd time span
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
     events = cli("--json", "--fleet", fleet, "events")
     recorded = [json.loads(line) for line in events.stdout.splitlines()]
