@@ -25,8 +25,8 @@ from fakefs import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentscope import _cgroup
-from agentscope._attribution import (
+from agentscope_systemd import _cgroup
+from agentscope_systemd._attribution import (
     PressureSample,
     PressureWindow,
     SeenProcess,
@@ -36,8 +36,8 @@ from agentscope._attribution import (
     oom_victims,
     parse_oom_kill_line,
 )
-from agentscope._cgroup import MemoryEvents
-from agentscope._proc import (
+from agentscope_systemd._cgroup import MemoryEvents
+from agentscope_systemd._proc import (
     MemInfo,
     ProcStat,
     host_pressure,
@@ -330,7 +330,7 @@ def test_top_processes_steps_past_processes_that_exit(
     for pid, pages in ((10, 900), (20, 800), (30, 700), (40, 600)):
         make_proc(tmp_path, pid, comm=f"p{pid}", rss_pages=pages)
     # pid 10 exits after its statm was read, before its stat is.
-    import agentscope._proc as proc
+    import agentscope_systemd._proc as proc
 
     real = proc.read_statm_rss
 
