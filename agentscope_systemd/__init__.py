@@ -5,20 +5,17 @@ Layers, from daily use down: ``agentscope_systemd`` holds fleets and agents
 core, :class:`Fleet`); ``agentscope_systemd.lowlevel`` the cgroup and /proc
 readers and the bus connection it is built from;
 ``agentscope_systemd.watchdog`` the harness stability kit (event-loop stall
-watchdog, fatal-reason log). The ``agentscope`` command is the private
-``_cli`` subpackage, built on the public side.
+watchdog, fatal-reason log). Below them, one private subpackage per
+layer (docs/architecture.md): ``_kernel``, ``_managers``, ``_registry``,
+``_monitor``, ``_guard``, ``_fleet``, ``_calls``, and the ``agentscope``
+command in ``_cli``, built on the public side.
 
 Names are imported on first use (PEP 562): ``agentscope exec`` starts with
-``import agentscope_systemd._wire`` and must not pay for the whole library.
+``import agentscope_systemd._managers._wire`` and must not pay for the whole library.
 """
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._agent import Agent as Agent
-    from ._blocking import BlockingAgent as BlockingAgent
-    from ._blocking import BlockingMonitor as BlockingMonitor
-    from ._blocking import Fleet as Fleet
-    from ._blocking import probe_sync as probe_sync
     from ._errors import AgentExists as AgentExists
     from ._errors import AgentNotFound as AgentNotFound
     from ._errors import AgentscopeError as AgentscopeError
@@ -44,22 +41,27 @@ if TYPE_CHECKING:
     from ._events import OomKill as OomKill
     from ._events import Pressure as Pressure
     from ._events import Throttled as Throttled
-    from ._fleet import DEVNULL as DEVNULL
-    from ._fleet import PIPE as PIPE
-    from ._fleet import AsyncFleet as AsyncFleet
-    from ._guardpolicy import GuardConfig as GuardConfig
-    from ._guardpolicy import GuardHeld as GuardHeld
-    from ._guardpolicy import GuardKill as GuardKill
-    from ._monitor import Monitor as Monitor
+    from ._fleet._agent import Agent as Agent
+    from ._fleet._blocking import BlockingAgent as BlockingAgent
+    from ._fleet._blocking import BlockingMonitor as BlockingMonitor
+    from ._fleet._blocking import Fleet as Fleet
+    from ._fleet._blocking import probe_sync as probe_sync
+    from ._fleet._fleet import DEVNULL as DEVNULL
+    from ._fleet._fleet import PIPE as PIPE
+    from ._fleet._fleet import AsyncFleet as AsyncFleet
+    from ._guard._guardpolicy import GuardConfig as GuardConfig
+    from ._guard._guardpolicy import GuardHeld as GuardHeld
+    from ._guard._guardpolicy import GuardKill as GuardKill
+    from ._managers._systemd import Capabilities as Capabilities
+    from ._managers._systemd import probe as probe
+    from ._monitor._monitor import Monitor as Monitor
+    from ._monitor._report import AgentMemory as AgentMemory
+    from ._monitor._report import MemoryReport as MemoryReport
+    from ._monitor._report import TopProcess as TopProcess
+    from ._monitor._report import build_report as build_report
     from ._names import DEFAULT_SLICE as DEFAULT_SLICE
-    from ._registry import EventRecord as EventRecord
-    from ._registry import default_registry_path as default_registry_path
-    from ._report import AgentMemory as AgentMemory
-    from ._report import MemoryReport as MemoryReport
-    from ._report import TopProcess as TopProcess
-    from ._report import build_report as build_report
-    from ._systemd import Capabilities as Capabilities
-    from ._systemd import probe as probe
+    from ._registry._registry import EventRecord as EventRecord
+    from ._registry._registry import default_registry_path as default_registry_path
 
 del TYPE_CHECKING
 
@@ -67,10 +69,10 @@ __version__ = "0.1.0.dev0"
 
 # Where each public name lives.
 _LAZY = {
-    "BlockingAgent": "._blocking",
-    "BlockingMonitor": "._blocking",
-    "Fleet": "._blocking",
-    "probe_sync": "._blocking",
+    "BlockingAgent": "._fleet._blocking",
+    "BlockingMonitor": "._fleet._blocking",
+    "Fleet": "._fleet._blocking",
+    "probe_sync": "._fleet._blocking",
     "AgentExists": "._errors",
     "AgentNotFound": "._errors",
     "AgentscopeError": "._errors",
@@ -85,31 +87,31 @@ _LAZY = {
     "RegistryError": "._errors",
     "SystemdTimeout": "._errors",
     "SystemdUnavailable": "._errors",
-    "DEVNULL": "._fleet",
-    "PIPE": "._fleet",
-    "Agent": "._agent",
-    "AsyncFleet": "._fleet",
-    "Capabilities": "._systemd",
-    "probe": "._systemd",
-    "GuardConfig": "._guardpolicy",
-    "GuardHeld": "._guardpolicy",
-    "GuardKill": "._guardpolicy",
+    "DEVNULL": "._fleet._fleet",
+    "PIPE": "._fleet._fleet",
+    "Agent": "._fleet._agent",
+    "AsyncFleet": "._fleet._fleet",
+    "Capabilities": "._managers._systemd",
+    "probe": "._managers._systemd",
+    "GuardConfig": "._guard._guardpolicy",
+    "GuardHeld": "._guard._guardpolicy",
+    "GuardKill": "._guard._guardpolicy",
     "InstallError": "._errors",
     "AgentExited": "._events",
     "Escaped": "._events",
-    "AgentMemory": "._report",
+    "AgentMemory": "._monitor._report",
     "LimitFound": "._events",
-    "MemoryReport": "._report",
-    "Monitor": "._monitor",
+    "MemoryReport": "._monitor._report",
+    "Monitor": "._monitor._monitor",
     "OomKill": "._events",
     "OomdKill": "._events",
     "Pressure": "._events",
     "Throttled": "._events",
-    "TopProcess": "._report",
-    "build_report": "._report",
+    "TopProcess": "._monitor._report",
+    "build_report": "._monitor._report",
     "DEFAULT_SLICE": "._names",
-    "EventRecord": "._registry",
-    "default_registry_path": "._registry",
+    "EventRecord": "._registry._registry",
+    "default_registry_path": "._registry._registry",
     "TmuxError": "._errors",
     "TmuxUnavailable": "._errors",
     "WindowExists": "._errors",

@@ -198,7 +198,9 @@ class SystemdUnavailable(AgentscopeError):
         self.bus = bus
         self.reason = reason
         if hint is None:
-            from ._container import not_systemd_note  # PID 1 not systemd: say that, not a bus
+            from ._kernel._container import (
+                not_systemd_note,  # PID 1 not systemd: say that, not a bus
+            )
 
             note = not_systemd_note()
             if note is not None:

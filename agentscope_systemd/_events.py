@@ -4,10 +4,10 @@
 MemoryHigh holds agents, :class:`Pressure` once per window of memory
 pressure, :class:`AgentExited` and :class:`LimitFound` for context,
 :class:`Escaped` for an agent's process outside its scope, and the
-guard's :class:`~agentscope_systemd._guardpolicy.GuardKill` (and
-:class:`~agentscope_systemd._guardpolicy.GuardHeld` when the shortage is not the
+guard's :class:`~agentscope_systemd._guard._guardpolicy.GuardKill` (and
+:class:`~agentscope_systemd._guard._guardpolicy.GuardHeld` when the shortage is not the
 fleet's), and systemd-oomd's kill of an agent, :class:`OomdKill` (its line is
-read by :mod:`agentscope_systemd._oomd`). :data:`Event` is their union: what a
+read by :mod:`agentscope_systemd._monitor._oomd`). :data:`Event` is their union: what a
 :class:`~agentscope_systemd.Monitor` yields and the fleet records.
 
 Only the records live here, not their makers: opening a fleet (``agentscope
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ._dicts import as_dict
-from ._guardevents import GuardHeld, GuardKill
+from ._guard._guardevents import GuardHeld, GuardKill
 
 if TYPE_CHECKING:  # fields' types only: a fleet that reads its history runs no monitor
-    from ._attribution import PressureEvent
-    from ._cgroup import LimitHolder
-    from ._report import MemoryReport
+    from ._kernel._cgroup import LimitHolder
+    from ._monitor._attribution import PressureEvent
+    from ._monitor._report import MemoryReport
 
 __all__ = [
     "AgentExited",

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from agentscope_systemd import DEVNULL, AsyncFleet
-from agentscope_systemd._bus import SystemdBus
+from agentscope_systemd._managers._bus import SystemdBus
 
 
 async def main() -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_systemd import DEVNULL, AsyncFleet
-from agentscope_systemd._monitor import Monitor
+from agentscope_systemd._monitor._monitor import Monitor
 
 FLEET = "benchesc"
 

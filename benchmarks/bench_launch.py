@@ -31,7 +31,7 @@ from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
 import agentscope_systemd
-from agentscope_systemd import _wire
+from agentscope_systemd._managers import _wire
 
 N = int(os.environ.get("BENCH_N", "50"))
 

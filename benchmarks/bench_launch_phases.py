@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import agentscope_systemd
-from agentscope_systemd._registry import default_registry_path
+from agentscope_systemd._registry._registry import default_registry_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_launch import _job_floor

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agentscope_systemd import DEVNULL, Agent, AsyncFleet, SystemdTimeout
-from agentscope_systemd._bus import SystemdBus
+from agentscope_systemd._managers._bus import SystemdBus
 
 T = TypeVar("T")
 _calls = 0

@@ -16,7 +16,7 @@ import pytest
 
 import agentscope_systemd
 from agentscope_systemd._cli import _fleet
-from agentscope_systemd._registry import Registry
+from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import FakeSystemd, end_children
 
 __all__ = ["fake_fleet"]

@@ -13,7 +13,7 @@ import pytest
 from dbus_fast import Message, MessageType, Variant
 
 from agentscope_systemd import BusError, SystemdTimeout
-from agentscope_systemd._bus import (
+from agentscope_systemd._managers._bus import (
     SD,
     SD_MANAGER,
     SD_PATH,
@@ -216,7 +216,7 @@ async def test_a_manager_that_stops_answering_is_a_timeout(
 ) -> None:
     # Connected (Subscribe and Version answered), then silence: a busy or hung
     # manager, which the message must not call an absent systemd host.
-    monkeypatch.setattr("agentscope_systemd._bus.CALL_TIMEOUT", 0.3)
+    monkeypatch.setattr("agentscope_systemd._managers._bus.CALL_TIMEOUT", 0.3)
     (tmp_path / "systemd").mkdir()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -23,14 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from agentscope_systemd import AsyncFleet, _calls
-from agentscope_systemd._cgroup import read_subtree_procs
+from agentscope_systemd import AsyncFleet
+from agentscope_systemd._calls import _calls
 from agentscope_systemd._cli._call import call_command, parse_call_args
 from agentscope_systemd._cli._errors import BadInput, CommandNotFound, exec_status
 from agentscope_systemd._cli._options import Options
 from agentscope_systemd._cli.main import hoist_globals
 from agentscope_systemd._errors import AgentNotFound, InvalidConfig, InvalidName, LaunchError
-from agentscope_systemd._scopefiles import read_scopes
+from agentscope_systemd._kernel._cgroup import read_subtree_procs
+from agentscope_systemd._managers._scopefiles import read_scopes
 from tests.fakefs import holding_kernel, make_cgroup, make_cgroup_root
 from tests.fakesystemd import FakeSystemd, end_children
 from tests.test_cli_fast import imported_by

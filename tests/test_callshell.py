@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentscope_systemd import _calls, _callshell
+from agentscope_systemd._calls import _calls, _callshell
 from agentscope_systemd._cli._errors import exec_status
 from agentscope_systemd._cli._shell import run_shell
 from agentscope_systemd._errors import InvalidConfig, LaunchError

@@ -32,7 +32,6 @@ from typer.testing import CliRunner
 
 import agentscope_systemd
 from agentscope_systemd import AgentMemory
-from agentscope_systemd import _exec as agentscope_exec
 from agentscope_systemd._cli import _docs, _doctor, _fleet, _render
 from agentscope_systemd._cli._errors import BadInput, CannotRun, CommandNotFound, Failed
 from agentscope_systemd._cli._exec import parse_exec_args, resolve_command
@@ -45,7 +44,8 @@ from agentscope_systemd._cli._parse import (
     parse_size,
 )
 from agentscope_systemd._cli.main import hoist_globals, main, split_globals
-from agentscope_systemd._report import CallMemory
+from agentscope_systemd._managers import _exec as agentscope_exec
+from agentscope_systemd._monitor._report import CallMemory
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
@@ -1276,15 +1276,18 @@ EXEC_IMPORTS = {
     "_struct",
     "struct",
     "agentscope_systemd",
-    "agentscope_systemd._calls",  # the scope's agent leaf for its calls (#26): os only
+    "agentscope_systemd._calls",  # a subpackage's __init__: its docstring only
+    "agentscope_systemd._calls._calls",  # the scope's agent leaf for its calls (#26): os only
     "agentscope_systemd._errors",
-    "agentscope_systemd._exec",
+    "agentscope_systemd._managers",
+    "agentscope_systemd._managers._exec",
     "agentscope_systemd._names",
     "agentscope_systemd._numbers",  # the one number grammar: os only, no re
-    "agentscope_systemd._scope",
-    "agentscope_systemd._scopeprops",
-    "agentscope_systemd._spool",
-    "agentscope_systemd._wire",
+    "agentscope_systemd._managers._scope",
+    "agentscope_systemd._managers._scopeprops",
+    "agentscope_systemd._registry",
+    "agentscope_systemd._registry._spool",
+    "agentscope_systemd._managers._wire",
     "agentscope_systemd._cli",
     "agentscope_systemd._cli._errors",
     "agentscope_systemd._cli._exec",
@@ -1298,8 +1301,7 @@ def test_exec_fast_path_imports_only_what_it_needs() -> None:
         """
         import os, sys
         before = set(sys.modules)
-        from agentscope_systemd import _exec
-
+        from agentscope_systemd._managers import _exec
         def adopt_self(fleet, name, argv, **options):
             return "agentscope-default-me-000000.scope"
 
@@ -1880,7 +1882,8 @@ def test_a_notify_socket_that_cannot_serve_is_a_one_line_failure(
 
 
 def test_no_passwd_entry_and_no_home_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentscope_systemd import AgentscopeError, _spool
+    from agentscope_systemd import AgentscopeError
+    from agentscope_systemd._registry import _spool
 
     def no_entry(uid: int) -> None:
         raise KeyError(uid)

@@ -39,14 +39,14 @@ _OTHER_COMMANDS = {
 # What only a monitor, a guard, a report or a tool call runs: listing a fleet
 # opens it (the bus, the registry, recovery) and runs none of them.
 _MONITOR = {
-    "agentscope_systemd._monitor",
-    "agentscope_systemd._sampling",
-    "agentscope_systemd._killcount",
-    "agentscope_systemd._guard",
-    "agentscope_systemd._guardpolicy",
-    "agentscope_systemd._guardscan",
-    "agentscope_systemd._report",
-    "agentscope_systemd._callrun",
+    "agentscope_systemd._monitor._monitor",
+    "agentscope_systemd._monitor._sampling",
+    "agentscope_systemd._monitor._killcount",
+    "agentscope_systemd._guard._guard",
+    "agentscope_systemd._guard._guardpolicy",
+    "agentscope_systemd._guard._guardscan",
+    "agentscope_systemd._monitor._report",
+    "agentscope_systemd._calls._callrun",
 }
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import agentscope_systemd
-from agentscope_systemd import _container
 from agentscope_systemd._cli import _doctor
-from agentscope_systemd._container import inspect_container, not_systemd_note, pid1_comm
+from agentscope_systemd._kernel import _container
+from agentscope_systemd._kernel._container import inspect_container, not_systemd_note, pid1_comm
 from tests.fakefs import make_cgroup, make_cgroup_root, write
 from tests.test_cli import _facts, run, run_json
 

@@ -373,7 +373,12 @@ def _listed_modules(package: str) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("package", ["agentscope_systemd", "agentscope_systemd/_cli"])
+_PACKAGES = sorted(
+    str(p.parent.relative_to(ROOT)) for p in (ROOT / "agentscope_systemd").rglob("__init__.py")
+)
+
+
+@pytest.mark.parametrize("package", _PACKAGES)
 def test_architecture_lists_every_module(package: str) -> None:
     listed = _listed_modules(package)
     present = {p.name for p in (ROOT / package).glob("*.py")}

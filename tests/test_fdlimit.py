@@ -1,4 +1,4 @@
-"""The launcher's descriptor budget (agentscope_systemd._fdlimit) and a fleet's costs as it grows.
+"""The launcher's descriptor budget (_kernel/_fdlimit.py) and a fleet's costs as it grows.
 
 An rlimit is the whole process's: the tests that change one run in a child
 interpreter of their own, over the fake systemd (tests/fakesystemd.py).
@@ -43,7 +43,7 @@ def _run_child(script: str, tmp_path: Path) -> Any:
 
 _BUDGET = """
 import json, logging, resource, sys
-from agentscope_systemd import _fdlimit
+from agentscope_systemd._kernel import _fdlimit
 logging.basicConfig(level=logging.INFO)
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
@@ -79,8 +79,8 @@ _LAUNCHER = """
 import asyncio, json, logging, os, resource, sys
 from pathlib import Path
 from agentscope_systemd import DEVNULL, LaunchError
-from agentscope_systemd._fleet import AsyncFleet
-from agentscope_systemd._registry import Registry
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import FakeSystemd
 
 logging.basicConfig(level=logging.INFO)

@@ -24,25 +24,25 @@ from pathlib import Path
 import pytest
 
 from agentscope_systemd import AsyncFleet, GuardConfig, GuardKill, RegistryError
-from agentscope_systemd._guard import _kill, run_guard
-from agentscope_systemd._guardcause import CauseTracker, outside_cgroups
-from agentscope_systemd._guardlock import SliceLock, lock_name
-from agentscope_systemd._guardpolicy import (
+from agentscope_systemd._guard._guard import _kill, run_guard
+from agentscope_systemd._guard._guardcause import CauseTracker, outside_cgroups
+from agentscope_systemd._guard._guardlock import SliceLock, lock_name
+from agentscope_systemd._guard._guardpolicy import (
     GuardHeld,
     HostReader,
     HostReading,
     PressureClock,
     under_pressure,
 )
-from agentscope_systemd._guardproc import PENDING_MAX, GuardChild, _Out
-from agentscope_systemd._guardscan import (
+from agentscope_systemd._guard._guardproc import PENDING_MAX, GuardChild, _Out
+from agentscope_systemd._guard._guardscan import (
     choose_victim,
     measure,
     scan_candidates,
     scan_slice_processes,
 )
-from agentscope_systemd._memsources import parse_swaps, parse_vmstat_refaults
-from agentscope_systemd._monitor import Monitor
+from agentscope_systemd._kernel._memsources import parse_swaps, parse_vmstat_refaults
+from agentscope_systemd._monitor._monitor import Monitor
 from tests.fakefs import (
     KERNEL,
     PAGE,

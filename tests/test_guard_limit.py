@@ -22,15 +22,15 @@ from pathlib import Path
 import pytest
 
 from agentscope_systemd import GuardConfig, GuardKill
-from agentscope_systemd._cgroup import cgroup_chain, read_ceiling
-from agentscope_systemd._guardlimit import LimitWatch
-from agentscope_systemd._guardpolicy import (
+from agentscope_systemd._guard._guardlimit import LimitWatch
+from agentscope_systemd._guard._guardpolicy import (
     LIMIT_MIN_INTERVAL,
     GuardHeld,
     HostReading,
     acted_on,
     next_interval,
 )
+from agentscope_systemd._kernel._cgroup import cgroup_chain, read_ceiling
 from tests.fakefs import holding_kernel, make_cgroup, make_proc, remove, write
 from tests.test_guard import (  # noqa: F401 (fixtures)
     FAST,

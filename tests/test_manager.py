@@ -1,4 +1,4 @@
-"""The manager seam (agentscope_systemd/_manager.py): the fleet over a manager that is not systemd.
+"""The manager seam (_managers/_manager.py): the fleet over a manager that is not systemd.
 
 :class:`MemoryManager` is a second, minimal implementation of
 :class:`ScopeManager`: its scopes are sets of real processes kept in a dict,
@@ -24,10 +24,10 @@ import pytest
 
 from agentscope_systemd import AgentExists, AgentNotFound
 from agentscope_systemd._errors import BusError
-from agentscope_systemd._fleet import AsyncFleet
-from agentscope_systemd._manager import Controls, ListedScope, ScopeManager
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._managers._manager import Controls, ListedScope, ScopeManager
 from agentscope_systemd._names import describe, parse_description
-from agentscope_systemd._registry import Registry
+from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import end_children
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,8 +246,8 @@ def test_the_fleet_reaches_systemd_only_through_its_manager() -> None:
     # fleet's parts hold the interface (a new mode is a new ScopeManager, not a
     # branch through the fleet).
     parts = [
-        *sorted((ROOT / "agentscope_systemd").glob("_fleet*.py")),
-        ROOT / "agentscope_systemd/_reaper.py",
+        *sorted((ROOT / "agentscope_systemd" / "_fleet").glob("_fleet*.py")),
+        ROOT / "agentscope_systemd/_fleet/_reaper.py",
     ]
     for path in parts:
         text = path.read_text()

@@ -21,12 +21,12 @@ import psutil
 import pytest
 
 import agentscope_systemd
-from agentscope_systemd import _container
-from agentscope_systemd._cgroupmode import CgroupManager, default_agent_max
-from agentscope_systemd._fleet import AsyncFleet
-from agentscope_systemd._modes import check_forced, choose_mode, parse_manager
-from agentscope_systemd._procscopes import ProcessManager
-from agentscope_systemd._registry import Registry
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._kernel import _container
+from agentscope_systemd._managers._cgroupmode import CgroupManager, default_agent_max
+from agentscope_systemd._managers._modes import check_forced, choose_mode, parse_manager
+from agentscope_systemd._managers._procscopes import ProcessManager
+from agentscope_systemd._registry._registry import Registry
 from tests.fakefs import make_cgroup, make_cgroup_root, write
 from tests.fakesystemd import end_children
 from tests.test_cli import run, run_json

@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentscope_systemd import AsyncFleet, InvalidConfig, Monitor, _numbers, _scopeprops
+from agentscope_systemd import AsyncFleet, InvalidConfig, Monitor, _numbers
 from agentscope_systemd._cli._errors import EXIT_EXEC_FAILED
 from agentscope_systemd._cli._notify import _watchdog_seconds
 from agentscope_systemd._cli._parse import parse_signal, parse_size
-from agentscope_systemd._registry_file import DEFAULT_RETENTION, _retention_from_env
+from agentscope_systemd._managers import _scopeprops
+from agentscope_systemd._registry._registry_file import DEFAULT_RETENTION, _retention_from_env
 from tests.test_cli import FakeFleet, fleet, run  # noqa: F401 - the fixture
 
 # Digits that str.isdigit() (and int(), float()) take but no field means.

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from agentscope_systemd import OomdKill, _monitor
+from agentscope_systemd import OomdKill
 from agentscope_systemd._cli import _doctor
 from agentscope_systemd._contract import monitor_event_dict
-from agentscope_systemd._journal import follow_argv
-from agentscope_systemd._monitor import Monitor
-from agentscope_systemd._oomd import (
+from agentscope_systemd._kernel._journal import follow_argv
+from agentscope_systemd._monitor import _monitor
+from agentscope_systemd._monitor._monitor import Monitor
+from agentscope_systemd._monitor._oomd import (
     MAX_LINE,
     OOMD_DEFAULTS,
     OomdConfig,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agentscope_systemd import _claim, _exec, _spool
-from agentscope_systemd._registry import Registry, default_registry_path
+from agentscope_systemd._managers import _exec
+from agentscope_systemd._registry import _claim, _spool
+from agentscope_systemd._registry._registry import Registry, default_registry_path
 
 ME = os.getpid()
 MY_START = _spool.start_time(ME)

@@ -2,9 +2,9 @@
 
 Run anywhere in an agent's process tree (#26, docs/calls.md). It finds its
 agent from ``/proc/self/cgroup``, makes ``<scope>/call-LABEL-N`` with the
-call's caps (:func:`agentscope_systemd._calls.create_call`), forks the small process
+call's caps (:func:`agentscope_systemd._calls._calls.create_call`), forks the small process
 that removes that cgroup once the call has ended
-(:func:`agentscope_systemd._calls.fork_remover`), moves itself in and execs the
+(:func:`agentscope_systemd._calls._calls.fork_remover`), moves itself in and execs the
 command: the command keeps this PID, stdio and signals, and its exit status
 is the call's.
 
@@ -151,7 +151,7 @@ def call_command(
         NotInAgent: this process is in no agentscope agent's scope;
         AgentscopeError: the call's cgroup cannot be made.
     """
-    from agentscope_systemd import _calls
+    from agentscope_systemd._calls import _calls
     from agentscope_systemd._errors import AgentscopeError
 
     del opts  # --fleet and --manager do not matter: the agent is where this process is
@@ -184,7 +184,7 @@ def call_command(
                 f"cannot make a call's cgroup in {unit}: {exc.strerror or exc} "
                 f"({exc.filename or scope_dir})"
             ) from exc
-        from agentscope_systemd import _callevents
+        from agentscope_systemd._calls import _callevents
 
         watch = _callevents.CallWatch(
             _callevents.calls_dir_of_scope(scope),

@@ -142,7 +142,7 @@ def _check_command(cmd: list[str], env: dict[str, str] | None, cwd: Path | None)
         LaunchError: an empty argv or program, no such program, a cwd that is
             not a directory (exit 2, nothing created).
     """
-    from agentscope_systemd._launchargs import check_argv
+    from agentscope_systemd._fleet._launchargs import check_argv
 
     check_argv(cmd, env, str(cwd) if cwd is not None else None)
 

@@ -408,9 +408,10 @@ def _guard_alone(
     import queue
     from pathlib import Path
 
-    from agentscope_systemd import _names, _scope
+    from agentscope_systemd import _names
     from agentscope_systemd._contract import json_line, monitor_event_dict
-    from agentscope_systemd._guard import Guard
+    from agentscope_systemd._guard._guard import Guard
+    from agentscope_systemd._managers import _scope
 
     from . import _render
 

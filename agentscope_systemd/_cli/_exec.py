@@ -5,7 +5,7 @@ and signals. Started from :func:`agentscope_systemd._cli.main.main` before anyth
 imported, and meant to cost about what systemd-run costs: its arguments
 are parsed by hand (argparse costs ~0.1 s under TCG), the command is found
 on ``$PATH`` by hand (shutil likewise), and the scope is made by
-:func:`agentscope_systemd._exec.adopt_self`, which needs neither asyncio, dbus-fast
+:func:`agentscope_systemd._managers._exec.adopt_self`, which needs neither asyncio, dbus-fast
 nor SQLite. When that fast path cannot tell that all is ordinary, the
 library's :meth:`Fleet.adopt` does the work.
 
@@ -211,7 +211,8 @@ def launch_controls(
         BadInput: a number that is not one, ``-p`` without ``NAME=VALUE``, or
             a property given twice; InvalidConfig: a value out of its range.
     """
-    from agentscope_systemd import _numbers, _scopeprops
+    from agentscope_systemd import _numbers
+    from agentscope_systemd._managers import _scopeprops
 
     kw: dict[str, Any] = {}
     for key, option, value in (
@@ -367,7 +368,7 @@ def _adopt(
     opts: Options, name: str, cmd: list[str], size: int | None, controls: dict[str, Any]
 ) -> str:
     """This process in a new scope of agent ``name``: the fast path, else the library's."""
-    from agentscope_systemd import _exec
+    from agentscope_systemd._managers import _exec
 
     try:
         return _exec.adopt_self(
@@ -393,7 +394,7 @@ def _adopt(
     finally:
         fleet.close()
     # Still its scope's only process, as on the fast path: into the agent leaf (#26).
-    from agentscope_systemd import _calls
+    from agentscope_systemd._calls import _calls
 
     why = _calls.settle_process(os.getpid())
     if why is not None:

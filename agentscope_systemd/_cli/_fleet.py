@@ -203,7 +203,7 @@ def open_history(opts: Options) -> HistoryLike:
     # The registry's own modules, not agentscope_systemd.lowlevel's re-exports: lowlevel
     # imports the bus (dbus-fast, asyncio), which a registry read never needs.
     from agentscope_systemd._names import resolve_manager
-    from agentscope_systemd._registry import Registry, default_registry_path
+    from agentscope_systemd._registry._registry import Registry, default_registry_path
 
     manager: Literal["system", "user"] = (
         "system" if resolve_manager(opts.manager) == "system" else "user"
@@ -228,6 +228,6 @@ def log_location(
     """:func:`default_log_path` as a trusted base and the parts agentscope creates below it."""
     if opts.resolved_manager == "system":
         return Path("/var/log"), ("agentscope", opts.fleet, f"{name}.log")
-    from agentscope_systemd import _spool
+    from agentscope_systemd._registry import _spool
 
     return Path(_spool.state_dir("user", env)), ("logs", opts.fleet, f"{name}.log")

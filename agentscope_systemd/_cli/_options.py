@@ -12,7 +12,7 @@ __all__ = ["MANAGERS", "MANAGER_FLAGS", "Options", "choose_manager"]
 
 #: The manager's spellings, taken by every command as global options:
 #: ``--manager user`` is ``--user``, ``--manager system`` is ``--system``;
-#: ``systemd``, ``cgroup`` and ``process`` force a mode (agentscope_systemd/_modes.py).
+#: ``systemd``, ``cgroup`` and ``process`` force a mode (agentscope_systemd/_managers/_modes.py).
 MANAGERS = ("auto", "user", "system", "systemd", "cgroup", "process")
 MANAGER_FLAGS = {"--user": "user", "--system": "system"}
 

@@ -6,7 +6,7 @@
 as ``agentscope call --name shell -- REAL_SHELL ARGS...`` would: the
 agent's call caps, the whole call killed if it outgrows them, the exit
 status the shell's. Anything else, or a shell started inside a call
-already, is the real shell itself (:mod:`agentscope_systemd._callshell`).
+already, is the real shell itself (:mod:`agentscope_systemd._calls._callshell`).
 Failures exit as ``call``'s: 125, 126, 127, with one line on stderr.
 """
 
@@ -36,8 +36,8 @@ def run_shell(
 
     ``execv`` (``os.execv`` when None) and the roots are for tests.
     """
-    from agentscope_systemd import _calls
-    from agentscope_systemd._callshell import REAL_SHELL_ENV, real_shell, runs_command
+    from agentscope_systemd._calls import _calls
+    from agentscope_systemd._calls._callshell import REAL_SHELL_ENV, real_shell, runs_command
 
     shell = real_shell(os.environ.get(REAL_SHELL_ENV))
     argv = [shell, *args]

@@ -26,8 +26,8 @@ from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
 from agentscope_systemd import AsyncFleet, Escaped, Monitor
-from agentscope_systemd._escape import Escapee, find_escapes, reclaim
-from agentscope_systemd._monitor import ESCAPE_AUDIT_EVERY
+from agentscope_systemd._monitor._escape import Escapee, find_escapes, reclaim
+from agentscope_systemd._monitor._monitor import ESCAPE_AUDIT_EVERY
 
 CGROUP = Path("/sys/fs/cgroup")
 

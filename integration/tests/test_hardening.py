@@ -23,7 +23,7 @@ from conftest import GROW, MANAGER
 
 import agentscope_systemd
 from agentscope_systemd import AsyncFleet
-from agentscope_systemd._bus import SD_MANAGER, SD_PATH, SystemdBus
+from agentscope_systemd._managers._bus import SD_MANAGER, SD_PATH, SystemdBus
 
 CLI = shutil.which("agentscope") or "agentscope"
 OTHER_USER = "agent"  # integration/images.py: TEST_USER, uid 1000

@@ -311,7 +311,7 @@ async def test_refused_dbus_call_keeps_systemd_error(fleet: AsyncFleet) -> None:
     with pytest.raises(agentscope_systemd.InvalidConfig, match="PID 1"):
         await fleet.adopt(1, "pid1")
     # systemd refuses a scope with no process: its error name and message are
-    # kept through the fleet's manager (agentscope_systemd/_manager.py).
+    # kept through the fleet's manager (agentscope_systemd/_managers/_manager.py).
     with pytest.raises(agentscope_systemd.BusError) as info:
         await fleet._manager.start_scope(f"agentscope-{fleet.name}-empty-000000.scope", "x", [])
     assert info.value.dbus_name.startswith("org.freedesktop"), info.value.dbus_name

@@ -38,7 +38,7 @@ from test_hosts import HEARTBEAT, INCOMPRESSIBLE, PROFILE_DISTROS, users_host
 
 import agentscope_systemd
 from agentscope_systemd import DEVNULL, AsyncFleet
-from agentscope_systemd._oomd import OomdLine, parse_oomd_line
+from agentscope_systemd._monitor._oomd import OomdLine, parse_oomd_line
 
 pytestmark = pytest.mark.skipif(
     DISTRO not in PROFILE_DISTROS,
@@ -132,7 +132,7 @@ async def test_oomd_calls_victim_is_the_runaway_call_and_the_agent_lives(
         f"oomd: {kills}; events: {[e.to_dict() for e in events]}"
     )
     assert leaf.name == "agent", f"no delegated scope here: the agent is in {leaf}"
-    # The agent's own leaf is the one oomd takes last (agentscope_systemd/_calls.py, _avoid_oomd).
+    # The agent's own leaf is the one oomd takes last (_calls/_calls.py, _avoid_oomd).
     assert os.getxattr(leaf, "user.oomd_avoid") == b"1"
     assert ended, "the runaway call lived on"
     assert rc.read_text().strip() == f"rc={128 + signal.SIGKILL}"

@@ -2,7 +2,7 @@
 
 Each agent keeps a pidfd in its launcher, so systemd's default soft limit
 of 1024 caps a launcher at about 1,000 agents unless it raises its own
-(agentscope_systemd/_fdlimit.py). Showing that with 1,100 agents takes minutes under
+(agentscope_systemd/_kernel/_fdlimit.py). Showing that with 1,100 agents takes minutes under
 TCG; a launcher whose soft limit is 64 shows the same raise with 100 agents
 in seconds (benchmarks/bench_scale.py runs 2,000 with the default limit).
 """

@@ -32,8 +32,8 @@ from agentscope_systemd import (
     TmuxError,
     TmuxUnavailable,
     WindowExists,
-    _tmux,
 )
+from agentscope_systemd._fleet import _tmux
 
 CLI = shutil.which("agentscope") or "agentscope"
 ECHO = 'echo "hello from $0"; while read -r l; do echo "got $l"; done'
