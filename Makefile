@@ -9,13 +9,14 @@ EVERYWHERE ?=
 JOBS ?= 2
 VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS) $(if $(EVERYWHERE),--everywhere)
 
-.PHONY: help venv host-deps check lint typecheck unit node-test integration images test demo bench clean-vm dashboard-shot man docs
+.PHONY: help venv host-deps check lint typecheck unit lowest node-test integration images test demo bench clean-vm dashboard-shot man docs
 
 help:
 	@echo "make demo          the main job: a fleet in a VM, a runaway agent, the guard's kill named"
 	@echo "make test          checks, host tests and the whole VM matrix (what CI runs)"
 	@echo "make check         ruff, ruff format --check, mypy --strict"
 	@echo "make unit          host tests (the Node client's too: make node-test)"
+	@echo "make lowest        host tests on the lowest versions pyproject.toml allows"
 	@echo "make integration   the VM matrix; narrow it: DISTRO=bookworm MANAGER=user K=smoke"
 	@echo "make images        build (or reuse) the cached VM images"
 	@echo "make dashboard-shot  docs/img/dashboard.png from dashboards/sample/ (needs prometheus)"
@@ -48,17 +49,38 @@ host-deps:
 	@bash integration/host-deps.sh
 
 lint: venv
-	$(PY) -m ruff check agentscope cli tests integration benchmarks dashboards deploy
-	$(PY) -m ruff format --check agentscope cli tests integration benchmarks dashboards deploy
+	$(PY) -m ruff check agentscope_systemd tests integration benchmarks dashboards deploy
+	$(PY) -m ruff format --check agentscope_systemd tests integration benchmarks dashboards deploy
 
 typecheck: venv
-	$(PY) -m mypy --strict agentscope cli
+	$(PY) -m mypy --strict agentscope_systemd
 
 check: lint typecheck
 
 unit: venv
 	$(PY) -m pytest tests
 	@$(MAKE) --no-print-directory node-test
+
+# The floors of pyproject.toml's dependencies, shown to hold: a venv of its
+# own with every direct dependency a user gets (the base, [monitor], [tmux])
+# at its declared floor (.ci/floors.py writes the pins; what they pull in
+# resolves as pip chooses, and so do the test tools: [test], and pyyaml of
+# [dev], which the host tests read the alert rules with), and the host
+# tests run against it. CI runs it.
+LOW_PY = .venv-lowest/bin/python
+LOW_STAMP = .venv-lowest/.agentscope-lowest
+$(LOW_STAMP): pyproject.toml .ci/floors.py
+	rm -rf .venv-lowest
+	python3 -m venv .venv-lowest
+	python3 .ci/floors.py monitor tmux > .venv-lowest/floors.txt
+	$(LOW_PY) -m pip install --quiet --disable-pip-version-check -c .venv-lowest/floors.txt '.[monitor,tmux,test]' pyyaml
+	@touch $(LOW_STAMP)
+
+# -p no:libtmux: the pytest plugin of libtmux 0.37 (its own test helpers,
+# none of ours) fails to load under pytest 9; the library is what is tested.
+lowest: $(LOW_STAMP)
+	@echo "lowest: $$(tr '\n' ' ' < .venv-lowest/floors.txt)"
+	$(LOW_PY) -m pytest -q -p no:cacheprovider -p no:libtmux tests
 
 # The Node client (clients/node/): its types against schemas/, its calls
 # against the CLI's recorded --json and the real read API (served by
@@ -122,8 +144,8 @@ dashboard-shot: venv
 # Generated from the CLI itself, checked in, and checked by the host tests
 # (tests/test_cli.py: docs/cli.md; tests/test_man.py: man/, shipped in the wheel).
 docs: venv
-	$(PY) -c 'import cli._docs as d; d.write()'
+	$(PY) -c 'import agentscope_systemd._cli._docs as d; d.write()'
 	@$(MAKE) --no-print-directory man
 
 man: venv
-	$(PY) -c 'import cli._man as m; m.write()'
+	$(PY) -c 'import agentscope_systemd._cli._man as m; m.write()'

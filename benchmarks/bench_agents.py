@@ -14,8 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
-from agentscope import DEVNULL, AsyncFleet
-from agentscope._bus import SystemdBus
+from agentscope_systemd import DEVNULL, AsyncFleet
+from agentscope_systemd._managers._bus import SystemdBus
 
 
 async def main() -> None:

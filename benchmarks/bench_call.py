@@ -41,7 +41,8 @@ def _scope_dir() -> Path:
 
 
 def _registry_bytes() -> int:
-    from agentscope import _names, _spool
+    from agentscope_systemd import _names
+    from agentscope_systemd._registry import _spool
 
     state = Path(_spool.state_dir(_names.resolve_manager("auto")))
     return sum(p.stat().st_size for p in state.rglob("*") if p.is_file())

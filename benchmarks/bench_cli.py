@@ -14,7 +14,7 @@ systemd host, as root (system manager) or as a user with a user manager.
     system, which another process on the machine disturbs less; hyperfine
     gives its mean, the loop its median) and both as a ratio to a bare
     ``python -c pass`` of the same interpreter. ``--source DIR`` runs the checkout in DIR
-    (``python -c 'from cli.main import main; main()'``) instead of the
+    (``python -c 'from agentscope_systemd._cli.main import main; main()'``) instead of the
     ``agentscope`` command, so that two commits can be measured alike, one
     run each. The commands: ``--version``; ``--help``; ``--json events``
     (an empty registry); ``--json ls``, ``ls`` and ``ls --help`` (``ls``
@@ -49,7 +49,7 @@ import sys
 import time
 import uuid
 
-import agentscope
+import agentscope_systemd
 
 
 def _timed(cmd: list[str]) -> float:
@@ -98,15 +98,15 @@ def exec_path(cli: str, fleet: str) -> str:
 
 
 async def bench_ls(cli: str, fleet_name: str, manager: str, agents: int) -> tuple[float, int]:
-    async with agentscope.AsyncFleet(fleet_name, manager) as fleet:
+    async with agentscope_systemd.AsyncFleet(fleet_name, manager) as fleet:
         names = []
         try:
             for i in range(agents):
                 agent = await fleet.launch(
                     f"l{i:03d}",
                     ["sleep", "600"],
-                    stdout=agentscope.DEVNULL,
-                    stderr=agentscope.DEVNULL,
+                    stdout=agentscope_systemd.DEVNULL,
+                    stderr=agentscope_systemd.DEVNULL,
                 )
                 names.append(agent.name)
             cmd = [cli, "--fleet", fleet_name, "ls", "--json"]
@@ -214,7 +214,10 @@ def _hyperfine(
 def host_main(source: str | None, runs: int, *, loop: bool = False) -> None:
     if source is not None:
         python = sys.executable
-        code = f"import sys; sys.path.insert(0, {source!r}); from cli.main import main; main()"
+        code = (
+            f"import sys; sys.path.insert(0, {source!r}); "
+            "from agentscope_systemd._cli.main import main; main()"
+        )
         prefix = [python, "-c", code]
         what = f"the checkout {source}"
     else:

@@ -31,8 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agentscope import DEVNULL, AsyncFleet
-from agentscope._monitor import Monitor
+from agentscope_systemd import DEVNULL, AsyncFleet
+from agentscope_systemd._monitor._monitor import Monitor
 
 FLEET = "benchesc"
 

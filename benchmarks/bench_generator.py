@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-GENERATOR = Path(__file__).resolve().parent.parent / "agentscope" / "generator.py"
+GENERATOR = Path(__file__).resolve().parent.parent / "agentscope_systemd" / "generator.py"
 CONFIG = """\
 [slice]
 oomd_pressure_limit = "80%"

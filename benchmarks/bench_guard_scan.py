@@ -40,11 +40,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentscope._guard import NEAR_RESCAN, _Loop
-from agentscope._guardlock import SliceLock
-from agentscope._guardpolicy import GuardConfig, HostReading
-from agentscope._guardscan import scan_slice_processes
-from agentscope._proc import PROC_ROOT
+from agentscope_systemd._guard._guard import NEAR_RESCAN, _Loop
+from agentscope_systemd._guard._guardlock import SliceLock
+from agentscope_systemd._guard._guardpolicy import GuardConfig, HostReading
+from agentscope_systemd._guard._guardscan import scan_slice_processes
+from agentscope_systemd._kernel._proc import PROC_ROOT
 from tests import fakefs
 
 SLICE = "app.slice/app-agentscope.slice/app-agentscope-agents.slice"

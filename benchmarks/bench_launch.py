@@ -30,13 +30,13 @@ import uuid
 from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
-import agentscope
-from agentscope import _wire
+import agentscope_systemd
+from agentscope_systemd._managers import _wire
 
 N = int(os.environ.get("BENCH_N", "50"))
 
 
-async def _agentscope(fleet: agentscope.AsyncFleet, n: int) -> list[float]:
+async def _agentscope(fleet: agentscope_systemd.AsyncFleet, n: int) -> list[float]:
     times = []
     for i in range(n):
         t0 = time.perf_counter()
@@ -154,7 +154,7 @@ def _direct_floor(manager: str, slice_name: str, n: int) -> list[float]:
     return times
 
 
-async def _concurrent(fleet: agentscope.AsyncFleet, n: int) -> tuple[float, float]:
+async def _concurrent(fleet: agentscope_systemd.AsyncFleet, n: int) -> tuple[float, float]:
     worst = 0.0
     stop = False
 
@@ -178,7 +178,7 @@ async def _concurrent(fleet: agentscope.AsyncFleet, n: int) -> tuple[float, floa
 
 
 async def main() -> None:
-    async with agentscope.AsyncFleet(f"bench{uuid.uuid4().hex[:6]}") as fleet:
+    async with agentscope_systemd.AsyncFleet(f"bench{uuid.uuid4().hex[:6]}") as fleet:
         manager = fleet.manager
         await _agentscope(fleet, 3)  # warm up: slice check, first D-Bus round trips
         _systemd_run(manager, 3)
@@ -201,7 +201,7 @@ async def main() -> None:
             f"{direct / theirs:.2f}x (systemd-run's way: no bus daemon)",
             flush=True,
         )
-    async with agentscope.AsyncFleet(f"bench{uuid.uuid4().hex[:6]}") as fleet:
+    async with agentscope_systemd.AsyncFleet(f"bench{uuid.uuid4().hex[:6]}") as fleet:
         await _agentscope(fleet, 1)
         wall, lag = await _concurrent(fleet, 100)
         print(f"100 concurrent launches: {wall:.2f} s wall, worst loop lag {lag * 1000:.0f} ms")

@@ -31,8 +31,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import agentscope
-from agentscope._registry import default_registry_path
+import agentscope_systemd
+from agentscope_systemd._registry._registry import default_registry_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_launch import _job_floor
@@ -257,7 +257,7 @@ def _median(runs: list[dict[str, int]], a: str, b: str) -> str:
 
 
 async def main() -> None:
-    variants: list[tuple[str, types.ModuleType]] = [("this", agentscope)]
+    variants: list[tuple[str, types.ModuleType]] = [("this", agentscope_systemd)]
     with contextlib.suppress(ImportError):
         variants.insert(0, ("base", importlib.import_module("agentscope_base")))
     tag = uuid.uuid4().hex[:6]

@@ -44,9 +44,13 @@ from typing import Any
 
 import psutil
 
-from agentscope import DEVNULL, AsyncFleet, OomKill
-from agentscope._cgroup import CGROUP_ROOT, cgroup_path_for_unit, user_manager_cgroup
-from agentscope._monitor import Monitor
+from agentscope_systemd import DEVNULL, AsyncFleet, OomKill
+from agentscope_systemd._kernel._cgroup import (
+    CGROUP_ROOT,
+    cgroup_path_for_unit,
+    user_manager_cgroup,
+)
+from agentscope_systemd._monitor._monitor import Monitor
 
 FLEET = "bench"
 TEN_PROCESSES = ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9; do sleep 600 & done; wait"]

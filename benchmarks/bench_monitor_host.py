@@ -39,8 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentscope import _monitor
-from agentscope._monitor import Monitor
+from agentscope_systemd._monitor import _monitor
+from agentscope_systemd._monitor._monitor import Monitor
 from tests.fakefs import (
     PAGE,
     format_pressure,

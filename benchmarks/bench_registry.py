@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentscope import _registry, _registry_file, _registry_schema
-from agentscope._registry import Registry
+from agentscope_systemd._registry import _registry, _registry_file, _registry_schema
+from agentscope_systemd._registry._registry import Registry
 
 
 def worker(path: str, w: int, writes: int, timeout: float, go: str, out: str) -> None:

@@ -39,8 +39,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agentscope import DEVNULL, Agent, AsyncFleet, SystemdTimeout
-from agentscope._bus import SystemdBus
+from agentscope_systemd import DEVNULL, Agent, AsyncFleet, SystemdTimeout
+from agentscope_systemd._managers._bus import SystemdBus
 
 T = TypeVar("T")
 _calls = 0

@@ -73,8 +73,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import agentscope
-from agentscope import DEVNULL, AsyncFleet, OomKill
+import agentscope_systemd
+from agentscope_systemd import DEVNULL, AsyncFleet, OomKill
 
 _HERE = Path(__file__).resolve().parent
 # roothelper.py: next to the benchmarks in the VM (/tmp/it), in integration/ in a checkout.
@@ -361,7 +361,7 @@ async def squeeze(
         if way == "guard":
             options["guard"] = True
         elif way == "guardproc":
-            options["guard"] = agentscope.GuardConfig(process=True)
+            options["guard"] = agentscope_systemd.GuardConfig(process=True)
         ticker = Ticker()
         crossing = Crossing()
         kills_before = vmstat_oom_kills()
@@ -455,7 +455,7 @@ async def squeeze(
 
 
 async def _stop(fleet: AsyncFleet, name: str) -> None:
-    with contextlib.suppress(agentscope.AgentscopeError):
+    with contextlib.suppress(agentscope_systemd.AgentscopeError):
         await fleet.stop(name, timeout=5)
 
 
@@ -619,7 +619,7 @@ def ratios(rows: list[Outcome]) -> list[str]:
 
 async def main_async(args: argparse.Namespace) -> None:
     manager = os.environ.get("AGENTSCOPE_TEST_MANAGER", args.manager)
-    has_guard = hasattr(agentscope, "GuardKill")
+    has_guard = hasattr(agentscope_systemd, "GuardKill")
     print(
         f"bench_squeeze: {manager} manager, MemTotal {meminfo()['MemTotal'] >> 20} MiB, "
         f"min_ttl_ms {_read('/sys/kernel/mm/lru_gen/min_ttl_ms')}, "

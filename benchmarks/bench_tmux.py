@@ -17,12 +17,14 @@ import subprocess
 import time
 import uuid
 
-import agentscope
+import agentscope_systemd
 
 N = int(os.environ.get("BENCH_N", "20"))
 
 
-async def _launches(fleet: agentscope.AsyncFleet, n: int, tag: str, tmux: bool) -> list[float]:
+async def _launches(
+    fleet: agentscope_systemd.AsyncFleet, n: int, tag: str, tmux: bool
+) -> list[float]:
     times = []
     for i in range(n):
         t0 = time.perf_counter()
@@ -44,7 +46,7 @@ async def _launches(fleet: agentscope.AsyncFleet, n: int, tag: str, tmux: bool) 
 
 async def main() -> None:
     name = f"bench{uuid.uuid4().hex[:6]}"
-    async with agentscope.AsyncFleet(name) as fleet:
+    async with agentscope_systemd.AsyncFleet(name) as fleet:
         await _launches(fleet, 3, "w", tmux=False)  # warm up: slice check, D-Bus
         t0 = time.perf_counter()
         first = await fleet.launch("first", ["sleep", "600"], terminal="tmux")

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import NamedTuple
 
-from agentscope.watchdog import LoopWatchdog
+from agentscope_systemd.watchdog import LoopWatchdog
 
 SETTLE = 0.1  # seconds on the loop before timing, in every set-up
 

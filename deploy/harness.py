@@ -19,7 +19,7 @@ import asyncio
 import json
 import sys
 
-from agentscope import DEVNULL, AsyncFleet, Monitor
+from agentscope_systemd import DEVNULL, AsyncFleet, Monitor
 
 
 def parse(specs: list[str]) -> list[tuple[str, str]]:

@@ -44,7 +44,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import agentscope
+import agentscope_systemd
 
 PORT = 9464
 SCRAPE_INTERVAL = 2.0
@@ -144,7 +144,7 @@ def main() -> int:
         stderr=(work / "monitor.err").open("wb"),
     )
     scraper = Scraper(f"http://127.0.0.1:{PORT}/metrics")
-    fleet = agentscope.Fleet(FLEET)
+    fleet = agentscope_systemd.Fleet(FLEET)
     manager = fleet.manager
     timeline: list[tuple[float, str]] = []
     ok = True
@@ -155,7 +155,7 @@ def main() -> int:
         timeline.append((round(time.monotonic() - t0, 1), what))
         log(f"{timeline[-1][0]:6.1f}s {what}")
 
-    def launch(name: str, argv: list[str], **kwargs: Any) -> agentscope.BlockingAgent:
+    def launch(name: str, argv: list[str], **kwargs: Any) -> agentscope_systemd.BlockingAgent:
         return fleet.launch(
             name, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs
         )
@@ -202,7 +202,7 @@ def main() -> int:
         scraper.stop.set()
         scraper.join(15)
         for agent in fleet.agents():
-            with contextlib.suppress(agentscope.AgentscopeError):
+            with contextlib.suppress(agentscope_systemd.AgentscopeError):
                 fleet.stop(agent.name, timeout=10)
         fleet.close()
         monitor.terminate()
@@ -233,7 +233,7 @@ def main() -> int:
             "distro": os.environ.get("AGENTSCOPE_TEST_DISTRO", ""),
             "manager": manager,
             "mem_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            "agentscope": agentscope.__version__,
+            "agentscope": agentscope_systemd.__version__,
         },
         "timeline": timeline,
         "events": events,

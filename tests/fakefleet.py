@@ -1,4 +1,4 @@
-"""The CLI over a real ``agentscope.Fleet`` on the fake systemd manager and cgroup tree.
+"""The CLI over a real ``agentscope_systemd.Fleet`` on the fake systemd manager and cgroup tree.
 
 One helper for the tests that run commands end to end without systemd
 (tests/test_contract.py's ``real`` fixture) and for tests/node_face.py,
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-import agentscope
-from agentscope._registry import Registry
-from cli import _fleet
+import agentscope_systemd
+from agentscope_systemd._cli import _fleet
+from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import FakeSystemd, end_children
 
 __all__ = ["fake_fleet"]
@@ -28,10 +28,12 @@ def fake_fleet(root: Path, patch: pytest.MonkeyPatch) -> Iterator[FakeSystemd]:
     its registry file. Agents (real children) are ended on the way out."""
     bus = FakeSystemd(root / "cgroup")
     patch.setenv("XDG_STATE_HOME", str(root / "state"))
-    opened: list[agentscope.Fleet] = []  # kept, so their children are reaped here, not by gc
+    opened: list[
+        agentscope_systemd.Fleet
+    ] = []  # kept, so their children are reaped here, not by gc
 
     def open_fleet(opts: _fleet.Options) -> Any:
-        fleet = agentscope.Fleet(
+        fleet = agentscope_systemd.Fleet(
             opts.fleet,
             registry=root / "registry.db",
             manager_oom_score_adj=None,

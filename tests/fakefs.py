@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from agentscope._cgroup import MemoryEvents
+from agentscope_systemd._kernel._cgroup import MemoryEvents
 
 PAGE = 4096
 

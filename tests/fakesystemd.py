@@ -1,6 +1,6 @@
 """A fake systemd manager for host tests of the fleet's own logic.
 
-:class:`FakeSystemd` is a :class:`agentscope._bus.SystemdBus` whose
+:class:`FakeSystemd` is a :class:`agentscope_systemd._managers._bus.SystemdBus` whose
 ``connect`` and ``call`` answer as systemd's manager does for the calls the
 core makes, over a fake cgroup tree (:mod:`fakefs`) at ``cgroup_root``.
 Everything above ``call`` (job waiting, the JobRemoved handler, property
@@ -33,9 +33,9 @@ from typing import Any
 import psutil
 from dbus_fast import Message, MessageType, Variant
 
-from agentscope._bus import INFINITY, PROPS, SystemdBus
-from agentscope._errors import BusError
-from agentscope._scope import manager_cgroup, slice_relpath
+from agentscope_systemd._errors import BusError
+from agentscope_systemd._managers._bus import INFINITY, PROPS, SystemdBus
+from agentscope_systemd._managers._scope import manager_cgroup, slice_relpath
 from tests import fakefs
 
 _ACTIVE = ("active", "activating", "deactivating", "reloading")

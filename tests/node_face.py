@@ -1,6 +1,6 @@
 """The real read API and the real CLI's --json, over the fake manager, for the Node client's tests.
 
-``python -m tests.node_face serve``: a real ``agentscope.Fleet`` on the fake
+``python -m tests.node_face serve``: a real ``agentscope_systemd.Fleet`` on the fake
 systemd manager and cgroup tree (tests/fakesystemd.py) with agents ``a`` and
 ``b``, sampled as the monitor samples it, served by the monitor's face on
 loopback TCP and on a Unix socket. Prints one JSON line (``url``,
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
-import agentscope
-from cli import _fleet
-from cli._cmd_monitor import _sample
-from cli._http import FaceState, start_face
-from cli._options import Options
+import agentscope_systemd
+from agentscope_systemd._cli import _fleet
+from agentscope_systemd._cli._cmd_monitor import _sample
+from agentscope_systemd._cli._http import FaceState, start_face
+from agentscope_systemd._cli._options import Options
 from tests.fakefleet import fake_fleet
 from tests.test_cli import run
 
@@ -76,7 +76,7 @@ def serve() -> None:
         root = Path(tmp)
         _launch_two()
         fleet = _fleet.open_fleet(Options(manager="user"))
-        state = FaceState("default", "user", period=2.0, version=agentscope.__version__)
+        state = FaceState("default", "user", period=2.0, version=agentscope_systemd.__version__)
         _sample(fleet, state)
         tcp = start_face(("127.0.0.1", 0), state, fleet)
         unix = start_face(str(root / "monitor.sock"), state, fleet)

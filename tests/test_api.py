@@ -6,20 +6,20 @@ import inspect
 import subprocess
 import sys
 
-import agentscope
-from agentscope import AsyncFleet, Fleet
+import agentscope_systemd
+from agentscope_systemd import AsyncFleet, Fleet
 
 
 def test_all_public_names_exported_and_nothing_else() -> None:
-    public = {n for n in dir(agentscope) if not n.startswith("_")}
+    public = {n for n in dir(agentscope_systemd) if not n.startswith("_")}
     modules = {"lowlevel", "watchdog", "generator", "install"}  # public submodules
-    assert public - modules == set(agentscope.__all__) - {"__version__"}
-    for name in agentscope.__all__:
-        assert hasattr(agentscope, name), name
+    assert public - modules == set(agentscope_systemd.__all__) - {"__version__"}
+    for name in agentscope_systemd.__all__:
+        assert hasattr(agentscope_systemd, name), name
 
 
 def test_lowlevel_exports_resolve() -> None:
-    import agentscope.lowlevel as low
+    import agentscope_systemd.lowlevel as low
 
     assert len(set(low.__all__)) == len(low.__all__)
     for name in low.__all__:
@@ -59,13 +59,13 @@ def test_blocking_facade_mirrors_async_core() -> None:
 
 
 def test_a_blocking_agent_offers_what_an_agent_does() -> None:
-    assert _operations(agentscope.Agent) <= _operations(agentscope.BlockingAgent)
+    assert _operations(agentscope_systemd.Agent) <= _operations(agentscope_systemd.BlockingAgent)
 
 
 def test_library_imports_without_cli_dependencies() -> None:
     code = (
         "import sys; sys.modules['typer'] = None; sys.modules['rich'] = None\n"
-        "import agentscope, agentscope.lowlevel\n"
+        "import agentscope_systemd, agentscope_systemd.lowlevel\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -73,7 +73,7 @@ def test_library_imports_without_cli_dependencies() -> None:
 def test_the_error_tree_is_drawn_once_and_true() -> None:
     # Every public error is defined in _errors, and its docstring draws each
     # one under its parent: the drawing is parsed and compared with the classes.
-    from agentscope import _errors
+    from agentscope_systemd import _errors
 
     drawn: dict[str, str | None] = {}
     stack: list[tuple[int, str]] = []
@@ -98,10 +98,10 @@ def test_the_error_tree_is_drawn_once_and_true() -> None:
     assert set(classes) == set(_errors.__all__)
     public_errors = {
         n
-        for n in agentscope.__all__
-        if isinstance(getattr(agentscope, n), type)
-        and issubclass(getattr(agentscope, n), BaseException)
+        for n in agentscope_systemd.__all__
+        if isinstance(getattr(agentscope_systemd, n), type)
+        and issubclass(getattr(agentscope_systemd, n), BaseException)
     }
     assert public_errors <= set(classes)
     for n in public_errors:
-        assert getattr(agentscope, n).__module__ == "agentscope._errors", n
+        assert getattr(agentscope_systemd, n).__module__ == "agentscope_systemd._errors", n

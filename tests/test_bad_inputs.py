@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from cli import _fleet
+from agentscope_systemd._cli import _fleet
 from tests.test_cli import Result, run
 
 #: Values no size, count or duration field takes, whatever its range.
@@ -333,7 +333,7 @@ def _api_cases() -> Iterator[Any]:
 
 
 def _refusals() -> tuple[type[BaseException], ...]:
-    from agentscope import InvalidConfig, InvalidName, LaunchError
+    from agentscope_systemd import InvalidConfig, InvalidName, LaunchError
 
     return (InvalidName, InvalidConfig, LaunchError)
 
@@ -347,8 +347,8 @@ _WRITES |= {"AttachProcessesToUnit", "FreezeUnit", "ThawUnit"}
 async def test_the_api_refuses_before_anything_is_made(
     tmp_path: Path, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
-    from agentscope import AgentscopeError
-    from agentscope._registry import Registry
+    from agentscope_systemd import AgentscopeError
+    from agentscope_systemd._registry._registry import Registry
     from tests.fakesystemd import FakeSystemd
     from tests.test_fleet import make_fleet
 
@@ -401,7 +401,7 @@ _PID_FILES = ["stat", "statm", "status", "cmdline", "cgroup", "wchan", "oom_scor
 
 
 def _pid_readers() -> dict[str, Any]:
-    from agentscope import _proc
+    from agentscope_systemd._kernel import _proc
 
     return {
         "stat": _proc.read_stat,
@@ -420,7 +420,7 @@ def _pid_readers() -> dict[str, Any]:
 def test_a_hostile_pid_file_gives_none_or_a_value_never_a_hang(
     tmp_path: Path, name: str, how: str
 ) -> None:
-    from agentscope import _proc
+    from agentscope_systemd._kernel import _proc
     from tests import fakefs
 
     proc = tmp_path / "proc"
@@ -459,7 +459,7 @@ _SCOPE_FILES = ["memory.current", "memory.events", "memory.stat", "memory.pressu
 def test_a_hostile_scope_file_gives_a_value_or_an_error_never_a_hang(
     tmp_path: Path, name: str, how: str
 ) -> None:
-    from agentscope import _cgroup
+    from agentscope_systemd._kernel import _cgroup
     from tests import fakefs
 
     slice_path = tmp_path / "app.slice/app-agentscope.slice/app-agentscope-agents.slice"
@@ -485,7 +485,7 @@ def test_a_hostile_scope_file_gives_a_value_or_an_error_never_a_hang(
     [b"4300 \xb2 x -5 99999999999999999999999 4300 ", b"\x00" * 4096, "fifo", "zero", "gone"],
 )
 def test_the_escape_audit_over_hostile_children_files(tmp_path: Path, children: Any) -> None:
-    from agentscope import _escape
+    from agentscope_systemd._monitor import _escape
     from tests import fakefs
 
     cgroups, proc = tmp_path / "cgroup", tmp_path / "proc"

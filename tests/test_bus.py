@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from dbus_fast import Message, MessageType, Variant
 
-from agentscope import BusError, SystemdTimeout
-from agentscope._bus import (
+from agentscope_systemd import BusError, SystemdTimeout
+from agentscope_systemd._managers._bus import (
     SD,
     SD_MANAGER,
     SD_PATH,
@@ -58,8 +58,8 @@ async def test_a_missing_socket_is_systemd_unavailable_even_from_the_constructor
 ) -> None:
     """Older dbus-fast connects the socket in ``MessageBus()`` itself: a host without
     systemd is still exit 4's SystemdUnavailable, never a bare FileNotFoundError."""
-    import agentscope._bus as bus_module
-    from agentscope import SystemdUnavailable
+    import agentscope_systemd._managers._bus as bus_module
+    from agentscope_systemd import SystemdUnavailable
 
     missing = tmp_path / "no-bus"
 
@@ -236,7 +236,7 @@ async def test_a_manager_that_stops_answering_is_a_timeout(
 ) -> None:
     # Connected (Subscribe and Version answered), then silence: a busy or hung
     # manager, which the message must not call an absent systemd host.
-    monkeypatch.setattr("agentscope._bus.CALL_TIMEOUT", 0.3)
+    monkeypatch.setattr("agentscope_systemd._managers._bus.CALL_TIMEOUT", 0.3)
     (tmp_path / "systemd").mkdir()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

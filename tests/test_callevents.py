@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _callevents, _calls
-from agentscope._registry import Registry
-from cli._call import call_command
-from cli._options import Options
+from agentscope_systemd._calls import _callevents, _calls
+from agentscope_systemd._cli._call import call_command
+from agentscope_systemd._cli._options import Options
+from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import FakeSystemd, end_children
 from tests.test_calls import PID, SLICE, UNIT, FakeKernel, delegated_agent, kernel, settled
 from tests.test_fleet import make_fleet, stop_everything

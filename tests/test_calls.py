@@ -23,14 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import AsyncFleet, _calls
-from agentscope._cgroup import read_subtree_procs
-from agentscope._errors import AgentNotFound, InvalidConfig, InvalidName, LaunchError
-from agentscope._scopefiles import read_scopes
-from cli._call import call_command, parse_call_args
-from cli._errors import BadInput, CommandNotFound, exec_status
-from cli._options import Options
-from cli.main import hoist_globals
+from agentscope_systemd import AsyncFleet
+from agentscope_systemd._calls import _calls
+from agentscope_systemd._cli._call import call_command, parse_call_args
+from agentscope_systemd._cli._errors import BadInput, CommandNotFound, exec_status
+from agentscope_systemd._cli._options import Options
+from agentscope_systemd._cli.main import hoist_globals
+from agentscope_systemd._errors import AgentNotFound, InvalidConfig, InvalidName, LaunchError
+from agentscope_systemd._kernel._cgroup import read_subtree_procs
+from agentscope_systemd._managers._scopefiles import read_scopes
 from tests.fakefs import holding_kernel, make_cgroup, make_cgroup_root
 from tests.fakesystemd import FakeSystemd, end_children
 from tests.test_cli_fast import imported_by
@@ -516,7 +517,7 @@ def test_call_starts_without_typer_asyncio_dbus_or_sqlite(tmp_path: Path) -> Non
     assert "is in no agent's scope" in result["stderr"] or "not an agentscope" in result["stderr"]
     heavy = {"typer", "click", "rich", "asyncio", "dbus_fast", "sqlite3", "logging", "psutil"}
     assert {m.partition(".")[0] for m in modules} & heavy == set()
-    assert "cli._app" not in modules
+    assert "agentscope_systemd._cli._app" not in modules
 
 
 @pytest.mark.parametrize(

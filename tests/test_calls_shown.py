@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentscope._cgroup import MemoryEvents
-from agentscope._report import CallMemory, read_calls
+from agentscope_systemd._kernel._cgroup import MemoryEvents
+from agentscope_systemd._monitor._report import CallMemory, read_calls
 from tests.fakefs import make_cgroup
 from tests.fakesystemd import FakeSystemd, end_children
 from tests.test_contract import validate

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _calls, _callshell
-from agentscope._errors import InvalidConfig, LaunchError
-from cli._errors import exec_status
-from cli._shell import run_shell
+from agentscope_systemd._calls import _calls, _callshell
+from agentscope_systemd._cli._errors import exec_status
+from agentscope_systemd._cli._shell import run_shell
+from agentscope_systemd._errors import InvalidConfig, LaunchError
 from tests.fakesystemd import FakeSystemd, end_children
 from tests.test_calls import SLICE, UNIT, FakeKernel, cgroup_of, kernel, settled
 from tests.test_fleet import make_fleet, stop_everything

@@ -11,8 +11,8 @@ from fakefs import format_memory_events, format_pressure, make_cgroup, make_cgro
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentscope import _cgroup
-from agentscope._cgroup import (
+from agentscope_systemd._kernel import _cgroup
+from agentscope_systemd._kernel._cgroup import (
     MemoryEvents,
     PressureLine,
     cgroup_path_for_unit,
@@ -420,8 +420,8 @@ def test_memory_controller_enabled(tmp_path: Path) -> None:
 def test_to_dict_gives_plain_json_values() -> None:
     # Paths, tuples, read-only mappings and nested records all come out as
     # JSON values, so `report --json` and the events never fail to encode.
-    from agentscope._attribution import Throttle
-    from agentscope._cgroup import LimitHolder
+    from agentscope_systemd._kernel._cgroup import LimitHolder
+    from agentscope_systemd._monitor._attribution import Throttle
 
     holder = LimitHolder(Path("/sys/fs/cgroup/x.slice"), 1 << 30, None)
     throttle = Throttle(Path("/sys/fs/cgroup/x.slice/a.scope"), 3, (7, 8), holder)

@@ -1,8 +1,8 @@
 """The command line over a fake fleet: parsing, exit codes, JSON shapes, rendering.
 
-Every command reaches the library through ``cli._fleet.open_fleet``; the
-fake below stands in for ``agentscope.Fleet`` with the API the CLI assumes
-(see ``cli._fleet.FleetLike``). Set AGENTSCOPE_UPDATE_SNAPSHOTS=1 to rewrite
+Every command reaches the library through ``agentscope_systemd._cli._fleet.open_fleet``; the
+fake below stands in for ``agentscope_systemd.Fleet`` with the API the CLI assumes
+(see ``agentscope_systemd._cli._fleet.FleetLike``). Set AGENTSCOPE_UPDATE_SNAPSHOTS=1 to rewrite
 tests/snapshots/ and docs/cli.md.
 """
 
@@ -30,17 +30,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import agentscope
-from agentscope import AgentMemory
-from agentscope import _exec as agentscope_exec
-from agentscope._report import CallMemory
-from cli import _docs, _doctor, _fleet, _render
-from cli._app import COMMANDS, build_command
-from cli._errors import BadInput, CannotRun, CommandNotFound, Failed
-from cli._exec import launch_controls, parse_exec_args, resolve_command
-from cli._notify import Notifier, format_state
-from cli._parse import parse_duration, parse_env, parse_signal, parse_since, parse_size
-from cli.main import hoist_globals, main, split_globals
+import agentscope_systemd
+from agentscope_systemd import AgentMemory
+from agentscope_systemd._cli import _docs, _doctor, _fleet, _render
+from agentscope_systemd._cli._app import COMMANDS, build_command
+from agentscope_systemd._cli._errors import BadInput, CannotRun, CommandNotFound, Failed
+from agentscope_systemd._cli._exec import launch_controls, parse_exec_args, resolve_command
+from agentscope_systemd._cli._notify import Notifier, format_state
+from agentscope_systemd._cli._parse import (
+    parse_duration,
+    parse_env,
+    parse_signal,
+    parse_since,
+    parse_size,
+)
+from agentscope_systemd._cli.main import hoist_globals, main, split_globals
+from agentscope_systemd._managers import _exec as agentscope_exec
+from agentscope_systemd._monitor._report import CallMemory
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
@@ -140,7 +146,7 @@ EVENTS = [
 
 @dataclass
 class FakeFleet:
-    """Stands in for agentscope.Fleet; records calls; raises ``fail`` from every operation."""
+    """Stands in for the blocking Fleet; records calls; raises ``fail`` from every operation."""
 
     name: str = "default"
     manager: str = "user"
@@ -453,7 +459,7 @@ def test_parse_size_takes_systemd_memory_limits(text: str, expected: int | None)
 
 
 def test_parse_size_percent_is_of_this_machines_ram() -> None:
-    from cli._parse import physical_memory
+    from agentscope_systemd._cli._parse import physical_memory
 
     page = os.sysconf("SC_PAGE_SIZE")
     half = parse_size("50%")
@@ -484,7 +490,7 @@ def test_bad_sizes_and_times_are_exit_2(fleet: FakeFleet) -> None:
 )
 def test_memory_max_and_p_memorymax_take_one_size_grammar(fleet: FakeFleet, text: str) -> None:
     """``--memory-max X`` and ``-p MemoryMax=X`` are the same bytes (issue 28)."""
-    from agentscope import _scopeprops
+    from agentscope_systemd._managers import _scopeprops
 
     size = parse_size(text)
     sent = _scopeprops.build(properties={"MemoryMax": text})["MemoryMax"][1]
@@ -576,11 +582,11 @@ def test_global_options_after_the_command_mean_the_same(fleet: FakeFleet) -> Non
 def test_version() -> None:
     result = run("--version")
     assert result.code == 0
-    assert result.stdout.strip() == f"agentscope {agentscope.__version__}"
+    assert result.stdout.strip() == f"agentscope {agentscope_systemd.__version__}"
     result = run("--json", "--version")
     assert json.loads(result.stdout) == {
         "schema": "agentscope.version/1",
-        "version": agentscope.__version__,
+        "version": agentscope_systemd.__version__,
     }
 
 
@@ -609,30 +615,30 @@ def test_help_and_no_args() -> None:
 # -- exit codes ---------------------------------------------------------------------
 
 ERRORS = [
-    (agentscope.InvalidName("agent", "-x", "starts with '-'"), 2, "invalid_name"),
-    (agentscope.LaunchError("'nope' not found on the agent's PATH"), 2, "launch_error"),
-    (agentscope.InvalidConfig("memory_max", -1, "a size"), 2, "invalid_config"),
+    (agentscope_systemd.InvalidName("agent", "-x", "starts with '-'"), 2, "invalid_name"),
+    (agentscope_systemd.LaunchError("'nope' not found on the agent's PATH"), 2, "launch_error"),
+    (agentscope_systemd.InvalidConfig("memory_max", -1, "a size"), 2, "invalid_config"),
     # Conditions of the host, not bad input, though LaunchErrors (#30).
-    (agentscope.HostUnderPressure(3.0, 0.0, 40.0, 0.0), 1, "host_under_pressure"),
-    (agentscope.TmuxUnavailable("tmux is not installed"), 1, "tmux_unavailable"),
-    (agentscope.TmuxError("tmux could not start its server"), 1, "tmux_error"),
-    (agentscope.AgentNotFound("default", "ghost"), 3, "not_found"),
+    (agentscope_systemd.HostUnderPressure(3.0, 0.0, 40.0, 0.0), 1, "host_under_pressure"),
+    (agentscope_systemd.TmuxUnavailable("tmux is not installed"), 1, "tmux_unavailable"),
+    (agentscope_systemd.TmuxError("tmux could not start its server"), 1, "tmux_error"),
+    (agentscope_systemd.AgentNotFound("default", "ghost"), 3, "not_found"),
     (
-        agentscope.SystemdUnavailable("user", "unix:path=/run/user/1/bus", "no such file"),
+        agentscope_systemd.SystemdUnavailable("user", "unix:path=/run/user/1/bus", "no such file"),
         4,
         "systemd_unavailable",
     ),
     (
-        agentscope.BusError("StopUnit", "org.freedesktop.systemd1.NoSuchUnit", "gone"),
+        agentscope_systemd.BusError("StopUnit", "org.freedesktop.systemd1.NoSuchUnit", "gone"),
         1,
         "bus_error",
     ),
     (
-        agentscope.AgentExists("default", "a", "agentscope-default-a-000000.scope"),
+        agentscope_systemd.AgentExists("default", "a", "agentscope-default-a-000000.scope"),
         1,
         "agent_exists",
     ),
-    (agentscope.AgentscopeError("fleet 'default' is closed"), 1, "error"),
+    (agentscope_systemd.AgentscopeError("fleet 'default' is closed"), 1, "error"),
     (PermissionError(13, "Permission denied"), 1, "os_error"),
     (RuntimeError("boom"), 1, "internal"),
 ]
@@ -664,7 +670,7 @@ def test_the_root_help_has_examples_that_parse() -> None:
 def test_every_commands_help_has_examples_that_parse(command: str) -> None:
     """``agentscope COMMAND --help`` shows examples, and each is a command line this
     agentscope takes: its options exist and their values parse (issue 28)."""
-    from cli._call import parse_call_args
+    from agentscope_systemd._cli._call import parse_call_args
 
     result = run(command, "--help")
     assert result.code == 0, result.stderr
@@ -728,7 +734,7 @@ def test_exit_codes(
 
 
 def test_debug_shows_traceback(fleet: FakeFleet) -> None:
-    fleet.fail = agentscope.AgentNotFound("default", "ghost")
+    fleet.fail = agentscope_systemd.AgentNotFound("default", "ghost")
     result = run("--debug", "stop", "ghost")
     assert result.code == 3
     assert "Traceback" in result.stderr
@@ -971,9 +977,13 @@ def test_stop_all(fleet: FakeFleet) -> None:
 def test_stop_all_reports_failures(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
     def stop(name: str, timeout: float = 10) -> None:
         if name == "reviewer":
-            raise agentscope.BusError("StopUnit", "org.freedesktop.DBus.Error.AccessDenied", "no")
+            raise agentscope_systemd.BusError(
+                "StopUnit", "org.freedesktop.DBus.Error.AccessDenied", "no"
+            )
         if name == "builder-1":
-            raise agentscope.AgentNotFound("default", name)  # ended meanwhile: counts as stopped
+            raise agentscope_systemd.AgentNotFound(
+                "default", name
+            )  # ended meanwhile: counts as stopped
 
     monkeypatch.setattr(fleet, "stop", stop)
     result, data = run_json("stop", "--all")
@@ -1166,7 +1176,7 @@ GUARD_KILL = {
 
 
 def test_monitor_guard_options_make_its_config(fleet: FakeFleet) -> None:
-    from agentscope import GuardConfig
+    from agentscope_systemd import GuardConfig
 
     result = run(
         "monitor",
@@ -1364,7 +1374,9 @@ def test_exec_memory_max_caps_the_scope(fleet: FakeFleet, monkeypatch: pytest.Mo
 
 def test_exec_error_codes(fleet: FakeFleet) -> None:
     # exec's own failures are 125 (tests/test_cli_exec.py); the kind still says which.
-    fleet.fail = agentscope.AgentExists("default", "me", "agentscope-default-me-000000.scope")
+    fleet.fail = agentscope_systemd.AgentExists(
+        "default", "me", "agentscope-default-me-000000.scope"
+    )
     result = run("--json", "exec", "me", "--", "true")
     assert result.code == 125
     assert json.loads(result.stderr)["kind"] == "agent_exists"
@@ -1377,22 +1389,24 @@ EXEC_IMPORTS = {
     "_socket",
     "_struct",
     "struct",
-    "agentscope",
-    "agentscope._calls",  # the scope's agent leaf for its calls (#26): os only
-    "agentscope._distribution",  # the foreign-package check at import: os and sys only
-    "agentscope._errors",
-    "agentscope._exec",
-    "agentscope._names",
-    "agentscope._numbers",  # the one number grammar: os only, no re
-    "agentscope._scope",
-    "agentscope._scopeprops",
-    "agentscope._spool",
-    "agentscope._wire",
-    "cli",
-    "cli._errors",
-    "cli._exec",
-    "cli._options",
-    "cli.main",
+    "agentscope_systemd",
+    "agentscope_systemd._calls",  # a subpackage's __init__: its docstring only
+    "agentscope_systemd._calls._calls",  # the scope's agent leaf for its calls (#26): os only
+    "agentscope_systemd._errors",
+    "agentscope_systemd._managers",
+    "agentscope_systemd._managers._exec",
+    "agentscope_systemd._names",
+    "agentscope_systemd._numbers",  # the one number grammar: os only, no re
+    "agentscope_systemd._managers._scope",
+    "agentscope_systemd._managers._scopeprops",
+    "agentscope_systemd._registry",
+    "agentscope_systemd._registry._spool",
+    "agentscope_systemd._managers._wire",
+    "agentscope_systemd._cli",
+    "agentscope_systemd._cli._errors",
+    "agentscope_systemd._cli._exec",
+    "agentscope_systemd._cli._options",
+    "agentscope_systemd._cli.main",
 }
 
 
@@ -1401,8 +1415,7 @@ def test_exec_fast_path_imports_only_what_it_needs() -> None:
         """
         import os, sys
         before = set(sys.modules)
-        from agentscope import _exec
-
+        from agentscope_systemd._managers import _exec
         def adopt_self(fleet, name, argv, **options):
             return "agentscope-default-me-000000.scope"
 
@@ -1415,7 +1428,7 @@ def test_exec_fast_path_imports_only_what_it_needs() -> None:
             os._exit(0)
 
         os.execv = execv
-        from cli.main import main
+        from agentscope_systemd._cli.main import main
         main(["--json", "exec", "me", "--", "true", "x"])
         """
     )
@@ -1546,8 +1559,8 @@ def test_options_after_runs_command_belong_to_the_agent(
 def test_runs_valued_options_are_the_commands() -> None:
     """main.RUN_VALUED, which finds where run's agent command begins, lists run's options
     that take a value: an option added to run without it would eat the agent's command."""
-    from cli._app import build_command
-    from cli.main import RUN_VALUED
+    from agentscope_systemd._cli._app import build_command
+    from agentscope_systemd._cli.main import RUN_VALUED
 
     command = build_command("run")
     valued = {
@@ -1682,7 +1695,6 @@ def test_doctor_json(monkeypatch: pytest.MonkeyPatch, fleet: FakeFleet) -> None:
         "linger",
         "oom_score_adj",
         "oom_victims",
-        "distribution",
     ]
     for check in data["checks"]:
         assert set(check) == {"name", "status", "detail", "fix"}
@@ -1745,32 +1757,6 @@ def test_doctor_system_manager_needs_no_linger() -> None:
     checks = {c["name"]: c for c in _doctor.checks(_facts(manager="system", linger=None))}
     assert checks["linger"]["status"] == "pass"
     assert "sudo systemctl set-property" in checks["slice_limits"]["fix"]
-
-
-def test_doctor_names_a_foreign_agentscope_distribution() -> None:
-    checks = {c["name"]: c for c in _doctor.checks(_facts())}
-    assert checks["distribution"]["status"] == "pass"
-    foreign = _facts(foreign_distribution=("2.0.11", "/venv/lib/python3.11/site-packages"))
-    check = {c["name"]: c for c in _doctor.checks(foreign)}["distribution"]
-    assert check["status"] == "fail"
-    assert "2.0.11" in check["detail"]
-    assert "/venv/lib/python3.11/site-packages" in check["detail"]
-    assert check["fix"] == (
-        "pip uninstall -y agentscope && pip install --force-reinstall agentscope-systemd"
-    )
-
-
-def test_foreign_distribution_found_in_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert _doctor.foreign_distribution() is None  # this checkout's venv has only ours
-    info = tmp_path / "agentscope-2.0.11.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: AgentScope\nVersion: 2.0.11\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    found = _doctor.foreign_distribution()
-    assert found is not None
-    assert found[0] == "2.0.11"
 
 
 # -- rendering snapshots ------------------------------------------------------------------
@@ -2024,7 +2010,7 @@ def test_a_malformed_bus_address_is_exit_4() -> None:
         [
             sys.executable,
             "-c",
-            "from cli.main import main; main()",
+            "from agentscope_systemd._cli.main import main; main()",
             "--json",
             "--manager",
             "systemd",
@@ -2060,7 +2046,8 @@ def test_a_notify_socket_that_cannot_serve_is_a_one_line_failure(
 
 
 def test_no_passwd_entry_and_no_home_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentscope import AgentscopeError, _spool
+    from agentscope_systemd import AgentscopeError
+    from agentscope_systemd._registry import _spool
 
     def no_entry(uid: int) -> None:
         raise KeyError(uid)
@@ -2090,15 +2077,17 @@ def test_a_burst_of_events_is_not_a_burst_of_samples(
 def test_a_stale_notify_socket_does_not_hide_why_the_monitor_stopped(
     fleet: FakeFleet, tmp_path: Path
 ) -> None:
-    import agentscope
+    import agentscope_systemd
 
-    fleet.fail = agentscope.SystemdUnavailable("user", "unix:path=/x", "the connection was lost")
+    fleet.fail = agentscope_systemd.SystemdUnavailable(
+        "user", "unix:path=/x", "the connection was lost"
+    )
     result = run("--json", "monitor", env={"NOTIFY_SOCKET": str(tmp_path / "gone")})
     assert (result.code, json.loads(result.stderr)["kind"]) == (4, "systemd_unavailable")
 
 
 def test_events_are_printed_page_by_page(fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cli import _direct
+    from agentscope_systemd._cli import _direct
 
     monkeypatch.setattr(_direct, "_EVENTS_PAGE", 1)
     result = run("--json", "events")
@@ -2260,7 +2249,7 @@ def test_a_table_on_an_80_column_terminal_keeps_its_unit_names_whole() -> None:
 
     from rich.console import Console
 
-    from cli._context import show
+    from agentscope_systemd._cli._context import show
 
     out = io.StringIO()
     terminal = Console(file=out, width=80, force_terminal=True, color_system=None)
@@ -2278,12 +2267,12 @@ def test_text_monitor_names_an_oom_kill_and_a_throttles_fix(
     unit = "agentscope-default-builder-1-3f9a2c.scope"
     fix = "systemctl --user set-property --runtime user.slice MemoryHigh=infinity"
     live = [
-        agentscope.OomKill(NOW, "builder-1", unit, 5001, "node\x1b[2J", 5 << 30, "kmsg"),
-        agentscope.OomKill(NOW, "reviewer", unit, None, None, None, "cgroup"),
-        agentscope.Throttled(
+        agentscope_systemd.OomKill(NOW, "builder-1", unit, 5001, "node\x1b[2J", 5 << 30, "kmsg"),
+        agentscope_systemd.OomKill(NOW, "reviewer", unit, None, None, None, "cgroup"),
+        agentscope_systemd.Throttled(
             NOW, "app-agentscope-agents.slice", 3, (5001, 5002), "user.slice", fix
         ),
-        agentscope.Throttled(NOW, "app-agentscope-agents.slice", 1, (), None, None),
+        agentscope_systemd.Throttled(NOW, "app-agentscope-agents.slice", 1, (), None, None),
     ]
 
     @contextmanager
@@ -2347,7 +2336,7 @@ def test_logs_needs_no_bus_for_a_log_file(
     _run_log(tmp_path).write_text("only line\n")
 
     def unreachable(opts: _fleet.Options) -> FakeFleet:
-        raise agentscope.SystemdUnavailable("user", "unix:path=/x", "no bus here")
+        raise agentscope_systemd.SystemdUnavailable("user", "unix:path=/x", "no bus here")
 
     monkeypatch.setattr(_fleet, "open_fleet", unreachable)
     result = run("--user", "logs", "a", env={"XDG_STATE_HOME": str(tmp_path)})
@@ -2397,7 +2386,7 @@ def test_logs_follow_follows_the_file(
 
 
 def test_logs_follow_reopens_a_rotated_file(tmp_path: Path) -> None:
-    from cli import _logfile
+    from agentscope_systemd._cli import _logfile
 
     log = tmp_path / "a.log"
     log.write_text("one\n")
@@ -2418,7 +2407,7 @@ def test_logs_follow_reopens_a_rotated_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("size", [0, 1, 100, 70_000, 200_000])
 def test_tail_reads_the_last_lines_from_the_end(tmp_path: Path, size: int) -> None:
-    from cli import _logfile
+    from agentscope_systemd._cli import _logfile
 
     log = tmp_path / "a.log"
     body = [f"{i:06d}" + "x" * (i % 97) for i in range(size)]
@@ -2448,11 +2437,11 @@ def test_logs_of_a_tmux_agent_is_its_window(fleet: FakeFleet, tmp_path: Path) ->
 def test_events_and_gc_work_without_a_bus(
     fleet: FakeFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentscope.lowlevel import Registry
+    from agentscope_systemd.lowlevel import Registry
 
     state = tmp_path / "state"
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
-    path = agentscope.default_registry_path("user")
+    path = agentscope_systemd.default_registry_path("user")
     with Registry(path) as reg:
         rec = reg.record_launch(
             "default", "old", "agentscope-default-old-1.scope", 11, 1, ["x"], "/"
@@ -2463,7 +2452,7 @@ def test_events_and_gc_work_without_a_bus(
         reg.record_event("other", "b", "oom_kill", {"pid": 1})
 
     def unreachable(opts: _fleet.Options) -> FakeFleet:
-        raise agentscope.SystemdUnavailable("user", "unix:path=/x", "no bus here")
+        raise agentscope_systemd.SystemdUnavailable("user", "unix:path=/x", "no bus here")
 
     monkeypatch.setattr(_fleet, "open_fleet", unreachable)
     monkeypatch.setattr(_fleet, "open_history", _REAL_OPEN_HISTORY)
@@ -2478,49 +2467,10 @@ def test_events_and_gc_work_without_a_bus(
     assert run("--user", "ls").code == 4  # what does need the manager still says so
 
 
-# -- the unrelated 'agentscope' distribution ---------------------------------------------
-
-
-def test_import_warns_in_one_line_about_a_foreign_agentscope(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
-    argv = [sys.executable, "-c", "import agentscope"]
-    clean = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
-    assert clean.stderr == ""
-    info = tmp_path / "AgentScope-2.0.11.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: AgentScope\nVersion: 2.0.11\n")
-    env["PYTHONPATH"] = str(tmp_path)
-    found = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
-    assert found.stderr.count("\n") == 1, found.stderr
-    assert found.stderr.startswith("agentscope:0: RuntimeWarning: an unrelated package named")
-    assert f"(2.0.11, in {tmp_path})" in found.stderr
-    assert "pip uninstall -y agentscope && pip install --force-reinstall agentscope-systemd" in (
-        found.stderr
-    )
-    quiet = subprocess.run(
-        [sys.executable, "-W", "ignore::RuntimeWarning", *argv[1:]],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    assert quiet.stderr == ""
-
-
-def test_the_import_warning_and_doctor_share_one_rule(tmp_path: Path) -> None:
-    from agentscope.lowlevel import foreign_distribution
-
-    for ours in ("agentscope_systemd-0.1.0.dist-info", "agentscope_cli-1.0.dist-info"):
-        (tmp_path / ours).mkdir()
-    assert foreign_distribution([str(tmp_path), str(tmp_path / "missing")]) is None
-    (tmp_path / "agentscope-1.2-py3.11.egg-info").mkdir()
-    assert foreign_distribution([str(tmp_path)]) == ("1.2", str(tmp_path))
-
-
 def test_logs_memory_stays_bounded_without_newlines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cli import _logfile
+    from agentscope_systemd._cli import _logfile
 
     monkeypatch.setattr(_logfile, "_TAIL_BUDGET", 1000)
     monkeypatch.setattr(_logfile, "_MAX_LINE", 100)
@@ -2544,7 +2494,7 @@ def test_logs_memory_stays_bounded_without_newlines(
 )
 def test_event_lines_show_c0_c1_and_bidi_controls_as_question_marks(comm: str) -> None:
     # #31: C1 (U+009B is a CSI to many terminals) reached events and monitor.
-    from cli._render import event_line
+    from agentscope_systemd._cli._render import event_line
 
     line = event_line({"kind": "oom_kill", "ts": NOW, "agent": f"x{comm}", "comm": comm, "pid": 1})
     assert not any(0x7F <= ord(c) < 0xA0 or ord(c) < 32 for c in line)

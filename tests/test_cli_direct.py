@@ -1,6 +1,6 @@
 """``ls``, ``events``, ``stop`` and ``kill`` without typer print and fail as through typer.
 
-cli/_direct.py reads the plain command lines of these commands itself
+agentscope_systemd/_cli/_direct.py reads the plain command lines of these commands itself
 (issue 28: typer's start-up is most of what a harness's poll costs). Each
 case here runs twice through ``main``: as it runs (the direct path where it
 applies) and with the direct path refused, so that typer reads the line.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import agentscope
-from cli import _direct, _fleet
-from cli._options import Options
+import agentscope_systemd
+from agentscope_systemd._cli import _direct, _fleet
+from agentscope_systemd._cli._options import Options
 from tests.test_cli import _REAL_OPEN_HISTORY, NOW, FakeFleet, Result, fleet, run  # noqa: F401
 
 
@@ -164,8 +164,8 @@ def test_the_direct_path_prints_what_typer_prints(
 @pytest.mark.parametrize(
     ("failure", "code"),
     [
-        (agentscope.SystemdUnavailable("user", "unix:path=/x", "no bus here"), 4),
-        (agentscope.AgentscopeError("the registry is damaged"), 1),
+        (agentscope_systemd.SystemdUnavailable("user", "unix:path=/x", "no bus here"), 4),
+        (agentscope_systemd.AgentscopeError("the registry is damaged"), 1),
         (KeyboardInterrupt(), 130),
     ],
 )
@@ -219,7 +219,7 @@ def test_following_ends_alike_on_ctrl_c(fake: FakeFleet, monkeypatch: pytest.Mon
 
 def test_real_registry_and_no_manager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The library's own readers: no registry yet, a registry with events, no bus (exit 4)."""
-    from agentscope.lowlevel import Registry
+    from agentscope_systemd.lowlevel import Registry
 
     monkeypatch.setattr(_fleet, "open_history", _REAL_OPEN_HISTORY)
     env = {
@@ -233,7 +233,7 @@ def test_real_registry_and_no_manager(tmp_path: Path, monkeypatch: pytest.Monkey
     for args in cases:  # no registry file yet
         ours, typers = _both(*args, monkeypatch=monkeypatch)
         assert (ours, ours.code) == (typers, 0)
-    with Registry(agentscope.default_registry_path("user")) as reg:
+    with Registry(agentscope_systemd.default_registry_path("user")) as reg:
         reg.record_event("default", "builder-1", "oom_kill", {"pid": 5001, "comm": "node"})
         reg.record_event("default", "reviewer", "start", {"pid": 7})
         reg.record_event("other", "b", "oom_kill", {"pid": 1})

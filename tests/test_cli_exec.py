@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-import agentscope
+import agentscope_systemd
 from tests.test_cli import FakeFleet, fleet, run  # noqa: F401 (fleet: the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,13 @@ def agentscope_cli(
     """The real command line, on a host where no systemd manager can be reached."""
     base = {k: v for k, v in os.environ.items() if k != "AGENTSCOPE_EXEC_FALLBACK"}
     return subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()", "--user", *args],
+        [
+            sys.executable,
+            "-c",
+            "from agentscope_systemd._cli.main import main; main()",
+            "--user",
+            *args,
+        ],
         env={
             **base,
             "DBUS_SESSION_BUS_ADDRESS": "garbage",
@@ -109,7 +115,7 @@ def test_fallback_run_runs_the_command_as_itself(
         [
             sys.executable,
             "-c",
-            "from cli.main import main; main()",
+            "from agentscope_systemd._cli.main import main; main()",
             "--user",
             "exec",
             "me",
@@ -255,7 +261,7 @@ def test_a_refused_scope_is_125_and_the_fallback_runs_the_command(
 ) -> None:
     execs: list[list[str]] = []
     monkeypatch.setattr(os, "execv", lambda path, argv: execs.append(argv))
-    fleet.fail = agentscope.BusError(
+    fleet.fail = agentscope_systemd.BusError(
         "StartTransientUnit", "org.freedesktop.DBus.Error.AccessDenied", "not allowed"
     )
     result = run("--json", "exec", "me", "--", "true")
@@ -272,9 +278,9 @@ def test_a_refused_scope_is_125_and_the_fallback_runs_the_command(
 @pytest.mark.parametrize(
     "exc",
     [
-        agentscope.AgentExists("default", "me", "agentscope-default-me-000000.scope"),
-        agentscope.InvalidConfig("MemoryMax", 1, "at least 1 page"),
-        agentscope.HostUnderPressure(3.0, 0.0, 70.0, 5.0),
+        agentscope_systemd.AgentExists("default", "me", "agentscope-default-me-000000.scope"),
+        agentscope_systemd.InvalidConfig("MemoryMax", 1, "at least 1 page"),
+        agentscope_systemd.HostUnderPressure(3.0, 0.0, 70.0, 5.0),
     ],
     ids=["taken", "invalid", "pressure"],
 )

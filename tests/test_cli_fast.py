@@ -21,26 +21,32 @@ import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import agentscope
-from cli import _app, _typerfast
+import agentscope_systemd
+from agentscope_systemd._cli import _app, _typerfast
 from tests.test_cli import FakeFleet, fleet, run  # noqa: F401 (fleet: the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # Never needed to print JSON from the registry, nor to start a command.
 _HEAVY = {"rich", "pydantic", "asyncio", "dbus_fast", "psutil"}
-_OTHER_COMMANDS = {"cli._cmd_admin", "cli._doctor", "cli._http", "cli._demo", "cli._top"}
+_OTHER_COMMANDS = {
+    "agentscope_systemd._cli._cmd_admin",
+    "agentscope_systemd._cli._doctor",
+    "agentscope_systemd._cli._http",
+    "agentscope_systemd._cli._demo",
+    "agentscope_systemd._cli._top",
+}
 # What only a monitor, a guard, a report or a tool call runs: listing a fleet
 # opens it (the bus, the registry, recovery) and runs none of them.
 _MONITOR = {
-    "agentscope._monitor",
-    "agentscope._sampling",
-    "agentscope._killcount",
-    "agentscope._guard",
-    "agentscope._guardpolicy",
-    "agentscope._guardscan",
-    "agentscope._report",
-    "agentscope._callrun",
+    "agentscope_systemd._monitor._monitor",
+    "agentscope_systemd._monitor._sampling",
+    "agentscope_systemd._monitor._killcount",
+    "agentscope_systemd._guard._guard",
+    "agentscope_systemd._guard._guardpolicy",
+    "agentscope_systemd._guard._guardscan",
+    "agentscope_systemd._monitor._report",
+    "agentscope_systemd._calls._callrun",
 }
 
 
@@ -49,7 +55,7 @@ def imported_by(tmp_path: Path, *args: str) -> tuple[dict[str, Any], set[str]]:
     code = textwrap.dedent(
         f"""
         import json, sys
-        from cli.main import main
+        from agentscope_systemd._cli.main import main
         try:
             main({list(args)!r})
         except SystemExit as exc:
@@ -85,13 +91,16 @@ def _tops(modules: set[str]) -> set[str]:
 
 def test_version_imports_neither_typer_nor_rich(tmp_path: Path) -> None:
     result, modules = imported_by(tmp_path, "--version")
-    assert (result["code"], result["stdout"]) == (0, f"agentscope {agentscope.__version__}\n")
+    assert (result["code"], result["stdout"]) == (
+        0,
+        f"agentscope {agentscope_systemd.__version__}\n",
+    )
     assert _tops(modules) & {"typer", "click", *_HEAVY} == set()
-    assert "cli._app" not in modules
+    assert "agentscope_systemd._cli._app" not in modules
     result, modules = imported_by(tmp_path, "--user", "--version", "--json")
     assert json.loads(result["stdout"]) == {
         "schema": "agentscope.version/1",
-        "version": agentscope.__version__,
+        "version": agentscope_systemd.__version__,
     }
     assert "typer" not in _tops(modules)
 
@@ -108,7 +117,7 @@ def test_version_with_more_is_typers_to_answer(tmp_path: Path, args: list[str]) 
     assert "typer" in _tops(modules)
     if args[0] == "--version" and args[1] == "ls":
         assert result["code"] == 0
-        assert result["stdout"] == f"agentscope {agentscope.__version__}\n"
+        assert result["stdout"] == f"agentscope {agentscope_systemd.__version__}\n"
     elif args[1] == "--bogus":
         assert result["code"] == 2
         assert "No such option: --bogus" in result["stderr"]
@@ -118,9 +127,18 @@ def test_events_json_imports_no_typer_no_rich_no_bus_no_other_command(tmp_path: 
     for args in (["--json", "events"], ["events", "--json", "--limit", "5", "--since", "-1h"]):
         result, modules = imported_by(tmp_path, "--user", *args)
         assert result["code"] == 0, result
-        # Its plain command lines are read without typer (cli/_direct.py).
+        # Its plain command lines are read without typer (agentscope_systemd/_cli/_direct.py).
         assert _tops(modules) & {*_HEAVY, "typer", "click"} == set()
-        assert modules & {*_OTHER_COMMANDS, "cli._cmd_agents", "cli._render", *_MONITOR} == set()
+        assert (
+            modules
+            & {
+                *_OTHER_COMMANDS,
+                "agentscope_systemd._cli._cmd_agents",
+                "agentscope_systemd._cli._render",
+                *_MONITOR,
+            }
+            == set()
+        )
 
 
 def test_ls_and_stop_import_no_typer_no_rich_no_monitor_nor_other_command(
@@ -130,14 +148,26 @@ def test_ls_and_stop_import_no_typer_no_rich_no_monitor_nor_other_command(
     assert result["code"] == 4, result  # no manager here: it got as far as the bus
     assert json.loads(result["stderr"])["kind"] == "systemd_unavailable"
     assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
-    assert modules & {*_OTHER_COMMANDS, "cli._cmd_monitor", "cli._render", "cli._app"} == set()
+    assert (
+        modules
+        & {
+            *_OTHER_COMMANDS,
+            "agentscope_systemd._cli._cmd_monitor",
+            "agentscope_systemd._cli._render",
+            "agentscope_systemd._cli._app",
+        }
+        == set()
+    )
     assert modules & _MONITOR == set()
     assert "psutil" not in _tops(modules)  # only adopting a process tree walks it
     # stop and kill, what a harness calls next most: no typer, no monitor either.
     result, modules = imported_by(tmp_path, "--user", "stop", "builder-1", "--json")
     assert result["code"] == 4, result
     assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
-    assert modules & {*_MONITOR, "cli._app", "cli._cmd_agents"} == set()
+    assert (
+        modules & {*_MONITOR, "agentscope_systemd._cli._app", "agentscope_systemd._cli._cmd_agents"}
+        == set()
+    )
     result, modules = imported_by(tmp_path, "--user", "kill", "builder-1", "-s", "KILL")
     assert result["code"] == 4, result
     assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
@@ -275,6 +305,6 @@ def test_what_a_value_does_is_what_typer_alone_does(
 def test_the_quick_version_answers_only_what_typer_would_answer_alike(
     args: list[str], answer: bool | None
 ) -> None:
-    from cli.main import version_only
+    from agentscope_systemd._cli.main import version_only
 
     assert version_only(args) is answer

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _tmux
-from agentscope._errors import TmuxUnavailable
-from cli import _http
-from cli._errors import Failed
+from agentscope_systemd._cli import _http
+from agentscope_systemd._cli._errors import Failed
+from agentscope_systemd._errors import TmuxUnavailable
+from agentscope_systemd._fleet import _tmux
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]

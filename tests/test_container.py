@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-import agentscope
-from agentscope import _container
-from agentscope._container import inspect_container, not_systemd_note, pid1_comm
-from cli import _doctor
+import agentscope_systemd
+from agentscope_systemd._cli import _doctor
+from agentscope_systemd._kernel import _container
+from agentscope_systemd._kernel._container import inspect_container, not_systemd_note, pid1_comm
 from tests.fakefs import make_cgroup, make_cgroup_root, write
 from tests.test_cli import _facts, run, run_json
 
@@ -37,7 +37,9 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_fleets_error_says_pid_1_is_not_systemd_not_a_bus_address(box: Path) -> None:
-    exc = agentscope.SystemdUnavailable("system", "unix:path=/run/dbus/system_bus_socket", "ENOENT")
+    exc = agentscope_systemd.SystemdUnavailable(
+        "system", "unix:path=/run/dbus/system_bus_socket", "ENOENT"
+    )
     text = str(exc)
     assert "PID 1 is not systemd: this looks like a container (docker: /.dockerenv)" in text
     assert "PID 1 is 'bash'" in text
@@ -50,7 +52,9 @@ def test_the_fleets_error_says_pid_1_is_not_systemd_not_a_bus_address(box: Path)
 def test_on_a_systemd_host_the_error_is_the_bus_as_before(box: Path) -> None:
     write(box / "proc" / "1" / "comm", "systemd\n")
     assert not_systemd_note() is None
-    text = str(agentscope.SystemdUnavailable("user", "unix:path=/run/user/1000/bus", "ENOENT"))
+    text = str(
+        agentscope_systemd.SystemdUnavailable("user", "unix:path=/run/user/1000/bus", "ENOENT")
+    )
     assert "unix:path=/run/user/1000/bus" in text
     assert "enable-linger" in text
     assert "PID 1" not in text

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-import agentscope
-from cli._http import FaceState, start_face
+import agentscope_systemd
+from agentscope_systemd._cli._http import FaceState, start_face
 from tests import fakefs
 from tests.fakesystemd import FakeSystemd
 
@@ -71,7 +71,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     bus = FakeSystemd(tmp / "cgroup")
     # The slice's own memory files, as the kernel has them.
     fakefs.make_cgroup(bus.slice_dir.parent, bus.slice_dir.name, current=64 << 20)
-    fleet = agentscope.Fleet(
+    fleet = agentscope_systemd.Fleet(
         "default",
         registry=tmp / "registry.db",
         manager_oom_score_adj=None,

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from cli import _demo, _render
-from cli._app import run_app
-from cli._errors import BadInput
-from cli._fleet import Options
+from agentscope_systemd._cli import _demo, _render
+from agentscope_systemd._cli._app import run_app
+from agentscope_systemd._cli._errors import BadInput
+from agentscope_systemd._cli._fleet import Options
 
 AGENTS = ["planner", "coder-1", "coder-2", "coder-3", "reviewer", "tester", "docs", "indexer"]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import typer
 
-import agentscope
-from cli._app import app
+import agentscope_systemd
+from agentscope_systemd._cli._app import app
 from integration.docexamples import FENCE, blocks, pages, python_examples, run_example
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,9 +51,9 @@ def test_python_examples_compile(page: str, line: int, code: str) -> None:
 
 @pytest.mark.parametrize(("page", "line", "code"), PYTHON, ids=[f"{p}:{n}" for p, n, _ in PYTHON])
 def test_python_examples_import_what_exists(page: str, line: int, code: str) -> None:
-    for names in re.findall(r"^from agentscope import (.+)$", code, re.M):
+    for names in re.findall(r"^from agentscope_systemd import (.+)$", code, re.M):
         for name in names.split(","):
-            assert hasattr(agentscope, name.strip()), f"{page}:{line}: no agentscope.{name}"
+            assert hasattr(agentscope_systemd, name.strip()), f"{page}:{line}: no agentscope.{name}"
 
 
 def test_documented_commands_exist() -> None:
@@ -197,7 +197,7 @@ def test_every_option_named_in_the_prose_of_docs_cli_md_exists() -> None:
 
 
 def test_exec_fast_path_takes_every_documented_exec_option() -> None:
-    from cli._exec import parse_exec_args
+    from agentscope_systemd._cli._exec import parse_exec_args
 
     values = {
         "--memory-max": "1G",
@@ -222,11 +222,11 @@ def test_readme_says_probe_is_async_and_probe_sync_blocks() -> None:
     import inspect
 
     readme = (ROOT / "README.md").read_text()
-    assert inspect.iscoroutinefunction(agentscope.probe)
-    assert not inspect.iscoroutinefunction(agentscope.probe_sync)
-    row = next(line for line in readme.splitlines() if "agentscope.probe(" in line)
-    assert "await agentscope.probe(" in row
-    assert "agentscope.probe_sync(" in row
+    assert inspect.iscoroutinefunction(agentscope_systemd.probe)
+    assert not inspect.iscoroutinefunction(agentscope_systemd.probe_sync)
+    row = next(line for line in readme.splitlines() if "agentscope_systemd.probe(" in line)
+    assert "await agentscope_systemd.probe(" in row
+    assert "agentscope_systemd.probe_sync(" in row
 
 
 def test_readme_exec_figures_are_the_benchmarks_own() -> None:
@@ -298,8 +298,8 @@ def test_python_api_operations_are_the_real_signatures() -> None:
     assert len(rows) >= 15
     for name, params in rows:
         # The page says which are AsyncFleet's alone.
-        for cls in (agentscope.AsyncFleet, agentscope.Fleet):
-            if cls is agentscope.Fleet and name in _ASYNC_ONLY:
+        for cls in (agentscope_systemd.AsyncFleet, agentscope_systemd.Fleet):
+            if cls is agentscope_systemd.Fleet and name in _ASYNC_ONLY:
                 assert not hasattr(cls, name), f"Fleet.{name} exists: document it for both"
                 continue
             real = _real_params(getattr(cls, name))
@@ -323,7 +323,7 @@ def test_every_public_fleet_operation_is_in_python_api_md() -> None:
     documented = {name for name, _ in _api_rows()}
     public = {
         n
-        for n, f in inspect.getmembers(agentscope.AsyncFleet, inspect.isfunction)
+        for n, f in inspect.getmembers(agentscope_systemd.AsyncFleet, inspect.isfunction)
         if not n.startswith("_")
     }
     assert public - documented == set(), f"not in docs/python-api.md: {public - documented}"
@@ -334,7 +334,7 @@ def test_python_api_constructor_is_the_real_one() -> None:
     block = text[text.index("## Constructing a fleet") :].split("```text\n")[1].split("```")[0]
     params = block[block.index("AsyncFleet(") + len("AsyncFleet(") : block.index(")\n")]
     documented = _parse_params(" ".join(params.split()))
-    real = _real_params(agentscope.AsyncFleet.__init__)
+    real = _real_params(agentscope_systemd.AsyncFleet.__init__)
     assert [(n, k) for n, _, k in documented] == [(n, k) for n, _, k in real]
     for (n, text, _), (_, default, _) in zip(documented, real, strict=True):
         assert text is not None, n
@@ -348,9 +348,9 @@ def test_python_api_errors_are_every_public_error() -> None:
     names = {n for pair in documented for n in pair if n}
     errors = {
         n
-        for n in agentscope.__all__
-        if isinstance(getattr(agentscope, n), type)
-        and issubclass(getattr(agentscope, n), agentscope.AgentscopeError)
+        for n in agentscope_systemd.__all__
+        if isinstance(getattr(agentscope_systemd, n), type)
+        and issubclass(getattr(agentscope_systemd, n), agentscope_systemd.AgentscopeError)
         and n != "AgentscopeError"
     }
     assert errors - names == set(), f"errors missing from docs/python-api.md: {errors - names}"
@@ -369,7 +369,7 @@ def _listed_modules(package: str) -> set[str]:
     for line in listing.group(2).splitlines():
         if not line.strip():
             continue
-        if not line.startswith(" "):  # a package's own line: "agentscope/", "cli/ ..."
+        if not line.startswith(" "):  # a package's own line: "agentscope_systemd/", ".../cli/ ..."
             inside = line.split()[0] == package + "/"
         elif inside:
             # A module's bare name; a path ("tests/test_bus.py") is not one.
@@ -377,11 +377,21 @@ def _listed_modules(package: str) -> set[str]:
     return names
 
 
-def test_architecture_lists_every_module() -> None:
-    listed = _listed_modules("agentscope")
-    present = {p.name for p in (ROOT / "agentscope").glob("*.py")}
-    assert present - listed == set(), "docs/architecture.md does not list these modules"
-    assert listed - present == set(), "docs/architecture.md lists modules that are gone"
+_PACKAGES = sorted(
+    str(p.parent.relative_to(ROOT)) for p in (ROOT / "agentscope_systemd").rglob("__init__.py")
+)
+
+
+@pytest.mark.parametrize("package", _PACKAGES)
+def test_architecture_lists_every_module(package: str) -> None:
+    listed = _listed_modules(package)
+    present = {p.name for p in (ROOT / package).glob("*.py")}
+    assert present - listed == set(), (
+        f"docs/architecture.md does not list these modules of {package}"
+    )
+    assert listed - present == set(), (
+        f"docs/architecture.md lists modules of {package} that are gone"
+    )
 
 
 def test_json_md_lists_every_event_kind_and_no_other() -> None:
@@ -404,7 +414,7 @@ def _cli_kinds() -> set[str]:
     import ast
 
     kinds: set[str] = set()
-    for path in sorted((ROOT / "cli").glob("*.py")):
+    for path in sorted((ROOT / "agentscope_systemd" / "_cli").glob("*.py")):
         if path.name == "_readapi.py":  # the read API's: HTTP answers, docs/json.md
             continue
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,4 +1,4 @@
-"""Tests for agentscope._escape over fake /proc and cgroup trees."""
+"""Tests for agentscope_systemd._monitor._escape over fake /proc and cgroup trees."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import BusError, _monitor
-from agentscope._escape import (
+from agentscope_systemd import BusError
+from agentscope_systemd._events import Escaped, Event
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._monitor import _monitor
+from agentscope_systemd._monitor._escape import (
     MAX_CGROUP,
     Escapee,
     clean,
@@ -21,10 +24,8 @@ from agentscope._escape import (
     unit_of_cgroup,
     write_procs,
 )
-from agentscope._events import Escaped, Event
-from agentscope._fleet import AsyncFleet
-from agentscope._monitor import Monitor
-from agentscope._report import build_report
+from agentscope_systemd._monitor._monitor import Monitor
+from agentscope_systemd._monitor._report import build_report
 from tests.fakefs import (
     holding_kernel,
     make_cgroup,

@@ -1,4 +1,4 @@
-"""The launcher's descriptor budget (agentscope._fdlimit) and a fleet's costs as it grows.
+"""The launcher's descriptor budget (_kernel/_fdlimit.py) and a fleet's costs as it grows.
 
 An rlimit is the whole process's: the tests that change one run in a child
 interpreter of their own, over the fake systemd (tests/fakesystemd.py).
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from agentscope import DEVNULL, Agent
+from agentscope_systemd import DEVNULL, Agent
 from tests.fakesystemd import FakeSystemd
 from tests.test_fleet import _reap_agents, make_fleet, stop_everything  # noqa: F401
 
@@ -43,7 +43,7 @@ def _run_child(script: str, tmp_path: Path) -> Any:
 
 _BUDGET = """
 import json, logging, resource, sys
-from agentscope import _fdlimit
+from agentscope_systemd._kernel import _fdlimit
 logging.basicConfig(level=logging.INFO)
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
@@ -78,9 +78,9 @@ def test_the_soft_limit_is_raised_to_the_hard_one_once_and_never_lowered(tmp_pat
 _LAUNCHER = """
 import asyncio, json, logging, os, resource, sys
 from pathlib import Path
-from agentscope import DEVNULL, LaunchError
-from agentscope._fleet import AsyncFleet
-from agentscope._registry import Registry
+from agentscope_systemd import DEVNULL, LaunchError
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import FakeSystemd
 
 logging.basicConfig(level=logging.INFO)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from agentscope import (
+from agentscope_systemd import (
     AgentExists,
     AgentNotFound,
     AgentscopeError,
@@ -27,8 +27,8 @@ from agentscope import (
     InvalidConfig,
     LaunchError,
 )
-from agentscope._fleet import AsyncFleet
-from agentscope._registry import Registry
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import FakeSystemd, end_children
 
 
@@ -229,7 +229,7 @@ async def test_adopt_moves_a_late_child_although_systemd_refuses_the_attach(
     # systemd refuses AttachProcessesToUnit for a scope without Delegate=yes
     # (measured on 247-262): a child forked while the scope was made is moved
     # through cgroup.procs instead, and the adopt does not fail half-done.
-    from agentscope import _fleet_adopt as fleet_module
+    from agentscope_systemd._fleet import _fleet_adopt as fleet_module
 
     bus.attach_refusal = (
         "org.freedesktop.DBus.Error.InvalidArgs",
@@ -291,7 +291,7 @@ async def test_adopt_refuses_what_must_never_be_an_agent(
 def test_a_process_may_adopt_itself_as_exec_does() -> None:
     # `agentscope exec` adopts its own pid and then execs its command: the
     # rule refuses the manager's ancestors, never the manager itself.
-    from agentscope._fleet_adopt import _never_adopted
+    from agentscope_systemd._fleet._fleet_adopt import _never_adopted
 
     assert _never_adopted(os.getpid()) is None
     assert _never_adopted(os.getppid()) is not None
@@ -307,7 +307,8 @@ def test_a_user_may_not_adopt_another_users_process() -> None:
         # Imports first (this Python's files may be root's alone; psutil is
         # imported where a process is looked at), then nobody's uid.
         code = (
-            "import os, sys, psutil; from agentscope._fleet_adopt import _never_adopted; "
+            "import os, sys, psutil; "
+            "from agentscope_systemd._fleet._fleet_adopt import _never_adopted; "
             "os.setegid(65534); os.seteuid(65534); print(_never_adopted(int(sys.argv[1])))"
         )
         out = subprocess.run(
@@ -338,7 +339,7 @@ async def test_adopt_refuses_a_kernel_thread(fleet: AsyncFleet) -> None:
 async def test_adopt_refuses_a_services_main_process(
     fleet: AsyncFleet, bus: FakeSystemd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentscope import _fleet_adopt
+    from agentscope_systemd._fleet import _fleet_adopt
 
     proc = subprocess.Popen(["sleep", "30"])
     try:
@@ -549,7 +550,7 @@ async def test_out_of_fds_for_the_exit_watch_the_launch_still_succeeds(
 
 
 def test_a_closed_blocking_fleet_keeps_no_pidfd(tmp_path: Path) -> None:
-    from agentscope._blocking import Fleet
+    from agentscope_systemd._fleet._blocking import Fleet
 
     def fds() -> int:
         return len(os.listdir("/proc/self/fd"))
@@ -584,7 +585,7 @@ def test_a_closed_blocking_fleet_keeps_no_pidfd(tmp_path: Path) -> None:
 
 
 def test_a_closed_blocking_fleet_says_it_is_closed(tmp_path: Path) -> None:
-    from agentscope._blocking import Fleet
+    from agentscope_systemd._fleet._blocking import Fleet
 
     fleet = Fleet(
         "t",

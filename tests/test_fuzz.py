@@ -17,7 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentscope import _attribution, _cgroup, _journal, _proc, _records, _sampling
+from agentscope_systemd._kernel import _cgroup, _journal, _proc
+from agentscope_systemd._monitor import _attribution, _sampling
+from agentscope_systemd._registry import _records
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -170,7 +172,7 @@ _NUMBERISH = st.text(
 def test_the_number_grammar_gives_an_ascii_value_in_range_or_invalid_config(
     parse: str, text: str
 ) -> None:
-    from agentscope import InvalidConfig, _numbers
+    from agentscope_systemd import InvalidConfig, _numbers
 
     try:
         if parse == "whole":
@@ -198,7 +200,7 @@ def test_the_number_grammar_gives_an_ascii_value_in_range_or_invalid_config(
     fields=st.lists(st.binary(max_size=12) | _NUMBERISH.map(str.encode), min_size=9, max_size=14)
 )
 def test_spool_entries_decode_whole_and_checked_or_not_at_all(fields: list[bytes]) -> None:
-    from agentscope import _spool
+    from agentscope_systemd._registry import _spool
 
     data = b"\0".join([b"agentscope-spool-2", *fields])
     entry = _spool.Entry.decode(data)
@@ -256,7 +258,8 @@ def test_journal_entries_are_believed_kernel_only_by_their_transport(
     value=_NUMBERISH | st.text(alphabet="0123456789-,%.² ", max_size=16) | st.integers(),
 )
 def test_scope_properties_give_a_bus_value_or_invalid_config(name: str, value: object) -> None:
-    from agentscope import InvalidConfig, _scopeprops
+    from agentscope_systemd import InvalidConfig
+    from agentscope_systemd._managers import _scopeprops
 
     try:
         _dbus, _sig, parsed = _scopeprops.parse_property(name, value)
@@ -274,9 +277,9 @@ def test_scope_properties_give_a_bus_value_or_invalid_config(name: str, value: o
 @FAST
 @given(text=_NUMBERISH | st.text(max_size=24))
 def test_the_command_lines_parsers_give_a_value_or_bad_input(parse: str, text: str) -> None:
-    from agentscope import AgentscopeError
-    from cli import _http, _parse
-    from cli._errors import BadInput
+    from agentscope_systemd import AgentscopeError
+    from agentscope_systemd._cli import _http, _parse
+    from agentscope_systemd._cli._errors import BadInput
 
     try:
         if parse == "size":
@@ -301,7 +304,7 @@ def test_the_command_lines_parsers_give_a_value_or_bad_input(parse: str, text: s
 def test_a_shebang_line_gives_an_interpreter_or_a_reason(
     tmp_path_factory: pytest.TempPathFactory, line: bytes
 ) -> None:
-    from agentscope import _trust
+    from agentscope_systemd import _trust
 
     root = tmp_path_factory.mktemp("root")
     (root / "x").write_bytes(b"#!" + line)
@@ -320,7 +323,7 @@ def test_a_shebang_line_gives_an_interpreter_or_a_reason(
 def test_children_files_give_pids_only(
     tmp_path_factory: pytest.TempPathFactory, data: bytes
 ) -> None:
-    from agentscope import _escape
+    from agentscope_systemd._monitor import _escape
 
     proc = tmp_path_factory.mktemp("proc")
     task = proc / "42/task/42"

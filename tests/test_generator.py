@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentscope import _install, generator
-from agentscope._errors import InvalidName
-from agentscope._names import validate_name
+from agentscope_systemd import _install, generator
+from agentscope_systemd._errors import InvalidName
+from agentscope_systemd._names import validate_name
 
 GENERATOR = Path(generator.__file__)
 GOLDEN = Path(__file__).parent / "golden"
@@ -314,7 +314,7 @@ def test_imports_only_the_standard_library(tmp_path: Path) -> None:
     probe = textwrap.dedent(
         f"""
         import importlib.util, sys
-        for name in ("dbus_fast", "psutil", "agentscope"):
+        for name in ("dbus_fast", "psutil", "agentscope_systemd"):
             sys.modules[name] = None  # any import of these now fails
         before = set(sys.modules)
         spec = importlib.util.spec_from_file_location("gen", {str(GENERATOR)!r})
@@ -465,7 +465,7 @@ def test_the_monitor_takes_the_guard_values_it_is_given(tmp_path: Path) -> None:
     numbers: small ones are not written as 1e-05, which a time span is not."""
     import shlex
 
-    from cli._app import build_command
+    from agentscope_systemd._cli._app import build_command
 
     out = tmp_path / "out"
     config = "[guard]\nswap_free_percent = 12.34567\npsi_full_seconds = 0.00001\n"
@@ -489,7 +489,7 @@ def test_a_guard_value_out_of_range_falls_back_to_its_default(tmp_path: Path) ->
 
 @pytest.mark.parametrize("key", sorted(generator.GUARD_OPTIONS))
 def test_guard_ranges_match_the_library(key: str) -> None:
-    from agentscope import GuardConfig, InvalidConfig
+    from agentscope_systemd import GuardConfig, InvalidConfig
 
     _, low, high = generator.GUARD_OPTIONS[key]
     GuardConfig(**{key: low})

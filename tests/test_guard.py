@@ -1,4 +1,4 @@
-"""Tests for the memory guard (agentscope._guardpolicy, agentscope._guard) over fake trees.
+"""Tests for the memory guard (agentscope_systemd._guard._guardpolicy and ._guard) over fake trees.
 
 The victim rule and the thresholds are plain functions over fake /proc and
 cgroup trees. The kill path is exercised on real processes of the test (a
@@ -20,20 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import (
+from agentscope_systemd import (
     AsyncFleet,
     GuardConfig,
     GuardKill,
     HostUnderPressure,
     InvalidConfig,
-    _guard,
-    _guardlock,
-    _guardnames,
 )
-from agentscope._events import Event
-from agentscope._guard import Guard, admit, kill_process, run_guard
-from agentscope._guardcause import CauseTracker
-from agentscope._guardpolicy import (
+from agentscope_systemd._events import Event
+from agentscope_systemd._guard import _guard, _guardlock, _guardnames
+from agentscope_systemd._guard._guard import Guard, admit, kill_process, run_guard
+from agentscope_systemd._guard._guardcause import CauseTracker
+from agentscope_systemd._guard._guardpolicy import (
     HostReader,
     HostReading,
     PressureClock,
@@ -47,9 +45,9 @@ from agentscope._guardpolicy import (
     scan_slice_processes,
     under_pressure,
 )
-from agentscope._guardproc import GuardChild
-from agentscope._guardscan import Scan
-from agentscope._monitor import Monitor
+from agentscope_systemd._guard._guardproc import GuardChild
+from agentscope_systemd._guard._guardscan import Scan
+from agentscope_systemd._monitor._monitor import Monitor
 from tests.fakefs import (
     PAGE,
     format_pressure,
@@ -879,7 +877,7 @@ def test_a_command_line_that_takes_seconds_to_read_does_not_delay_the_kill(
 ) -> None:
     # In a squeeze /proc/PID/cmdline waits for the process's argv pages to
     # come back from swap or zram (measured 0.5-2.1 s under zram, see
-    # agentscope/_guardnames.py): the guard must kill first.
+    # agentscope_systemd/_guard/_guardnames.py): the guard must kill first.
     tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("pytest", 900, 200)})
     slow_reads: list[int] = []
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentscope._calls import call_in, kill_tree
-from agentscope._guardevents import GuardKill
-from agentscope._guardkill import _kill
+from agentscope_systemd._calls._calls import call_in, kill_tree
+from agentscope_systemd._guard._guardevents import GuardKill
+from agentscope_systemd._guard._guardkill import _kill
 from tests.fakefs import make_proc
 from tests.test_guard import (
     FAST,

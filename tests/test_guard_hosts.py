@@ -23,21 +23,26 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import AsyncFleet, GuardConfig, GuardKill, RegistryError
-from agentscope._guard import _kill, run_guard
-from agentscope._guardcause import CauseTracker, outside_cgroups
-from agentscope._guardlock import SliceLock, lock_name
-from agentscope._guardpolicy import (
+from agentscope_systemd import AsyncFleet, GuardConfig, GuardKill, RegistryError
+from agentscope_systemd._guard._guard import _kill, run_guard
+from agentscope_systemd._guard._guardcause import CauseTracker, outside_cgroups
+from agentscope_systemd._guard._guardlock import SliceLock, lock_name
+from agentscope_systemd._guard._guardpolicy import (
     GuardHeld,
     HostReader,
     HostReading,
     PressureClock,
     under_pressure,
 )
-from agentscope._guardproc import PENDING_MAX, GuardChild, _Out
-from agentscope._guardscan import choose_victim, measure, scan_candidates, scan_slice_processes
-from agentscope._memsources import parse_swaps, parse_vmstat_refaults
-from agentscope._monitor import Monitor
+from agentscope_systemd._guard._guardproc import PENDING_MAX, GuardChild, _Out
+from agentscope_systemd._guard._guardscan import (
+    choose_victim,
+    measure,
+    scan_candidates,
+    scan_slice_processes,
+)
+from agentscope_systemd._kernel._memsources import parse_swaps, parse_vmstat_refaults
+from agentscope_systemd._monitor._monitor import Monitor
 from tests.fakefs import (
     KERNEL,
     PAGE,
@@ -179,7 +184,7 @@ def test_zram_earns_credit_only_for_the_pages_it_is_given(
 
 
 def test_zram_margin_needs_growth_and_time_and_forgets() -> None:
-    from agentscope._memsources import ZramMargin, ZramUse
+    from agentscope_systemd._kernel._memsources import ZramMargin, ZramUse
 
     mib = 1 << 20
     margin = ZramMargin()
@@ -724,9 +729,9 @@ def test_memory_in_a_memfd_is_charged_to_the_process_that_holds_it(tree: Tree) -
 def test_with_no_registry_the_guard_runs_alone_and_says_kills_are_not_recorded(
     tree: Tree, sleeper: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cli._cmd_monitor import _guard_alone
-    from cli._notify import Notifier
-    from cli._options import Options
+    from agentscope_systemd._cli._cmd_monitor import _guard_alone
+    from agentscope_systemd._cli._notify import Notifier
+    from agentscope_systemd._cli._options import Options
 
     tree.scope("a", {1: ("claude", 10, 100), sleeper.pid: ("node", 900, 200)})
     tree.host(5, 1)
@@ -752,8 +757,8 @@ def test_with_no_registry_the_guard_runs_alone_and_says_kills_are_not_recorded(
 def test_monitor_guard_falls_back_to_the_guard_alone_when_the_registry_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from cli import _cmd_monitor, _fleet
-    from cli.main import main
+    from agentscope_systemd._cli import _cmd_monitor, _fleet
+    from agentscope_systemd._cli.main import main
 
     def broken(opts: object) -> object:
         raise RegistryError("/x/registry.db", "disk full")

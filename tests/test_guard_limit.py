@@ -21,16 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import GuardConfig, GuardKill
-from agentscope._cgroup import cgroup_chain, read_ceiling
-from agentscope._guardlimit import LimitWatch
-from agentscope._guardpolicy import (
+from agentscope_systemd import GuardConfig, GuardKill
+from agentscope_systemd._guard._guardlimit import LimitWatch
+from agentscope_systemd._guard._guardpolicy import (
     LIMIT_MIN_INTERVAL,
     GuardHeld,
     HostReading,
     acted_on,
     next_interval,
 )
+from agentscope_systemd._kernel._cgroup import cgroup_chain, read_ceiling
 from tests.fakefs import holding_kernel, make_cgroup, make_proc, remove, write
 from tests.test_guard import (  # noqa: F401 (fixtures)
     FAST,
@@ -375,7 +375,7 @@ def test_the_guard_wakes_when_a_limited_cgroup_reaches_its_limit(
 
 
 def test_the_monitor_line_names_the_limit_and_the_hosts_line_is_as_before() -> None:
-    from cli import _render
+    from agentscope_systemd._cli import _render
 
     kill = {"pid": 7, "comm": "python3", "rss": 200 << 20, "swap": 0, "trigger": "memory"}
     kill |= {"mem_available_percent": 61.0, "swap_free_percent": 0.0, "released": True}

@@ -3,7 +3,7 @@
 
 Fake cgroup and /proc trees (tests/fakefs.py), real victim processes. In
 process mode the agents are process trees recorded in the fleet's mirror
-(:mod:`agentscope._procscopes`), all in the manager's own cgroup: in a
+(:mod:`agentscope_systemd._managers._procscopes`), all in the manager's own cgroup: in a
 container that cgroup is the root of its cgroup namespace, whose
 ``memory.max`` the kubelet pairs with ``memory.oom.group`` 1. The guard
 kills the runaway tool call before that limit, names its agent, and never
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import GuardKill
-from agentscope._guardlimit import LimitWatch
-from agentscope._guardpolicy import GuardHeld
-from agentscope._names import describe
-from agentscope._procscopes import mirror_root
-from agentscope._proctrees import MEMBERS, SCOPE_META, ProcessTrees, is_mirror
+from agentscope_systemd import GuardKill
+from agentscope_systemd._guard._guardlimit import LimitWatch
+from agentscope_systemd._guard._guardpolicy import GuardHeld
+from agentscope_systemd._kernel._proctrees import MEMBERS, SCOPE_META, ProcessTrees, is_mirror
+from agentscope_systemd._managers._procscopes import mirror_root
+from agentscope_systemd._names import describe
 from tests.fakefs import make_cgroup, make_cgroup_root, make_proc, write
 from tests.test_guard import (  # noqa: F401 (fixtures)
     FAST,

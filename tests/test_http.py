@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli._errors import BadInput
-from cli._http import FaceState, HttpFace, health, parse_listen, start_face
-from cli._notify import Notifier
+from agentscope_systemd._cli._errors import BadInput
+from agentscope_systemd._cli._http import FaceState, HttpFace, health, parse_listen, start_face
+from agentscope_systemd._cli._notify import Notifier
 
 AGENTS = [
     {
@@ -285,7 +285,7 @@ def test_a_silent_client_does_not_hold_up_others(face: tuple[HttpFace, FaceState
 
 def test_a_taken_port_is_a_clear_failure(face: tuple[HttpFace, FaceState]) -> None:
     server, state = face
-    from cli._errors import Failed
+    from agentscope_systemd._cli._errors import Failed
 
     with pytest.raises(Failed, match=r"cannot listen on 127\.0\.0\.1"):
         start_face(server.address, state)
@@ -294,7 +294,7 @@ def test_a_taken_port_is_a_clear_failure(face: tuple[HttpFace, FaceState]) -> No
 def test_monitor_refuses_a_public_address_before_connecting() -> None:
     argv = ["--json", "monitor", "--listen", "0.0.0.0:9464"]
     done = subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()", *argv],
+        [sys.executable, "-c", "from agentscope_systemd._cli.main import main; main()", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -321,7 +321,7 @@ def test_idle_connections_past_the_cap_neither_pile_up_nor_starve_a_scrape(
 ) -> None:
     import threading
 
-    from cli import _http
+    from agentscope_systemd._cli import _http
 
     server, _ = face
     idle = [socket.create_connection(server.address) for _ in range(3 * _http._MAX_CONNECTIONS)]
@@ -351,7 +351,7 @@ def test_idle_connections_past_the_cap_neither_pile_up_nor_starve_a_scrape(
 def test_a_silent_client_is_dropped_after_the_timeout(
     face: tuple[HttpFace, FaceState], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cli import _http
+    from agentscope_systemd._cli import _http
 
     monkeypatch.setattr(_http._Handler, "timeout", 0.3)
     server, _ = face
@@ -408,7 +408,7 @@ def test_the_host_header_must_name_this_host(
 _FACE_WITH_FEW_FDS = """
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_NOFILE, (24, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-from cli._http import FaceState, start_face
+from agentscope_systemd._cli._http import FaceState, start_face
 server = start_face(("127.0.0.1", 0), FaceState("default", "user", period=2.0, version="1.0"))
 print(server.address[1], flush=True)
 time.sleep(60)

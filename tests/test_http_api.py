@@ -1,6 +1,6 @@
 """The monitor face's read API (/v1/): the CLI's --json shapes, its bounds, its Unix socket.
 
-The face serves a real ``agentscope.Fleet`` on the fake systemd manager and
+The face serves a real ``agentscope_systemd.Fleet`` on the fake systemd manager and
 cgroup tree (tests/test_contract.py's ``real`` fixture), sampled as the
 monitor samples it, and the fleet's real registry file: each body is
 compared with what the CLI prints for the same fleet, and validated against
@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from agentscope._contract import stamped
-from cli import _fleet, _readapi
-from cli._cmd_monitor import _sample
-from cli._errors import BadInput, Failed
-from cli._http import FaceState, HttpFace, parse_listen, start_face
-from cli._options import Options
+from agentscope_systemd._cli import _fleet, _readapi
+from agentscope_systemd._cli._cmd_monitor import _sample
+from agentscope_systemd._cli._errors import BadInput, Failed
+from agentscope_systemd._cli._http import FaceState, HttpFace, parse_listen, start_face
+from agentscope_systemd._cli._options import Options
+from agentscope_systemd._contract import stamped
 from tests.fakesystemd import FakeSystemd
 from tests.test_contract import json_lines, json_of, real, validate
 

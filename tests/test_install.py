@@ -11,9 +11,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from agentscope import _install, generator
-from agentscope._errors import InstallError, InvalidName
-from agentscope._install import apply_plan, plan_install, plan_uninstall
+from agentscope_systemd import _install, generator
+from agentscope_systemd._errors import InstallError, InvalidName
+from agentscope_systemd._install import apply_plan, plan_install, plan_uninstall
 from tests.test_cli import run
 
 EXEC = "/opt/agentscope/bin/agentscope"

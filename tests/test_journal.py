@@ -1,4 +1,4 @@
-"""The kernel log readers (agentscope/_journal.py): journalctl's output, who may read it."""
+"""The kernel log readers (_kernel/_journal.py): journalctl's output, who may read it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentscope._journal import (
+from agentscope_systemd._kernel._journal import (
     journal_access,
     parse_acl_read_groups,
     read_boot_id,
@@ -168,13 +168,13 @@ def test_read_journal_boot_reads_that_boot_and_checks_its_id(tmp_path: Path) -> 
 def test_kmsg_records_are_read_only_from_the_kernel_facility(
     record: bytes, expected: tuple[int, str] | None
 ) -> None:
-    from agentscope._journal import kmsg_record
+    from agentscope_systemd._kernel._journal import kmsg_record
 
     assert kmsg_record(record) == expected
 
 
 def test_read_kmsg_skips_injected_records_but_moves_its_position(tmp_path: Path) -> None:
-    from agentscope._journal import read_kmsg
+    from agentscope_systemd._kernel._journal import read_kmsg
 
     kmsg = tmp_path / "kmsg"
     # A regular file gives all its bytes to one read: one record per file here.
@@ -189,7 +189,7 @@ def test_read_kmsg_skips_injected_records_but_moves_its_position(tmp_path: Path)
 
 
 def test_a_journal_entry_not_from_the_kernel_transport_is_not_the_kernel_s() -> None:
-    from agentscope._journal import parse_journal_entry
+    from agentscope_systemd._kernel._journal import parse_journal_entry
 
     line = {"__CURSOR": cursor(1), "_BOOT_ID": BOOT, "MESSAGE": "Killed process 1 (x)"}
     got = parse_journal_entry(json.dumps(line).encode())

@@ -1,4 +1,4 @@
-"""Tests for agentscope._killcount: the monitor's kill counting, fed samples by hand.
+"""Tests for _monitor/_killcount.py: the monitor's kill counting, fed samples by hand.
 
 The :class:`KillCounter` does no I/O, so these tests build the samples a
 monitor would read (the slice's and each scope's ``memory.events``, the
@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _killcount
-from agentscope._attribution import KernelOomKill, SeenProcess, Throttle
-from agentscope._cgroup import LimitHolder, MemoryEvents
-from agentscope._events import Event, LimitFound, OomKill, Throttled
-from agentscope._killcount import (
+from agentscope_systemd._events import Event, LimitFound, OomKill, Throttled
+from agentscope_systemd._kernel._cgroup import LimitHolder, MemoryEvents
+from agentscope_systemd._monitor import _killcount
+from agentscope_systemd._monitor._attribution import KernelOomKill, SeenProcess, Throttle
+from agentscope_systemd._monitor._killcount import (
     FULL_PASS_EVERY,
     JOURNAL_GRACE,
     NOTE_TTL,
     VICTIM_GRACE,
     KillCounter,
 )
-from agentscope._sampling import _Sample, _ScopeSample
+from agentscope_systemd._monitor._sampling import _Sample, _ScopeSample
 
 SLICE = Path("/sys/fs/cgroup/app.slice/app-agentscope-agents.slice")
 ALICE = "agentscope-f-alice-a1b2c3.scope"

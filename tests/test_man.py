@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import _man
-from cli._app import COMMANDS, build_command
+from agentscope_systemd._cli import _man
+from agentscope_systemd._cli._app import COMMANDS, build_command
 
 ROOT = Path(__file__).resolve().parent.parent
 UPDATE = os.environ.get("AGENTSCOPE_UPDATE_SNAPSHOTS") == "1"

@@ -1,4 +1,4 @@
-"""The manager seam (agentscope/_manager.py): the fleet over a manager that is not systemd.
+"""The manager seam (_managers/_manager.py): the fleet over a manager that is not systemd.
 
 :class:`MemoryManager` is a second, minimal implementation of
 :class:`ScopeManager`: its scopes are sets of real processes kept in a dict,
@@ -22,12 +22,12 @@ from typing import Any
 import psutil
 import pytest
 
-from agentscope import AgentExists, AgentNotFound
-from agentscope._errors import BusError
-from agentscope._fleet import AsyncFleet
-from agentscope._manager import Controls, ListedScope, ScopeManager
-from agentscope._names import describe, parse_description
-from agentscope._registry import Registry
+from agentscope_systemd import AgentExists, AgentNotFound
+from agentscope_systemd._errors import BusError
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._managers._manager import Controls, ListedScope, ScopeManager
+from agentscope_systemd._names import describe, parse_description
+from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import end_children
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,7 +245,10 @@ def test_the_fleet_reaches_systemd_only_through_its_manager() -> None:
     # Only the constructor of AsyncFleet names systemd's implementation; the
     # fleet's parts hold the interface (a new mode is a new ScopeManager, not a
     # branch through the fleet).
-    parts = [*sorted((ROOT / "agentscope").glob("_fleet*.py")), ROOT / "agentscope/_reaper.py"]
+    parts = [
+        *sorted((ROOT / "agentscope_systemd" / "_fleet").glob("_fleet*.py")),
+        ROOT / "agentscope_systemd/_fleet/_reaper.py",
+    ]
     for path in parts:
         text = path.read_text()
         names = {"dbus_fast", "self._bus"}

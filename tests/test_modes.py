@@ -20,13 +20,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-import agentscope
-from agentscope import _container
-from agentscope._cgroupmode import CgroupManager, default_agent_max
-from agentscope._fleet import AsyncFleet
-from agentscope._modes import check_forced, choose_mode, parse_manager
-from agentscope._procscopes import ProcessManager
-from agentscope._registry import Registry
+import agentscope_systemd
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._kernel import _container
+from agentscope_systemd._managers._cgroupmode import CgroupManager, default_agent_max
+from agentscope_systemd._managers._modes import check_forced, choose_mode, parse_manager
+from agentscope_systemd._managers._procscopes import ProcessManager
+from agentscope_systemd._registry._registry import Registry
 from tests.fakefs import make_cgroup, make_cgroup_root, write
 from tests.fakesystemd import end_children
 from tests.test_cli import run, run_json
@@ -136,9 +136,9 @@ def test_manager_spellings_and_bad_ones(tmp_path: Path) -> None:
     assert parse_manager("system") == ("systemd", "system")
     assert parse_manager("user") == ("systemd", "user")
     assert parse_manager("process")[0] == "process"
-    with pytest.raises(agentscope.InvalidConfig, match="manager"):
+    with pytest.raises(agentscope_systemd.InvalidConfig, match="manager"):
         parse_manager("docker")
-    with pytest.raises(agentscope.InvalidConfig):
+    with pytest.raises(agentscope_systemd.InvalidConfig):
         AsyncFleet("t", "docker", registry=tmp_path / "r.db")
     result = run("--manager", "docker", "ls")
     assert result.code == 2
@@ -151,12 +151,12 @@ async def test_a_forced_cgroup_mode_that_cannot_work_fails_at_open_creating_noth
     registry = tmp_path / "state" / "registry.db"
     choice = choose_mode("cgroup", cgroup_root=cgroup_tree(tmp_path, delegated=False))
     assert choice.forced
-    with pytest.raises(agentscope.ModeUnavailable) as caught:
+    with pytest.raises(agentscope_systemd.ModeUnavailable) as caught:
         check_forced(choice, cgroup_root=tmp_path / "cg")
     assert "the cgroup manager mode cannot work here" in str(caught.value)
     assert "--manager process" in str(caught.value)
     fleet = AsyncFleet("t", "cgroup", registry=registry, tmux_dir=tmp_path / "tmux")
-    with pytest.raises(agentscope.ModeUnavailable):
+    with pytest.raises(agentscope_systemd.ModeUnavailable):
         await fleet.open()
     assert not registry.exists()
     assert not (tmp_path / "tmux").exists()
@@ -215,7 +215,7 @@ async def test_process_mode_launches_lists_and_stops_whole_process_trees(tmp_pat
             "tree": "running",
             "lone": "running",
         }
-        with pytest.raises(agentscope.AgentExists):
+        with pytest.raises(agentscope_systemd.AgentExists):
             await fleet.launch("lone", ["sleep", "1"])
         # The mirror holds the tree's members: its shell and the child.
         procs = (
@@ -245,7 +245,9 @@ async def test_process_mode_launches_lists_and_stops_whole_process_trees(tmp_pat
 
 async def test_process_mode_refuses_what_needs_a_cgroup_naming_the_mode(tmp_path: Path) -> None:
     async with process_fleet(tmp_path) as fleet:
-        with pytest.raises(agentscope.ModeUnsupported, match="process manager mode") as caught:
+        with pytest.raises(
+            agentscope_systemd.ModeUnsupported, match="process manager mode"
+        ) as caught:
             await fleet.launch("capped", ["sleep", "300"], memory_max=100 << 20)
         assert "MemoryMax" in str(caught.value)
         assert "--manager cgroup" in str(caught.value)
@@ -253,9 +255,9 @@ async def test_process_mode_refuses_what_needs_a_cgroup_naming_the_mode(tmp_path
         assert await fleet.agents(all=True) == []
         assert not [p for p in psutil.Process().children() if _cmdline(p) == ["sleep", "300"]]
         agent = await fleet.launch("a", ["sleep", "300"])
-        with pytest.raises(agentscope.ModeUnsupported, match="freez"):
+        with pytest.raises(agentscope_systemd.ModeUnsupported, match="freez"):
             await fleet.freeze("a")
-        with pytest.raises(agentscope.ModeUnsupported):
+        with pytest.raises(agentscope_systemd.ModeUnsupported):
             await fleet.call("a", ["true"])
         assert _running(agent.pid)
         assert {a.name: a.state for a in await fleet.agents()} == {"a": "running"}
@@ -293,7 +295,7 @@ async def test_a_second_fleet_object_finds_process_mode_agents_and_their_leftove
 def test_doctor_says_the_mode_and_a_container_in_process_mode_is_no_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cli import _doctor
+    from agentscope_systemd._cli import _doctor
     from tests.test_container import container_facts
 
     box = tmp_path / "root"

@@ -1,4 +1,4 @@
-"""Tests for agentscope._monitor over fake cgroupfs and /proc trees.
+"""Tests for agentscope_systemd._monitor._monitor over fake cgroupfs and /proc trees.
 
 inotify works on the tmp_path files, so a kill is simulated the way the
 kernel shows one: the scope's (and the slice's) ``memory.events`` is
@@ -29,10 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import AgentscopeError, _killcount, _monitor, _report, _sampling
-from agentscope._attribution import PressureEvent, PressureSample, PressureWindow
-from agentscope._cgroup import LimitHolder, MemoryEvents
-from agentscope._events import (
+from agentscope_systemd import AgentscopeError
+from agentscope_systemd._events import (
     AgentExited,
     Event,
     LimitFound,
@@ -40,9 +38,12 @@ from agentscope._events import (
     Pressure,
     Throttled,
 )
-from agentscope._monitor import Monitor
-from agentscope._proc import exec_comm
-from agentscope._report import MemoryReport, build_report
+from agentscope_systemd._kernel._cgroup import LimitHolder, MemoryEvents
+from agentscope_systemd._kernel._proc import exec_comm
+from agentscope_systemd._monitor import _killcount, _monitor, _report, _sampling
+from agentscope_systemd._monitor._attribution import PressureEvent, PressureSample, PressureWindow
+from agentscope_systemd._monitor._monitor import Monitor
+from agentscope_systemd._monitor._report import MemoryReport, build_report
 from tests.fakefs import (
     KERNEL,
     PAGE,
@@ -839,7 +840,7 @@ async def test_callback_error_does_not_stop_monitor(tree: Tree) -> None:
 
 
 def test_kernel_oom_task_line_names_the_cgroup() -> None:
-    from agentscope._sampling import _parse_oom_task_line
+    from agentscope_systemd._monitor._sampling import _parse_oom_task_line
 
     line = (
         "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
@@ -858,7 +859,7 @@ def test_kernel_oom_task_line_names_the_cgroup() -> None:
 
 
 def test_throttle_state_holds_only_what_is_throttled_now(tree: Tree) -> None:
-    from agentscope._attribution import Throttle
+    from agentscope_systemd._monitor._attribution import Throttle
 
     counter = _killcount.KillCounter(slice_path=tree.slice, unit_agent=lambda unit: None)
     window = counter.throttle_window
@@ -904,7 +905,7 @@ _SUMMARY = (
     ["q,task_memcg=/x", "a,pid=1", "a,uid=0", "x,task=y", ",task_memcg=/", "q,oom_memcg=/"],
 )
 def test_a_comm_cannot_rewrite_the_fields_after_it(comm: str) -> None:
-    from agentscope._attribution import parse_oom_task_line
+    from agentscope_systemd._monitor._attribution import parse_oom_task_line
 
     task = parse_oom_task_line(_SUMMARY.format(comm=comm))
     assert task is not None
@@ -912,7 +913,7 @@ def test_a_comm_cannot_rewrite_the_fields_after_it(comm: str) -> None:
 
 
 def test_a_cgroup_named_like_a_field_does_not_move_the_victim() -> None:
-    from agentscope._attribution import parse_oom_task_line
+    from agentscope_systemd._monitor._attribution import parse_oom_task_line
 
     # A user's own cgroup "a,task_memcg=" with a child "root.scope" under it.
     own = "/user.slice/a,task_memcg=/root.scope"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentscope import InvalidName
-from agentscope._names import (
+from agentscope_systemd import InvalidName
+from agentscope_systemd._names import (
     describe,
     parse_description,
     scope_pattern,

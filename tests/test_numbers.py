@@ -1,4 +1,4 @@
-"""The one number grammar (agentscope._numbers) and every path that uses it (#31 item 1).
+"""The one number grammar (agentscope_systemd._numbers) and every path that uses it (#31 item 1).
 
 A table of bad numbers over the CLI (exit 2, the fleet never opened), the
 Python API (InvalidConfig before anything exists) and the property and
@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentscope import AsyncFleet, InvalidConfig, Monitor, _numbers, _scopeprops
-from agentscope._registry_file import DEFAULT_RETENTION, _retention_from_env
-from cli._errors import EXIT_EXEC_FAILED
-from cli._notify import _watchdog_seconds
-from cli._parse import parse_signal, parse_size
+from agentscope_systemd import AsyncFleet, InvalidConfig, Monitor, _numbers
+from agentscope_systemd._cli._errors import EXIT_EXEC_FAILED
+from agentscope_systemd._cli._notify import _watchdog_seconds
+from agentscope_systemd._cli._parse import parse_signal, parse_size
+from agentscope_systemd._managers import _scopeprops
+from agentscope_systemd._registry._registry_file import DEFAULT_RETENTION, _retention_from_env
 from tests.test_cli import FakeFleet, fleet, run  # noqa: F401 - the fixture
 
 # Digits that str.isdigit() (and int(), float()) take but no field means.
@@ -294,7 +295,7 @@ def test_cli_sizes_use_the_same_grammar() -> None:
 
 
 def test_registry_gc_and_events_take_the_grammar(tmp_path: Path) -> None:
-    from agentscope.lowlevel import Registry
+    from agentscope_systemd.lowlevel import Registry
 
     with Registry(tmp_path / "r.db") as reg:
         for kwargs in ({"retention_seconds": math.nan}, {"retention_seconds": -1}):

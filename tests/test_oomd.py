@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 
-from agentscope import OomdKill, _monitor
-from agentscope._contract import monitor_event_dict
-from agentscope._journal import follow_argv
-from agentscope._monitor import Monitor
-from agentscope._oomd import (
+from agentscope_systemd import OomdKill
+from agentscope_systemd._cli import _doctor
+from agentscope_systemd._contract import monitor_event_dict
+from agentscope_systemd._kernel._journal import follow_argv
+from agentscope_systemd._monitor import _monitor
+from agentscope_systemd._monitor._monitor import Monitor
+from agentscope_systemd._monitor._oomd import (
     MAX_LINE,
     OOMD_DEFAULTS,
     OomdConfig,
@@ -33,7 +35,6 @@ from agentscope._oomd import (
     read_oomd_chain,
     read_oomd_config,
 )
-from cli import _doctor
 from tests.fakefs import (
     format_pressure,
     make_cgroup,

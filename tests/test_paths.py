@@ -1,4 +1,4 @@
-"""The one path builder (agentscope/_paths.py): nothing it opens leaves its base."""
+"""The one path builder (agentscope_systemd/_paths.py): nothing it opens leaves its base."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentscope._paths import PathEscape, check_component, open_under
+from agentscope_systemd._paths import PathEscape, check_component, open_under
 
 
 def test_creates_private_directories_and_file_whatever_the_umask(tmp_path: Path) -> None:

@@ -25,19 +25,9 @@ from fakefs import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentscope import _cgroup
-from agentscope._attribution import (
-    PressureSample,
-    PressureWindow,
-    SeenProcess,
-    counter_delta,
-    detect_throttle,
-    is_throttled,
-    oom_victims,
-    parse_oom_kill_line,
-)
-from agentscope._cgroup import MemoryEvents
-from agentscope._proc import (
+from agentscope_systemd._kernel import _cgroup
+from agentscope_systemd._kernel._cgroup import MemoryEvents
+from agentscope_systemd._kernel._proc import (
     MemInfo,
     ProcStat,
     host_pressure,
@@ -52,6 +42,16 @@ from agentscope._proc import (
     read_statm_rss,
     read_wchan,
     top_processes,
+)
+from agentscope_systemd._monitor._attribution import (
+    PressureSample,
+    PressureWindow,
+    SeenProcess,
+    counter_delta,
+    detect_throttle,
+    is_throttled,
+    oom_victims,
+    parse_oom_kill_line,
 )
 
 AGENTS = "/app.slice/app-agentscope.slice/app-agentscope-agents.slice"
@@ -330,7 +330,7 @@ def test_top_processes_steps_past_processes_that_exit(
     for pid, pages in ((10, 900), (20, 800), (30, 700), (40, 600)):
         make_proc(tmp_path, pid, comm=f"p{pid}", rss_pages=pages)
     # pid 10 exits after its statm was read, before its stat is.
-    import agentscope._proc as proc
+    import agentscope_systemd._kernel._proc as proc
 
     real = proc.read_statm_rss
 

@@ -1,4 +1,4 @@
-"""Leftovers (agentscope/_reaper.py): an ended agent's processes linger, then are reaped.
+"""Leftovers (_fleet/_reaper.py): an ended agent's processes linger, then are reaped.
 
 Over the fake systemd (tests/fakesystemd.py) with ``follow_forks``: a
 process that an agent forks joins its scope, as the kernel does.
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import InvalidConfig
-from agentscope._fleet import AsyncFleet
-from agentscope._reaper import decide
-from agentscope._registry import AgentRecord, Registry
+from agentscope_systemd import InvalidConfig
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._fleet._reaper import decide
+from agentscope_systemd._registry._registry import AgentRecord, Registry
 from tests.fakesystemd import FakeSystemd, end_children
 from tests.test_fleet import make_fleet, stop_everything
 
@@ -226,7 +226,7 @@ def test_reap_after_survives_in_the_row(tmp_path: Path) -> None:
 async def test_a_wall_clock_jump_neither_hastens_nor_stalls_a_reap(
     fleet: AsyncFleet, bus: FakeSystemd, monkeypatch: pytest.MonkeyPatch, jump: float
 ) -> None:
-    from agentscope import _reaper
+    from agentscope_systemd._fleet import _reaper
 
     grace = 1.5
     agent = await fleet.launch("j", LEAVES_SLEEP, reap_after=grace)

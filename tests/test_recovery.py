@@ -1,4 +1,4 @@
-"""OOM kills recovered after no monitor ran (agentscope/_recovery.py and its hooks), and
+"""OOM kills recovered after no monitor ran (_monitor/_recovery.py and its hooks), and
 victims named from the journal's kernel messages."""
 
 from __future__ import annotations
@@ -14,15 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import BusError, _monitor
-from agentscope._attribution import SeenProcess, parse_oom_kill_line
-from agentscope._cgroup import MemoryEvents
-from agentscope._events import OomKill
-from agentscope._fleet import AsyncFleet
-from agentscope._journal import JournalRead, KernelLine, journal_access, parse_journal_entry
-from agentscope._killcount import JOURNAL_GRACE, KillCounter
-from agentscope._monitor import Monitor
-from agentscope._recovery import (
+from agentscope_systemd import BusError
+from agentscope_systemd._events import OomKill
+from agentscope_systemd._fleet._fleet import AsyncFleet
+from agentscope_systemd._kernel._cgroup import MemoryEvents
+from agentscope_systemd._kernel._journal import (
+    JournalRead,
+    KernelLine,
+    journal_access,
+    parse_journal_entry,
+)
+from agentscope_systemd._monitor import _monitor
+from agentscope_systemd._monitor._attribution import SeenProcess, parse_oom_kill_line
+from agentscope_systemd._monitor._killcount import JOURNAL_GRACE, KillCounter
+from agentscope_systemd._monitor._monitor import Monitor
+from agentscope_systemd._monitor._recovery import (
     Baseline,
     KernelKill,
     Readings,
@@ -34,8 +40,8 @@ from agentscope._recovery import (
     plan_recovery,
     unit_of_memcg,
 )
-from agentscope._registry import EventRecord, Registry
-from agentscope._sampling import _Sample, _ScopeSample
+from agentscope_systemd._monitor._sampling import _Sample, _ScopeSample
+from agentscope_systemd._registry._registry import EventRecord, Registry
 from tests import fakefs
 from tests.fakesystemd import FakeSystemd, end_children
 
@@ -466,9 +472,9 @@ async def test_after_a_reboot_root_names_the_boot_befores_kills_from_the_journal
     # the (persistent) journal of the boot before, and nowhere else.
     (tmp_path / "kmsg").write_bytes(b"6,100,0,-;a line of this boot\n")  # one record a read
     boot = [BOOT]  # the boot id /proc tells
-    monkeypatch.setattr("agentscope._fleet_recovery.read_boot_id", lambda: boot[0])
+    monkeypatch.setattr("agentscope_systemd._fleet._fleet_recovery.read_boot_id", lambda: boot[0])
     monkeypatch.setattr(
-        "agentscope._fleet_recovery.journal_access",
+        "agentscope_systemd._fleet._fleet_recovery.journal_access",
         lambda dirs: replace(journal_access([tmp_path / "none"]), readable=True),
     )
     memcg = "/" + str(bus.slice_dir.relative_to(bus.cgroup_root))
@@ -480,7 +486,7 @@ async def test_after_a_reboot_root_names_the_boot_befores_kills_from_the_journal
         text = summary(unit, 4242, "tail").replace(SLICE, memcg)
         return JournalRead(tuple(lines(text, killed(4242, "tail"), boot=BOOT)), None, True)
 
-    monkeypatch.setattr("agentscope._fleet_recovery.read_journal_boot", journal_of)
+    monkeypatch.setattr("agentscope_systemd._fleet._fleet_recovery.read_journal_boot", journal_of)
 
     def fleet() -> AsyncFleet:
         f = _fleet(tmp_path, bus)
@@ -690,7 +696,7 @@ def test_hostile_kernel_looking_lines_never_make_recovery_raise(text: str) -> No
 
 
 def test_a_user_record_in_the_kmsg_is_not_read_at_open(tmp_path: Path) -> None:
-    from agentscope._journal import read_kmsg
+    from agentscope_systemd._kernel._journal import read_kmsg
 
     kmsg = tmp_path / "kmsg"
     kmsg.write_bytes(("12,7,0,-;" + killed(77)).encode() + b"\n")

@@ -1,4 +1,4 @@
-"""Tests of the SQLite registry (agentscope/_registry.py) on the host."""
+"""Tests of the SQLite registry (agentscope_systemd/_registry/_registry.py) on the host."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _registry, _registry_file, _registry_schema
-from agentscope._errors import AgentExists, AgentscopeError
-from agentscope._reconcile_plan import Revival
-from agentscope._registry import (
+from agentscope_systemd._errors import AgentExists, AgentscopeError
+from agentscope_systemd._fleet._reconcile_plan import Revival
+from agentscope_systemd._registry import _registry, _registry_file, _registry_schema
+from agentscope_systemd._registry._registry import (
     SCHEMA_VERSION,
     AgentRecord,
     AgentState,
@@ -730,7 +730,7 @@ def test_apply_closures_closes_as_lost_with_reasons(reg: Registry) -> None:
 WRITER = textwrap.dedent(
     """
     import os, sys, time
-    from agentscope._registry import Registry
+    from agentscope_systemd._registry._registry import Registry
     path, worker, go, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     while not os.path.exists(go):
         time.sleep(0.001)
@@ -1041,7 +1041,8 @@ def test_events_written_while_the_clock_was_behind_outlive_the_next_open(
 def test_a_launch_under_way_is_judged_by_the_boot_clock(
     reg: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentscope import _reconcile_plan, _spool
+    from agentscope_systemd._fleet import _reconcile_plan
+    from agentscope_systemd._registry import _spool
 
     child = subprocess.Popen(["sleep", "30"])
     try:

@@ -1,4 +1,4 @@
-"""The OOMPolicy fallback (agentscope/_scope.py), as both clients use it.
+"""The OOMPolicy fallback (agentscope_systemd/_managers/_scope.py), as both clients use it.
 
 The async core's use is tested over the fake systemd in tests/test_fleet.py;
 here the rule itself and exec's blocking client (_exec._run over a fake
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from agentscope import _exec, _scope
-from agentscope._errors import BusError
+from agentscope_systemd._errors import BusError
+from agentscope_systemd._managers import _exec, _scope
 
 READ_ONLY = "org.freedesktop.DBus.Error.PropertyReadOnly"
 REFUSAL = "Cannot set property OOMPolicy, or unknown property."

@@ -1,4 +1,4 @@
-"""Resource controls (agentscope/_scopeprops.py): checked, packed, read back."""
+"""Resource controls (agentscope_systemd/_managers/_scopeprops.py): checked, packed, read back."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import InvalidConfig
-from agentscope._scopeprops import INFINITY, build, compare, parse_reap_after
+from agentscope_systemd import InvalidConfig
+from agentscope_systemd._managers._scopeprops import INFINITY, build, compare, parse_reap_after
 from tests.fakesystemd import FakeSystemd
 from tests.test_fleet import _reap_agents, make_fleet, stop_everything  # noqa: F401 (autouse)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from agentscope._spawn import spawn_gated
+from agentscope_systemd._fleet._spawn import spawn_gated
 
 
 async def test_gated_child_carries_its_exec_name_before_the_exec() -> None:

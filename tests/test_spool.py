@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import _claim, _exec, _spool
-from agentscope._registry import Registry, default_registry_path
+from agentscope_systemd._managers import _exec
+from agentscope_systemd._registry import _claim, _spool
+from agentscope_systemd._registry._registry import Registry, default_registry_path
 
 ME = os.getpid()
 MY_START = _spool.start_time(ME)
@@ -500,7 +501,7 @@ def test_a_registry_file_that_is_not_regular_is_refused_at_once(
 ) -> None:
     import socket
 
-    from agentscope import RegistryError
+    from agentscope_systemd import RegistryError
 
     db = tmp_path / "r.db"
     odd = tmp_path / f"r.db{side}"

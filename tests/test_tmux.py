@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agentscope import LaunchError, TmuxError, TmuxUnavailable, WindowExists, _names, _tmux
+from agentscope_systemd import LaunchError, TmuxError, TmuxUnavailable, WindowExists, _names
+from agentscope_systemd._fleet import _tmux
 
 
 def test_spec_is_nul_terminated_fields_in_shim_order() -> None:

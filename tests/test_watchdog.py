@@ -1,4 +1,4 @@
-"""Tests for agentscope.watchdog: the loop stall watchdog and the fatal log.
+"""Tests for agentscope_systemd.watchdog: the loop stall watchdog and the fatal log.
 
 The stalls are real (``time.sleep`` on the loop thread) because the thing
 under test is a thread sampling another thread's stack; timing bounds are
@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentscope import AgentscopeError
-from agentscope.watchdog import (
+from agentscope_systemd import AgentscopeError
+from agentscope_systemd.watchdog import (
     LoopWatchdog,
     StallReport,
     Stretch,
@@ -369,7 +369,7 @@ def run_crash(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[st
     code = textwrap.dedent(
         f"""
         import asyncio, os, threading
-        from agentscope.watchdog import install_fatal_log
+        from agentscope_systemd.watchdog import install_fatal_log
         print(os.getpid(), flush=True)
         LOG = {str(log)!r}
         """

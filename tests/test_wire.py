@@ -17,7 +17,8 @@ from dbus_fast._private.unmarshaller import Unmarshaller
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentscope import SystemdTimeout, SystemdUnavailable, _scope, _scopeprops, _wire
+from agentscope_systemd import SystemdTimeout, SystemdUnavailable
+from agentscope_systemd._managers import _scope, _scopeprops, _wire
 
 # The StartTransientUnit call of an exec, every property type it sends.
 PROPS = {

@@ -30,8 +30,8 @@ from dbus_fast.aio import MessageBus
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from roothelper import as_root
 
-import agentscope
-from agentscope import AsyncFleet
+import agentscope_systemd
+from agentscope_systemd import AsyncFleet
 
 MANAGER = os.environ.get("AGENTSCOPE_TEST_MANAGER", "system")
 SYSTEMD = int(os.environ.get("AGENTSCOPE_TEST_SYSTEMD", "0"))
@@ -132,7 +132,7 @@ async def own_fleet(prefix: str, *, squeezed: bool = False) -> AsyncIterator[Asy
             yield f
         finally:
             for agent in await f.agents():
-                with contextlib.suppress(agentscope.AgentscopeError):
+                with contextlib.suppress(agentscope_systemd.AgentscopeError):
                     await f.stop(agent.name, timeout=5)
             for _ in range(300 if squeezed else 0):  # 60 s
                 if memory_back():
@@ -178,9 +178,9 @@ async def fleet() -> AsyncIterator[AsyncFleet]:
 def _schema_registry() -> Any:
     from referencing import Registry, Resource
 
-    from agentscope._contract import load_schemas, schema_dir
+    from agentscope_systemd._contract import load_schemas, schema_dir
 
-    # The schemas the wheel installed (agentscope/_schemas), as a harness reads them.
+    # The schemas the wheel installed (agentscope_systemd/_schemas), as a harness reads them.
     assert schema_dir().name == "_schemas", schema_dir()
     return Registry().with_resources(
         (sid, Resource.from_contents(s)) for sid, s in load_schemas().items()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import uuid
 
-from agentscope import AgentNotFound, AsyncFleet, OomKill
+from agentscope_systemd import AgentNotFound, AsyncFleet, OomKill
 
 CAP = 64 << 20
 # The tool call is born and killed between two samples: no sample sees it.

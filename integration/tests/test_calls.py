@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agentscope import AsyncFleet, LaunchError
+from agentscope_systemd import AsyncFleet, LaunchError
 
 CLI = shutil.which("agentscope") or "agentscope"
 ROOT = Path("/sys/fs/cgroup")

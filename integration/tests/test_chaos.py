@@ -32,7 +32,7 @@ from pathlib import Path
 
 from conftest import systemctl
 
-from agentscope import AsyncFleet
+from agentscope_systemd import AsyncFleet
 
 # 8 kills a suite, 64 across the matrix's eight suites each CI run, each at a
 # new random instant (the seed is new each run): 12 a suite took 116 s of a
@@ -44,10 +44,10 @@ CLI = shutil.which("agentscope") or "agentscope"
 MANAGER = textwrap.dedent(
     """
     import asyncio, os, subprocess, sys
-    import agentscope
+    import agentscope_systemd
 
     async def main(fleet, prefix, cli):
-        async with agentscope.AsyncFleet(fleet) as f:
+        async with agentscope_systemd.AsyncFleet(fleet) as f:
             execs = [
                 subprocess.Popen([cli, "--fleet", fleet, "exec", f"{prefix}x{i}", "--",
                                   "sleep", "900"], stdin=subprocess.DEVNULL,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import GROW, MANAGER, SYSTEMD, cli_monitor, systemctl, validate
 
-import agentscope
+import agentscope_systemd
 
 CLI = shutil.which("agentscope") or "agentscope"
 SLICE = "app-agentscope-agents.slice"
@@ -229,7 +229,7 @@ def test_exec_through_the_private_socket_alone(fleet: str) -> None:
 
 
 def test_exec_clears_stale_slice_limits(fleet: str) -> None:
-    with agentscope.Fleet(fleet):  # the registry exists: only the limits stand in the way
+    with agentscope_systemd.Fleet(fleet):  # the registry exists: only the limits stand in the way
         pass
     systemctl("set-property", "--runtime", SLICE, "MemoryHigh=100M")
     done = cli("--fleet", fleet, "exec", "me", "--", "true")

@@ -63,8 +63,8 @@ AGENTS = 4
 HARNESS = textwrap.dedent(
     """
     import asyncio, json, os, subprocess, sys, time
-    import agentscope
-    from agentscope import DEVNULL, AsyncFleet
+    import agentscope_systemd
+    from agentscope_systemd import DEVNULL, AsyncFleet
 
     HEARTBEAT = 'while :; do date +%s.%N >> "$1"; sleep 0.2; done'
     # An agent's shell that starts the tool call, says how it ended, and lives on.
@@ -88,7 +88,7 @@ HARNESS = textwrap.dedent(
                 event = await asyncio.wait_for(it.__anext__(), left)
             except TimeoutError:
                 break
-            if isinstance(event, (agentscope.GuardKill, agentscope.OomKill)):
+            if isinstance(event, (agentscope_systemd.GuardKill, agentscope_systemd.OomKill)):
                 got.append(event.to_dict())
                 deadline = min(deadline, time.monotonic() + 3.0)
         return got
@@ -133,7 +133,7 @@ GROW = (
 CLI_HARNESS = textwrap.dedent(
     """
     import asyncio, json, subprocess, sys
-    from agentscope import DEVNULL, AsyncFleet
+    from agentscope_systemd import DEVNULL, AsyncFleet
 
     def cli(*args):
         got = subprocess.run(["agentscope", "--json", "--fleet", "bed", *args],

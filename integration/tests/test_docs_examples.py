@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from docexamples import Example, python_examples, run_example
 
-from agentscope import AsyncFleet
+from agentscope_systemd import AsyncFleet
 
 ROOT = Path(__file__).resolve().parents[1]  # the payload's copy of README.md and docs/
 EXAMPLES = (

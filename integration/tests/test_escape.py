@@ -25,9 +25,9 @@ from conftest import MANAGER
 from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from agentscope import AsyncFleet, Escaped, Monitor
-from agentscope._escape import Escapee, find_escapes, reclaim
-from agentscope._monitor import ESCAPE_AUDIT_EVERY
+from agentscope_systemd import AsyncFleet, Escaped, Monitor
+from agentscope_systemd._monitor._escape import Escapee, find_escapes, reclaim
+from agentscope_systemd._monitor._monitor import ESCAPE_AUDIT_EVERY
 
 CGROUP = Path("/sys/fs/cgroup")
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from conftest import cli_monitor, own_fleet, systemctl, validate
 
-import agentscope
-from agentscope import DEVNULL, AsyncFleet
+import agentscope_systemd
+from agentscope_systemd import DEVNULL, AsyncFleet
 
-GuardKill = getattr(agentscope, "GuardKill", None)
+GuardKill = getattr(agentscope_systemd, "GuardKill", None)
 pytestmark = pytest.mark.skipif(GuardKill is None, reason="no guard in this build")
 
 CLI = shutil.which("agentscope") or "agentscope"
@@ -82,7 +82,7 @@ async def fleet() -> AsyncIterator[AsyncFleet]:
         yield f
 
 
-async def guard_kills(monitor: agentscope.Monitor, want: int, timeout: float) -> list[Any]:
+async def guard_kills(monitor: agentscope_systemd.Monitor, want: int, timeout: float) -> list[Any]:
     """Guard kills from the monitor until ``want`` came, then 3 s more for any extra."""
     got: list[Any] = []
     it = monitor.__aiter__()

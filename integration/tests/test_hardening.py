@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from conftest import GROW, MANAGER
 
-import agentscope
-from agentscope import AsyncFleet
-from agentscope._bus import SD_MANAGER, SD_PATH, SystemdBus
+import agentscope_systemd
+from agentscope_systemd import AsyncFleet
+from agentscope_systemd._managers._bus import SD_MANAGER, SD_PATH, SystemdBus
 
 CLI = shutil.which("agentscope") or "agentscope"
 OTHER_USER = "agent"  # integration/images.py: TEST_USER, uid 1000
@@ -171,7 +171,7 @@ async def test_adopt_refuses_what_is_never_an_agent(fleet: AsyncFleet) -> None:
         }
         before = _agent_scopes()
         for pid, why in cases.items():
-            with pytest.raises(agentscope.InvalidConfig, match=why) as info:
+            with pytest.raises(agentscope_systemd.InvalidConfig, match=why) as info:
                 await fleet.adopt(pid, f"never-{pid}")
             assert "Traceback" not in str(info.value)
         assert _agent_scopes() == before
@@ -203,8 +203,8 @@ def test_install_system_refuses_to_run_another_users_files() -> None:
     # --system` would make root's monitor run a file the user agent can change.
     import pwd
 
-    from agentscope import install
-    from agentscope._install import plan_install
+    from agentscope_systemd import install
+    from agentscope_systemd._install import plan_install
 
     home = Path(pwd.getpwnam(OTHER_USER).pw_dir)
     venv = home / f"venv-{uuid.uuid4().hex[:6]}" / "bin"

@@ -32,8 +32,8 @@ from conftest import DISTRO, MANAGER, cli_monitor, own_fleet
 from roothelper import as_root
 from test_guard import TOOL_CALL, guard_kills, kernel_oom_kills, wait_until
 
-import agentscope
-from agentscope import DEVNULL, AsyncFleet
+import agentscope_systemd
+from agentscope_systemd import DEVNULL, AsyncFleet
 
 # Where the profiles' systemd-oomd is in the image (integration/images.py).
 PROFILE_DISTROS = ("trixie", "sid")
@@ -143,7 +143,7 @@ HOG = (
     "import os, time\nblock = os.urandom(1 << 20)\nchunks = []\nwhile True:\n"
     "    chunks.append(bytearray(block * 16))\n    time.sleep(0.02)\n"
 )
-GuardHeld = getattr(agentscope, "GuardHeld", None)
+GuardHeld = getattr(agentscope_systemd, "GuardHeld", None)
 
 
 def outside_scope(name: str, *argv: str, props: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
@@ -159,7 +159,7 @@ async def quiet_fleet() -> AsyncIterator[AsyncFleet]:
         yield f
 
 
-async def agents_of(fleet: AsyncFleet, n: int) -> list[agentscope.Agent]:
+async def agents_of(fleet: AsyncFleet, n: int) -> list[agentscope_systemd.Agent]:
     # Each holds 48 MiB, so a guard that wrongly blamed the fleet would find a victim.
     hold = (
         "import time\nb = bytearray(48 << 20)\n"
@@ -192,7 +192,7 @@ async def test_a_hog_outside_the_fleet_costs_no_agent(quiet_fleet: AsyncFleet) -
                     event = await asyncio.wait_for(it.__anext__(), deadline - time.monotonic())
                     if isinstance(event, GuardHeld):  # type: ignore[arg-type]
                         held.append(event)
-                    elif isinstance(event, agentscope.GuardKill):
+                    elif isinstance(event, agentscope_systemd.GuardKill):
                         kills.append(event)
                 if hog.poll() is not None:
                     break

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from conftest import MANAGER, SYSTEMD
 
-import agentscope
+import agentscope_systemd
 
 CLI = shutil.which("agentscope") or "agentscope"
 USER = MANAGER == "user"
@@ -131,7 +131,7 @@ def agentscope_generated() -> list[str]:
 
 
 def fatal_log(fleet: str) -> Path:
-    state = agentscope.default_registry_path("user" if USER else "system").parent
+    state = agentscope_systemd.default_registry_path("user" if USER else "system").parent
     return state / f"monitor-{fleet}.fatal.log"
 
 
@@ -282,7 +282,7 @@ def test_install_monitor_service_restarts_and_uninstall(installed: Installed) ->
     # The HTTP face, served by the service itself.
     from prometheus_client.parser import text_string_to_metric_families
 
-    with agentscope.Fleet(installed.fleet) as fleet:
+    with agentscope_systemd.Fleet(installed.fleet) as fleet:
         agent = fleet.launch(
             "survivor",
             ["sleep", "600"],

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import MANAGER, SYSTEMD, own_children, own_fleet, systemctl
 
-import agentscope
-from agentscope import AsyncFleet, Fleet
+import agentscope_systemd
+from agentscope_systemd import AsyncFleet, Fleet
 
-SLICE = agentscope.DEFAULT_SLICE
+SLICE = agentscope_systemd.DEFAULT_SLICE
 OOMPOLICY_ON_SCOPES = SYSTEMD >= 252  # Debian's 252 carries the backport
 CGROUP = Path("/sys/fs/cgroup")
 
@@ -237,19 +237,39 @@ async def test_adopt_moves_process_and_children(fleet: AsyncFleet) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "text"),
     [
-        ({"name": "bad name", "argv": ["true"]}, agentscope.InvalidName, "contains ' '"),
-        ({"name": "-x", "argv": ["true"]}, agentscope.InvalidName, "starts with '-'"),
-        ({"name": "ok", "argv": ["no-such-binary-xyz"]}, agentscope.LaunchError, "not found"),
-        ({"name": "ok", "argv": ["/proc/self/status"]}, agentscope.LaunchError, "not executable"),
-        ({"name": "ok", "argv": ["./no-such-file"]}, agentscope.LaunchError, "no such file"),
+        ({"name": "bad name", "argv": ["true"]}, agentscope_systemd.InvalidName, "contains ' '"),
+        ({"name": "-x", "argv": ["true"]}, agentscope_systemd.InvalidName, "starts with '-'"),
+        (
+            {"name": "ok", "argv": ["no-such-binary-xyz"]},
+            agentscope_systemd.LaunchError,
+            "not found",
+        ),
+        (
+            {"name": "ok", "argv": ["/proc/self/status"]},
+            agentscope_systemd.LaunchError,
+            "not executable",
+        ),
+        (
+            {"name": "ok", "argv": ["./no-such-file"]},
+            agentscope_systemd.LaunchError,
+            "no such file",
+        ),
         (
             {"name": "ok", "argv": ["true"], "cwd": "/nonexistent"},
-            agentscope.LaunchError,
+            agentscope_systemd.LaunchError,
             "not a directory",
         ),
-        ({"name": "ok", "argv": ["true"], "env": {"A": 1}}, agentscope.LaunchError, "str to str"),
-        ({"name": "ok", "argv": "true"}, agentscope.LaunchError, "non-empty list"),
-        ({"name": "ok", "argv": ["true"], "memory_max": -1}, agentscope.InvalidConfig, "MemoryMax"),
+        (
+            {"name": "ok", "argv": ["true"], "env": {"A": 1}},
+            agentscope_systemd.LaunchError,
+            "str to str",
+        ),
+        ({"name": "ok", "argv": "true"}, agentscope_systemd.LaunchError, "non-empty list"),
+        (
+            {"name": "ok", "argv": ["true"], "memory_max": -1},
+            agentscope_systemd.InvalidConfig,
+            "MemoryMax",
+        ),
     ],
 )
 async def test_bad_input_leaves_nothing(
@@ -269,30 +289,30 @@ async def test_exec_failure_in_scope_leaves_nothing(fleet: AsyncFleet, tmp_path:
     fake.write_bytes(b"\x00\x01not an ELF")
     fake.chmod(0o755)
     before = slice_units()
-    with pytest.raises(agentscope.LaunchError, match="Exec format error"):
+    with pytest.raises(agentscope_systemd.LaunchError, match="Exec format error"):
         await fleet.launch("fake", [str(fake)])
     assert await wait_until(lambda: slice_units() == before, 10)
 
 
 async def test_refused_and_unknown(fleet: AsyncFleet) -> None:
     await fleet.launch("dup", ["sleep", "60"])
-    with pytest.raises(agentscope.AgentExists, match="already running"):
+    with pytest.raises(agentscope_systemd.AgentExists, match="already running"):
         await fleet.launch("dup", ["sleep", "60"])
     for op in (fleet.stop, fleet.kill, fleet.freeze, fleet.thaw):
-        with pytest.raises(agentscope.AgentNotFound, match="no agent 'ghost'"):
+        with pytest.raises(agentscope_systemd.AgentNotFound, match="no agent 'ghost'"):
             await op("ghost")
 
 
 async def test_refused_dbus_call_keeps_systemd_error(fleet: AsyncFleet) -> None:
-    with pytest.raises(agentscope.InvalidName, match="slice"):
+    with pytest.raises(agentscope_systemd.InvalidName, match="slice"):
         AsyncFleet(fleet.name, slice="not a slice.slice")
     before = slice_units()
     # PID 1 is refused before systemd is asked (#31): nothing is created.
-    with pytest.raises(agentscope.InvalidConfig, match="PID 1"):
+    with pytest.raises(agentscope_systemd.InvalidConfig, match="PID 1"):
         await fleet.adopt(1, "pid1")
     # systemd refuses a scope with no process: its error name and message are
-    # kept through the fleet's manager (agentscope/_manager.py).
-    with pytest.raises(agentscope.BusError) as info:
+    # kept through the fleet's manager (agentscope_systemd/_managers/_manager.py).
+    with pytest.raises(agentscope_systemd.BusError) as info:
         await fleet._manager.start_scope(f"agentscope-{fleet.name}-empty-000000.scope", "x", [])
     assert info.value.dbus_name.startswith("org.freedesktop"), info.value.dbus_name
     assert info.value.message
@@ -306,7 +326,7 @@ async def test_systemd_unreachable_says_where() -> None:
         "DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent/bus",
         "XDG_RUNTIME_DIR": "/nonexistent",
     }
-    with pytest.raises(agentscope.SystemdUnavailable, match="/nonexistent/bus"):
+    with pytest.raises(agentscope_systemd.SystemdUnavailable, match="/nonexistent/bus"):
         async with AsyncFleet("t", env=env):
             pass
 
@@ -350,7 +370,7 @@ async def test_100_concurrent_launches(fleet: AsyncFleet) -> None:
 
 
 async def test_probe_reports_this_systemd() -> None:
-    caps = await agentscope.probe()
+    caps = await agentscope_systemd.probe()
     assert caps.manager == MANAGER
     assert caps.systemd_version.startswith(str(SYSTEMD))
     assert caps.cgroup_v2
@@ -363,8 +383,8 @@ async def test_probe_reports_this_systemd() -> None:
 def test_blocking_fleet_from_script_and_threads(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text(
-        "import agentscope, subprocess\n"
-        "with agentscope.Fleet('script') as f:\n"
+        "import agentscope_systemd, subprocess\n"
+        "with agentscope_systemd.Fleet('script') as f:\n"
         "    a = f.launch('one', ['sh', '-c', 'echo hi'], stdout=subprocess.PIPE)\n"
         "    print(a.stdout.read().decode().strip(), a.wait())\n"
     )

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from conftest import MANAGER
 
-from agentscope import AsyncFleet, _tmux
-from agentscope._cgroup import read_subtree_procs
+from agentscope_systemd import AsyncFleet
+from agentscope_systemd._fleet import _tmux
+from agentscope_systemd._kernel._cgroup import read_subtree_procs
 
 CLI = shutil.which("agentscope") or "agentscope"
 # Its main process (sh) ends at once; the sleep it started stays in its scope.

@@ -28,12 +28,12 @@ import pytest
 from conftest import MANAGER
 from test_guard import GROW, TOOL_CALL, kernel_oom_kills
 
-import agentscope
+import agentscope_systemd
 
 pytestmark = [
     pytest.mark.heavy("limits"),
     pytest.mark.skipif(
-        getattr(agentscope, "GuardKill", None) is None, reason="no guard in this build"
+        getattr(agentscope_systemd, "GuardKill", None) is None, reason="no guard in this build"
     ),
 ]
 
@@ -42,7 +42,7 @@ LIMIT = 300 << 20
 HARNESS = textwrap.dedent(
     """
     import asyncio, json, sys, time
-    from agentscope import DEVNULL, AsyncFleet, GuardKill
+    from agentscope_systemd import DEVNULL, AsyncFleet, GuardKill
 
     HEARTBEAT = 'while :; do date +%s.%N >> "$1"; sleep 0.2; done'
 

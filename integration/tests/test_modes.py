@@ -30,7 +30,7 @@ LIMIT = 400 << 20
 CGROUP_HARNESS = textwrap.dedent(
     """
     import asyncio, json, os, sys, time
-    from agentscope import DEVNULL, AsyncFleet
+    from agentscope_systemd import DEVNULL, AsyncFleet
 
     HEARTBEAT = 'while :; do date +%s.%N >> "$1"; sleep 0.2; done'
     GROW = "l = []\\nwhile True: l.append(b'x' * (4 << 20))"
@@ -143,7 +143,7 @@ def test_cgroup_mode_in_a_delegated_scope_gives_each_agent_its_own_capped_cgroup
 PROCESS_HARNESS = textwrap.dedent(
     """
     import asyncio, json, os, sys
-    from agentscope import DEVNULL, AsyncFleet, ModeUnsupported
+    from agentscope_systemd import DEVNULL, AsyncFleet, ModeUnsupported
 
     async def main(work):
         out = {}

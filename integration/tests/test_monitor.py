@@ -12,14 +12,14 @@ from pathlib import Path
 
 from conftest import GROW, MANAGER, systemctl
 
-import agentscope
-from agentscope import AsyncFleet, OomKill, Throttled
+import agentscope_systemd
+from agentscope_systemd import AsyncFleet, OomKill, Throttled
 
 CGROUP = Path("/sys/fs/cgroup")
 ALLOC = "import time; b = b'x' * ({mb} << 20); time.sleep({hold})"
 
 
-async def _next(monitor: agentscope.Monitor, kind: type, timeout: float) -> object:
+async def _next(monitor: agentscope_systemd.Monitor, kind: type, timeout: float) -> object:
     """The next event of that kind, skipping others (pressure, limits...)."""
     deadline = time.monotonic() + timeout
     it = monitor.__aiter__()
@@ -32,7 +32,7 @@ async def _next(monitor: agentscope.Monitor, kind: type, timeout: float) -> obje
             return event
 
 
-async def _throttles(monitor: agentscope.Monitor, seconds: float) -> list[Throttled]:
+async def _throttles(monitor: agentscope_systemd.Monitor, seconds: float) -> list[Throttled]:
     """The Throttled events of the next ``seconds``."""
     got: list[Throttled] = []
     with contextlib.suppress(TimeoutError):
@@ -158,7 +158,7 @@ async def test_memory_high_on_a_scope_gives_throttled(fleet: AsyncFleet) -> None
 async def test_memory_high_on_the_slice_gives_throttled_naming_the_slice(
     fleet: AsyncFleet,
 ) -> None:
-    slice_unit = agentscope.DEFAULT_SLICE
+    slice_unit = agentscope_systemd.DEFAULT_SLICE
     async with fleet.monitor(interval=1.0) as monitor:
         await fleet.launch(
             "slow",

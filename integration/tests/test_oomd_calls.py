@@ -36,9 +36,9 @@ from test_calls import cgroup_of
 from test_guard import kernel_oom_kills, wait_until
 from test_hosts import HEARTBEAT, INCOMPRESSIBLE, PROFILE_DISTROS, users_host
 
-import agentscope
-from agentscope import DEVNULL, AsyncFleet
-from agentscope._oomd import OomdLine, parse_oomd_line
+import agentscope_systemd
+from agentscope_systemd import DEVNULL, AsyncFleet
+from agentscope_systemd._monitor._oomd import OomdLine, parse_oomd_line
 
 pytestmark = pytest.mark.skipif(
     DISTRO not in PROFILE_DISTROS,
@@ -96,12 +96,12 @@ async def test_oomd_calls_victim_is_the_runaway_call_and_the_agent_lives(
     )
     since = int(time.time())
     kills_before = kernel_oom_kills()
-    events: list[agentscope.OomdKill] = []
+    events: list[agentscope_systemd.OomdKill] = []
     async with fleet.monitor(interval=1.0, guard=False) as monitor:
 
         async def collect() -> None:
             async for event in monitor:
-                if isinstance(event, agentscope.OomdKill):
+                if isinstance(event, agentscope_systemd.OomdKill):
                     events.append(event)
 
         collector = asyncio.ensure_future(collect())
@@ -132,7 +132,7 @@ async def test_oomd_calls_victim_is_the_runaway_call_and_the_agent_lives(
         f"oomd: {kills}; events: {[e.to_dict() for e in events]}"
     )
     assert leaf.name == "agent", f"no delegated scope here: the agent is in {leaf}"
-    # The agent's own leaf is the one oomd takes last (agentscope/_calls.py, _avoid_oomd).
+    # The agent's own leaf is the one oomd takes last (_calls/_calls.py, _avoid_oomd).
     assert os.getxattr(leaf, "user.oomd_avoid") == b"1"
     assert ended, "the runaway call lived on"
     assert rc.read_text().strip() == f"rc={128 + signal.SIGKILL}"

@@ -14,8 +14,8 @@ import pytest
 from conftest import MANAGER
 from roothelper import as_root
 
-from agentscope import AsyncFleet
-from agentscope._registry import EventRecord
+from agentscope_systemd import AsyncFleet
+from agentscope_systemd._registry._registry import EventRecord
 
 CAP = 64 << 20
 # A tool call over its agent's cap at once: tail keeps a "line" of /dev/zero

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from conftest import own_children
 
-import agentscope
-from agentscope import AsyncFleet
+import agentscope_systemd
+from agentscope_systemd import AsyncFleet
 
 LAUNCHER = textwrap.dedent(
     """
     import asyncio, json, subprocess, sys, time
-    import agentscope
+    import agentscope_systemd
 
     async def main(fleet, db, n, prefix):
-        async with agentscope.AsyncFleet(fleet, registry=db) as f:
+        async with agentscope_systemd.AsyncFleet(fleet, registry=db) as f:
             agents = await asyncio.gather(*(
                 f.launch(f"{prefix}{i}", ["sleep", "600"], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -149,7 +149,7 @@ async def test_registry_refuses_a_name_running_elsewhere_and_frees_a_stale_one(
         first = await one.launch("dup", ["sleep", "600"], **quiet)
         before = own_children()
         assert str(first.pid) in before
-        with pytest.raises(agentscope.AgentExists, match="already running"):
+        with pytest.raises(agentscope_systemd.AgentExists, match="already running"):
             await two.launch("dup", ["sleep", "600"], **quiet)
         assert own_children() == before  # the gated child was aborted and reaped
         assert [(a.name, a.unit) for a in await two.agents()] == [("dup", first.unit)]
@@ -200,7 +200,7 @@ async def test_adopt_leaves_a_launch_in_flight_elsewhere_alone(
         )  # fmt: skip
         other = subprocess.Popen(["sleep", "600"])
         try:
-            with pytest.raises(agentscope.AgentExists, match="already running"):
+            with pytest.raises(agentscope_systemd.AgentExists, match="already running"):
                 await fleet.adopt(other.pid, "busy")
         finally:
             other.kill()
@@ -213,7 +213,7 @@ async def test_adopt_leaves_a_launch_in_flight_elsewhere_alone(
 async def test_corrupt_registry_names_file_and_fix(tmp_path: Path) -> None:
     db = tmp_path / "agentscope.db"
     db.write_bytes(b"this is not an sqlite database" * 100)
-    with pytest.raises(agentscope.RegistryCorrupt) as info:
+    with pytest.raises(agentscope_systemd.RegistryCorrupt) as info:
         async with AsyncFleet("corrupt", registry=db):
             pass
     assert str(db) in str(info.value)
@@ -221,7 +221,7 @@ async def test_corrupt_registry_names_file_and_fix(tmp_path: Path) -> None:
 
 
 async def test_default_registry_path_and_modes() -> None:
-    path = agentscope.default_registry_path("system" if os.geteuid() == 0 else "user")
+    path = agentscope_systemd.default_registry_path("system" if os.geteuid() == 0 else "user")
     async with AsyncFleet(f"r{uuid.uuid4().hex[:6]}") as fleet:
         agent = await fleet.launch("x", ["sleep", "30"])
         assert fleet.registry_path == path

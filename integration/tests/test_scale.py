@@ -2,7 +2,7 @@
 
 Each agent keeps a pidfd in its launcher, so systemd's default soft limit
 of 1024 caps a launcher at about 1,000 agents unless it raises its own
-(agentscope/_fdlimit.py). Showing that with 1,100 agents takes minutes under
+(agentscope_systemd/_kernel/_fdlimit.py). Showing that with 1,100 agents takes minutes under
 TCG; a launcher whose soft limit is 64 shows the same raise with 100 agents
 in seconds (benchmarks/bench_scale.py runs 2,000 with the default limit).
 """
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.heavy("scale")
 _LAUNCHER = """
 import asyncio, json, logging, resource, sys
 from pathlib import Path
-from agentscope import DEVNULL, AsyncFleet
+from agentscope_systemd import DEVNULL, AsyncFleet
 
 logging.basicConfig(level=logging.INFO)
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

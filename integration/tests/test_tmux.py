@@ -25,15 +25,15 @@ from pathlib import Path
 import pytest
 from conftest import MANAGER, systemctl
 
-from agentscope import (
+from agentscope_systemd import (
     AgentNotFound,
     AsyncFleet,
     LaunchError,
     TmuxError,
     TmuxUnavailable,
     WindowExists,
-    _tmux,
 )
+from agentscope_systemd._fleet import _tmux
 
 CLI = shutil.which("agentscope") or "agentscope"
 ECHO = 'echo "hello from $0"; while read -r l; do echo "got $l"; done'
@@ -42,12 +42,12 @@ USER = ["--user"] if MANAGER == "user" else []
 LAUNCHER = textwrap.dedent(
     """
     import asyncio, json, os, sys
-    import agentscope
+    import agentscope_systemd
 
     ECHO = sys.argv[4]
 
     async def main(fleet, db, out):
-        async with agentscope.AsyncFleet(fleet, registry=db) as f:
+        async with agentscope_systemd.AsyncFleet(fleet, registry=db) as f:
             agents = await asyncio.gather(*(
                 f.launch(f"a{i}", ["sh", "-c", ECHO, f"a{i}"], terminal="tmux")
                 for i in range(5)))

@@ -1,5 +1,5 @@
-// The client over the real read API: the monitor's face (cli/_http.py),
-// served by `python -m tests.node_face serve` over a real agentscope.Fleet on
+// The client over the real read API: the monitor's face (agentscope_systemd/_cli/_http.py),
+// served by `python -m tests.node_face serve` over a real agentscope_systemd.Fleet on
 // the repository's fake systemd manager, on loopback TCP and a Unix socket.
 // Needs the repository and its Python (AGENTSCOPE_PYTHON, else .venv).
 import assert from "node:assert/strict";

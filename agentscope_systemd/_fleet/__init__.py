@@ -1,0 +1,1 @@
+"""The fleet: AsyncFleet and its parts, agents, the blocking facade, the reaper, tmux."""

@@ -1,0 +1,1 @@
+"""The guard: the decisions (policy), the loop, its process, the kill."""

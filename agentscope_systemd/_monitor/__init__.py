@@ -1,0 +1,1 @@
+"""The monitor: samples, kill counting and attribution, reports, escapes, recovery, systemd-oomd."""

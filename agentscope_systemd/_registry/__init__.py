@@ -1,0 +1,1 @@
+"""The registry: the SQLite file of agents and events, the spool exec writes, claims."""
