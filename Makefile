@@ -99,8 +99,9 @@ integration: host-deps venv
 	$(PY) integration/vm.py $(VM_ARGS)
 
 # host-deps first: a missing qemu is said before the toolchain downloads. The
-# VM matrix starts at once, beside the host's checks and tests (about 5 of
-# CI's minutes that would otherwise come first): the VM images (downloads and
+# VM matrix starts at once, beside the host's checks and tests, the lowest
+# floors' run of them included (about 10 of CI's minutes that would otherwise
+# come first or last): the VM images (downloads and
 # disk work, ~1.5 min each on a fresh machine) are built in the background, a
 # VM whose image is still being built waits for it (its build lock), and one
 # whose build failed is built again by the matrix, which reports the failure.
@@ -113,7 +114,7 @@ test: host-deps venv
 	$(PY) integration/vm.py --build-only $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) >$$log 2>&1 & builder=$$!; \
 	nice -n 5 $(PY) integration/vm.py $(VM_ARGS) & matrix=$$!; \
 	trap 'kill $$builder $$matrix 2>/dev/null; rm -f $$log' EXIT; \
-	$(MAKE) --no-print-directory check unit; host=$$?; \
+	$(MAKE) --no-print-directory check unit lowest; host=$$?; \
 	wait $$matrix; rc=$$?; matrix=; \
 	wait $$builder; sed 's/^/[background] /' $$log; \
 	if [ $$host -ne 0 ]; then echo "make test: the host's checks or tests FAILED (above, before the matrix's end)" >&2; exit $$host; fi; \
