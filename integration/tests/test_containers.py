@@ -28,6 +28,7 @@ bind-mounted directory, so what it saw before a group kill is kept.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -165,11 +166,13 @@ def unreadable(where: str, names: list[str]) -> set[str]:
     return {n for n in names if not os.access(os.path.join(where, n), os.R_OK)}
 
 
-@pytest.fixture
-def rootfs() -> Iterator[Path]:
+@contextlib.contextmanager
+def container_root() -> Iterator[Path]:
     """A container's root: mount points, the merged-/usr links, and a copy of /etc.
 
-    One per test: the fleet's registry and runtime files are written there.
+    One per container: the fleet's registry and runtime files are written
+    there. A context manager, not only the fixture below:
+    benchmarks/bench_container.py makes one per round.
 
     /etc is copied, not bind-mounted: Podman mounts its own hosts,
     hostname and resolv.conf over files there.
@@ -188,14 +191,27 @@ def rootfs() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def work() -> Iterator[Path]:
+@contextlib.contextmanager
+def work_dir() -> Iterator[Path]:
+    """The directory bind-mounted at /work: the harness's reports, kept past a group kill."""
     path = Path(tempfile.mkdtemp(prefix="ctr-work-", dir="/var/tmp"))
     path.chmod(0o777)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def rootfs() -> Iterator[Path]:
+    with container_root() as root:
+        yield root
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    with work_dir() as path:
+        yield path
 
 
 def podman(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
