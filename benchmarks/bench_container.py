@@ -271,18 +271,29 @@ def earlyoom_lines(log: str) -> tuple[list[str], list[str]]:
 
 
 def kernel_log(since: float) -> str | None:
-    """The kernel's messages since ``since``, from the journal; None where it cannot be read."""
+    """The kernel's messages since ``since``, from the journal; None where it cannot be read.
+
+    ``--since`` takes whole seconds: the lines are kept by their own
+    timestamps, so the previous round's kills are not counted again.
+    """
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         got = subprocess.run(
-            ["journalctl", "-k", "-q", "-o", "cat", "--no-pager", f"--since=@{int(since)}"],
+            ["journalctl", "-k", "-q", "-o", "short-unix", "--no-pager", f"--since=@{int(since)}"],
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
         if got.returncode == 0:
-            return got.stdout
+            return "".join(line + "\n" for line in got.stdout.splitlines() if _after(line, since))
     return None
+
+
+def _after(line: str, since: float) -> bool:
+    try:
+        return float(line.partition(" ")[0]) >= since
+    except ValueError:
+        return False
 
 
 def _read(path: Path) -> str | None:
@@ -321,7 +332,7 @@ def one_round(name: str, repeat: int, give_up: float) -> Outcome:
         )
         read_round(out, ran, work)
     out.kernel_oom_kills = vmstat_oom_kills() - kills_before
-    log = kernel_log(t0 - 1)
+    log = kernel_log(t0)
     if log is not None:
         out.kernel_killed, out.group_kill = kernel_victims(log)
     out.seconds = time.time() - t0
