@@ -481,24 +481,28 @@ def psi_high(reading: HostReading, config: GuardConfig) -> bool:
     )
 
 
+def _paged_percent(old: int, new: int, mem_total: int, span: float) -> float:
+    """Pages counted between two readings, as % of MemTotal per second (>= 0)."""
+    return max(100.0 * (new - old) * PAGE_SIZE / mem_total / span, 0.0)
+
+
+def _stall_percent(old: HostReading, new: HostReading) -> float | None:
+    """PSI full's share of the time between two readings, in % (None: no counter or no time)."""
+    span = new.ts - old.ts
+    if span <= 0 or new.psi_full_total is None or old.psi_full_total is None:
+        return None
+    return max(100.0 * (new.psi_full_total - old.psi_full_total) / (span * 1e6), 0.0)
+
+
 def thrash_rates(old: HostReading, new: HostReading) -> tuple[float, float] | None:
     """(PSI full % of the time, refaults + swap-ins % of MemTotal per second) between two.
 
     None when either reading lacks a counter, or no time passed.
     """
-    span = new.ts - old.ts
-    if (
-        span <= 0
-        or new.psi_full_total is None
-        or old.psi_full_total is None
-        or new.refaults is None
-        or old.refaults is None
-        or not new.mem_total
-    ):
+    stall = _stall_percent(old, new)
+    if stall is None or new.refaults is None or old.refaults is None or not new.mem_total:
         return None
-    stall = 100.0 * (new.psi_full_total - old.psi_full_total) / (span * 1e6)
-    paged = 100.0 * (new.refaults - old.refaults) * PAGE_SIZE / new.mem_total / span
-    return max(stall, 0.0), max(paged, 0.0)
+    return stall, _paged_percent(old.refaults, new.refaults, new.mem_total, new.ts - old.ts)
 
 
 def thrashing(old: HostReading, new: HostReading, config: GuardConfig) -> bool:
@@ -591,16 +595,16 @@ class PressureClock:
             if old.ts <= reading.ts - STALL_SECONDS:
                 base = old
                 break
-        if base is None or base.psi_full_total is None:
+        stall = None if base is None else _stall_percent(base, reading)
+        if stall is None or base is None:
             return False
-        span = reading.ts - base.ts
-        stall = 100.0 * (reading.psi_full_total - base.psi_full_total) / (span * 1e6)
         if stall >= config.thrash_full_percent:
             return True
         if stall < SWAP_STALL_PERCENT or reading.swap_outs is None or base.swap_outs is None:
             return False
-        out = (reading.swap_outs - base.swap_outs) * PAGE_SIZE
-        return 100.0 * out / reading.mem_total / span >= SWAP_OUT_PERCENT
+        span = reading.ts - base.ts
+        out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
+        return out >= SWAP_OUT_PERCENT
 
     def _thrash(self, reading: HostReading) -> bool:
         """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""
