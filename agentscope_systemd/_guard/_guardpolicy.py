@@ -89,6 +89,15 @@ ASSUMED_SWAP_FILL = 800 << 20  # bytes/s
 STALL_SECONDS: Final = 1.0
 SWAP_STALL_PERCENT: Final = 10.0
 SWAP_OUT_PERCENT: Final = 1.0
+#: "Memory gone and swap not taking it": MemAvailable at this share of its
+#: threshold (5 % by default) for STALL_SECONDS, while pages went out to swap
+#: at less than SWAP_OUT_PERCENT of MemTotal a second. Measured in
+#: bench_squeeze.py (trixie, 768 MB, TCG, Ubuntu's profile, 2026-12-03):
+#: MemAvailable sat at 1.3-3.4 % for 8-12 s with swap 97 % free, nothing
+#: going out to it and PSI at zero, while the manager's loop stalled 1.9-4.2 s
+#: and every sibling fell silent; only the swap storm that followed made
+#: the stall rule act. Free swap that the kernel does not use is no room.
+GONE_SHARE: Final = 0.5
 #: Near a memory limit above the agents the guard looks at least this often.
 LIMIT_MIN_INTERVAL = 0.02
 
@@ -606,6 +615,31 @@ class PressureClock:
         out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
         return out >= SWAP_OUT_PERCENT
 
+    def _gone_and_not_swapping(self, reading: HostReading) -> bool:
+        """MemAvailable at GONE_SHARE of its threshold for STALL_SECONDS, swap not taking pages.
+
+        earlyoom's rule counts free swap as room; a kernel that keeps its
+        anonymous pages in RAM (swap-out under SWAP_OUT_PERCENT of MemTotal a
+        second) leaves that room unused while MemAvailable is all but gone,
+        and the host's page cache, its programs' code included, goes first.
+        Swap that is taking pages is left to the other rules.
+        """
+        floor = self.config.mem_available_percent * GONE_SHARE
+        if reading.swap_total <= 0 or reading.mem_available_percent > floor:
+            return False
+        base = None
+        for old in reversed(self._window):
+            if old.ts <= reading.ts - STALL_SECONDS:
+                base = old
+                break
+        if base is None or base.mem_available_percent > floor:
+            return False
+        if reading.swap_outs is None or base.swap_outs is None:
+            return False
+        span = reading.ts - base.ts
+        out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
+        return out < SWAP_OUT_PERCENT
+
     def _thrash(self, reading: HostReading) -> bool:
         """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""
         window = self._window
@@ -622,7 +656,7 @@ class PressureClock:
         self._prev = reading
         now = reading.ts
         thrash = self._thrash(reading)
-        stalling = self._short_and_stalling(reading)
+        stalling = self._short_and_stalling(reading) or self._gone_and_not_swapping(reading)
         if memory_low(reading, config) or stalling:
             if self.crossed_at is None:
                 self.crossed_at = now
