@@ -113,6 +113,7 @@ class AsyncFleet:
         _bus: SystemdBus | None = None,
         admission_wait: float = 0.0,
         _manager: ScopeManager | None = None,
+        _streams: bool = True,
     ) -> None:
         if policy not in ("adopt", "stop"):
             raise InvalidConfig("policy", policy, "'adopt' or 'stop'", problem="is not allowed")
@@ -155,6 +156,9 @@ class AsyncFleet:
         self.agent_oom_score_adj = agent_oom_score_adj
         self.manager_oom_score_adj = manager_oom_score_adj
         self._closed = False
+        # Whether a launched agent's pipes become asyncio streams; the
+        # blocking facade reads the plain pipes instead.
+        self._streams = _streams
         self.policy = policy
         self.registry_path = Path(
             registry if registry is not None else default_registry_path(self.manager)
@@ -397,7 +401,6 @@ class AsyncFleet:
         call_memory_max: int | str | None = None,
         call_tasks_max: int | str | None = None,
         call_shell: bool = False,
-        _streams: bool = True,
     ) -> Agent:
         """Start ``argv`` as agent ``name`` in a new scope; return once it exec'd.
 
@@ -472,7 +475,7 @@ class AsyncFleet:
             terminal,
             grace,
             admission_wait=self.admission_wait,
-            streams=_streams,
+            streams=self._streams,
         )
 
     async def adopt(
@@ -667,6 +670,7 @@ class AsyncFleet:
 
     def monitor(
         self,
+        /,  # mypy passes **options through the facade's ParamSpec only so
         interval: float = 2.0,
         top: int = 10,
         *,
@@ -689,9 +693,7 @@ class AsyncFleet:
         worked (docs/escapes.md). ``options`` go to :class:`Monitor`.
         """
         self._check_open()
-        return self._monitors.monitor(
-            interval, top, guard=guard, reclaim_escaped=reclaim_escaped, **options
-        )
+        return self._monitors.monitor(interval, top, guard, reclaim_escaped, options)
 
     async def report(self, top: int = 10) -> MemoryReport:
         """A memory report now: host, PSI, every agent, the top processes with their agent."""

@@ -73,14 +73,13 @@ class Monitors:
 
     def monitor(
         self,
-        interval: float = 2.0,
-        top: int = 10,
-        *,
-        guard: bool | GuardConfig = False,
-        reclaim_escaped: bool = False,
-        **options: Any,
+        interval: float,
+        top: int,
+        guard: bool | GuardConfig,
+        reclaim_escaped: bool,
+        options: dict[str, Any],
     ) -> Monitor:
-        """See :meth:`.AsyncFleet.monitor` (the fleet is open)."""
+        """See :meth:`.AsyncFleet.monitor` (the fleet is open; its defaults are there)."""
         # The slice may not exist yet (no agent so far): watch where it will be.
         slice_path = self._manager.expected_slice_cgroup()
         theirs = options.pop("on_event", None)
