@@ -56,7 +56,7 @@ from ._fleet_launch import Launcher, Stdio
 from ._fleet_monitor import Monitors
 from ._fleet_reconcile import Reconciler
 from ._fleet_recovery import OomRecovery
-from ._fleet_registry import FleetRegistry, Roster
+from ._fleet_registry import FleetCore, FleetRegistry, Roster
 from ._fleet_tmux import Terminals
 from ._launchargs import check_argv
 from ._reaper import DEFAULT_REAP_AFTER, Reaper
@@ -167,9 +167,10 @@ class AsyncFleet:
         self._roster = Roster(self.name, self._note_exit)
         self._store = FleetRegistry(self.name, self.registry_path, self._roster)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._recovery = OomRecovery(self.name, self._manager, self._store)
+        core = FleetCore(self.name, self._manager, self._store, self._roster, self._tasks)
+        self._recovery = OomRecovery(core)
+        self._reaper = Reaper(core)
         # tmux agents: the fleet's server on its private socket.
-        self._reaper = Reaper(self.name, self._manager, self._store, self._roster, self._tasks)
         tmux = _tmux.TmuxServer(
             self.name,
             Path(tmux_dir)
@@ -177,43 +178,20 @@ class AsyncFleet:
             else _tmux.socket_dir(_tmux.runtime_dir(self.manager, env), self.name),
         )
         self._terminals = Terminals(
-            self.name,
+            core,
             tmux,
-            self._manager,
-            self._store,
-            self._roster,
             self._reaper,
             self._resolve,
             agent_oom_score_adj=agent_oom_score_adj,
             manager_oom_score_adj=manager_oom_score_adj,
         )
-        self._reconciler = Reconciler(
-            self.name, self._manager, self._store, self._roster, self._reaper
-        )
-        self._monitors = Monitors(
-            self.name,
-            self._manager,
-            self._store,
-            self._recovery,
-            self._reaper,
-            self._terminals,
-            self._tasks,
-        )
+        self._reconciler = Reconciler(core, self._reaper)
+        self._monitors = Monitors(core, self._recovery, self._reaper, self._terminals)
         self._launcher = Launcher(
-            self.name,
-            self._manager,
-            self._store,
-            self._roster,
-            self._monitors,
-            self._terminals,
-            self._tasks,
-            agent_oom_score_adj=agent_oom_score_adj,
+            core, self._monitors, self._terminals, agent_oom_score_adj=agent_oom_score_adj
         )
         self._adopter = Adopter(
-            self.name,
-            self._manager,
-            self._store,
-            self._roster,
+            core,
             self._monitors,
             self._launcher,
             agent_oom_score_adj=agent_oom_score_adj,
@@ -336,7 +314,9 @@ class AsyncFleet:
         """The fleet's recorded events, oldest first (``after_id`` for following,
         ``last`` for the newest few); see :meth:`Registry.events`."""
         self._check_open()
-        return await self._store.events(
+        return await self._store.call(
+            self._store.open_registry.events,
+            self.name,
             agent=agent,
             since=since,
             until=until,
@@ -450,14 +430,9 @@ class AsyncFleet:
                     "call_shell", call_shell, "True or False", problem="is not allowed"
                 )
             env = _callshell.call_shell_env(env)
-        controls = _scopeprops.build(
-            memory_max=memory_max,
-            tasks_max=tasks_max,
-            cpu_weight=cpu_weight,
-            io_weight=io_weight,
-            properties=properties,
+        controls, grace = _scopeprops.scope_settings(
+            memory_max, tasks_max, cpu_weight, io_weight, properties, reap_after
         )
-        grace = _scopeprops.parse_reap_after(reap_after)
         if terminal not in (None, "tmux"):
             raise InvalidConfig("terminal", terminal, "None or 'tmux'", problem="is not allowed")
         if terminal is not None and (stdin, stdout, stderr) != (None, None, None):
@@ -511,14 +486,9 @@ class AsyncFleet:
         self._check_open()
         name = _names.validate_name("agent", name)
         pid = await self._adopter.adoptable(pid)
-        controls = _scopeprops.build(
-            memory_max=memory_max,
-            tasks_max=tasks_max,
-            cpu_weight=cpu_weight,
-            io_weight=io_weight,
-            properties=properties,
+        controls, grace = _scopeprops.scope_settings(
+            memory_max, tasks_max, cpu_weight, io_weight, properties, reap_after
         )
-        grace = _scopeprops.parse_reap_after(reap_after)
         return await self._adopter.adopt(
             pid, name, controls, grace, admission_wait=self.admission_wait
         )

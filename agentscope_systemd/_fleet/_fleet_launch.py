@@ -31,10 +31,10 @@ from ._fleet_tmux import TmuxChild
 from ._spawn import GatedChild, spawn_gated
 
 if TYPE_CHECKING:
-    from .._managers._manager import Controls, ScopeManager
+    from .._managers._manager import Controls
     from ._agent import Agent
     from ._fleet_monitor import Monitors
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetCore
     from ._fleet_tmux import Terminals
 
 __all__ = ["Launcher", "Stdio"]
@@ -49,24 +49,16 @@ class Launcher:
 
     def __init__(
         self,
-        fleet: str,
-        manager: ScopeManager,
-        store: FleetRegistry,
-        roster: Roster,
+        core: FleetCore,
         monitors: Monitors,
         terminals: Terminals,
-        tasks: set[asyncio.Task[Any]],
         *,
         agent_oom_score_adj: int,
     ) -> None:
-        self.name = fleet
-        self._manager = manager
-        self._store = store
-        self._roster = roster
+        # A launch lets the registry writes among the fleet's tasks finish.
+        self.name, self._manager, self._store, self._roster, self._tasks = core
         self._monitors = monitors
         self._terminals = terminals
-        # The fleet's background tasks: a launch lets the registry writes among them finish.
-        self._tasks = tasks
         self.agent_oom_score_adj = agent_oom_score_adj
         self._slice_checked = False
         self._slice_lock = asyncio.Lock()

@@ -16,20 +16,37 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 
 from .._errors import AgentscopeError, InvalidTransition, RegistryError
 from .._registry import _claim
-from .._registry._registry import AgentRecord, EventRecord, Registry
+from .._registry._registry import AgentRecord, Registry
 from ._agent import Agent
 
 if TYPE_CHECKING:
     from subprocess import Popen
 
-__all__ = ["FleetRegistry", "Roster"]
+    from .._managers._manager import ScopeManager
+
+__all__ = ["FleetCore", "FleetRegistry", "Roster"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+class FleetCore(NamedTuple):
+    """What every part of a fleet holds: made once by the fleet, handed to each part.
+
+    A part takes it as ``self.name, self._manager, self._store, self._roster,
+    self._tasks = core``.
+    """
+
+    name: str
+    manager: ScopeManager
+    store: FleetRegistry
+    roster: Roster
+    #: The fleet's background tasks: it waits for them as it stops an agent or closes.
+    tasks: set[asyncio.Task[Any]]
 
 
 @dataclass
@@ -104,30 +121,6 @@ class FleetRegistry:
         """Row to running, and the event that says why: one transaction (worker thread)."""
         ((kind, detail),) = event.items()
         self.open_registry.set_state(unit, "running", event=kind, detail={"unit": unit, **detail})
-
-    async def events(
-        self,
-        *,
-        agent: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        kind: str | None = None,
-        after_id: int | None = None,
-        limit: int | None = None,
-        last: int | None = None,
-    ) -> list[EventRecord]:
-        """See :meth:`._fleet.AsyncFleet.events`."""
-        return await self.call(
-            self.open_registry.events,
-            self.fleet,
-            agent=agent,
-            since=since,
-            until=until,
-            kind=kind,
-            after_id=after_id,
-            limit=limit,
-            last=last,
-        )
 
     async def gc(self, retention_seconds: float) -> int:
         """See :meth:`._fleet.AsyncFleet.gc`."""

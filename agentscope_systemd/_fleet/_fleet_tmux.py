@@ -25,8 +25,7 @@ from ._spawn import spawn_gated
 from ._tmux import TmuxServer, Window
 
 if TYPE_CHECKING:
-    from .._managers._manager import ScopeManager
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetCore
     from ._reaper import Reaper
 
 __all__ = ["Terminals", "TmuxChild"]
@@ -46,23 +45,17 @@ class Terminals:
 
     def __init__(
         self,
-        fleet: str,
+        core: FleetCore,
         server: TmuxServer,
-        manager: ScopeManager,
-        store: FleetRegistry,
-        roster: Roster,
         reaper: Reaper,
         resolve: Callable[[str], Awaitable[str]],
         *,
         agent_oom_score_adj: int,
         manager_oom_score_adj: int | None,
     ) -> None:
-        self.fleet = fleet
+        self.fleet, self._manager, self._store, self._roster, self._tasks = core
         #: The fleet's tmux server, on its private socket.
         self.server = server
-        self._manager = manager
-        self._store = store
-        self._roster = roster
         self._reaper = reaper
         self._resolve = resolve
         self.agent_oom_score_adj = agent_oom_score_adj

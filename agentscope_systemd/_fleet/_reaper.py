@@ -37,8 +37,7 @@ from .._managers._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 from .._registry._registry import AgentRecord
 
 if TYPE_CHECKING:
-    from .._managers._manager import ScopeManager
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetCore
 
 __all__ = [
     "DEFAULT_REAP_AFTER",
@@ -175,20 +174,8 @@ class Reaper:
     (at most once a second), :meth:`close` cancels the reaps still due.
     """
 
-    def __init__(
-        self,
-        fleet: str,
-        manager: ScopeManager,
-        store: FleetRegistry,
-        roster: Roster,
-        tasks: set[asyncio.Task[Any]],
-    ) -> None:
-        self.name = fleet
-        self._manager = manager
-        self._store = store
-        self._roster = roster
-        # The fleet's background tasks: it waits for them as it stops an agent or closes.
-        self._tasks = tasks
+    def __init__(self, core: FleetCore) -> None:
+        self.name, self._manager, self._store, self._roster, self._tasks = core
         self._closed = False
         # Lingering agents' reaps due while the fleet is open.
         self._reap_timers: dict[str, asyncio.TimerHandle] = {}

@@ -70,14 +70,9 @@ def adopt_self(
     """
     _names.validate_name("fleet", fleet)
     _names.validate_name("agent", name)
-    controls = _scopeprops.build(
-        memory_max=memory_max,
-        tasks_max=tasks_max,
-        cpu_weight=cpu_weight,
-        io_weight=io_weight,
-        properties=properties,
+    controls, grace = _scopeprops.scope_settings(
+        memory_max, tasks_max, cpu_weight, io_weight, properties, reap_after
     )
-    grace = _scopeprops.parse_reap_after(reap_after)
     manager = _names.resolve_manager(manager)
     slice_dir = _scope.slice_cgroup(manager, slice)
     _check_slice(slice_dir, f"agentscope-{fleet}-{name}-")
