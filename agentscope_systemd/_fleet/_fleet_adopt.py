@@ -126,7 +126,7 @@ class Adopter:
                 )
         adj = self.agent_oom_score_adj
         await asyncio.to_thread(lambda: [write_oom_score_adj(p, adj) for p in [*pids, *late]])
-        agent = self._roster.new(name, unit, pid, None)
+        agent = self._roster.new(name, unit, pid, None, stat.start_time if stat else 0)
         agent.reap_after = grace
         agent.property_issues = issues
         self._roster.agents[name] = agent

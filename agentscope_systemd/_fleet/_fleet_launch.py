@@ -99,10 +99,10 @@ class Launcher:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         unit = _names.scope_unit_name(self.name, name)
         async with self._spawn_slots:
-            popen, pid, issues = await self._spawn_in_scope(
+            popen, pid, start, issues = await self._spawn_in_scope(
                 unit, name, argv, cwd, env, stdio, controls, terminal, grace
             )
-        agent = self._roster.new(name, unit, pid, popen)
+        agent = self._roster.new(name, unit, pid, popen, start)
         agent.argv = list(argv)
         agent.terminal = terminal
         agent.reap_after = grace
@@ -139,11 +139,12 @@ class Launcher:
         controls: Controls,
         terminal: str | None = None,
         reap_after: float | None = DEFAULT_REAP_AFTER,
-    ) -> tuple[subprocess.Popen[bytes] | None, int, list[dict[str, Any]]]:
+    ) -> tuple[subprocess.Popen[bytes] | None, int, int, list[dict[str, Any]]]:
         """Fork the gated child (or open its tmux pane), record it, make its scope, let it exec.
 
         Returns the Popen (None for a tmux pane, the tmux server's child),
-        the PID and what systemd did not take of ``controls``.
+        the PID, its start time as recorded and what systemd did not take of
+        ``controls``.
         """
         # This launch's own reference: cleanup must work even if the fleet is
         # closed meanwhile (a gather of launches cancelled at shutdown).
@@ -179,7 +180,9 @@ class Launcher:
                     raise _fdlimit.no_room(argv[0], exc) from exc
         recorded = False
         try:
-            await self._record_launch(registry, name, unit, child.pid, argv, cwd, reap_after)
+            start = await self._record_launch(
+                registry, name, unit, child.pid, argv, cwd, reap_after
+            )
             recorded = True
             issues = await self._manager.start_scope(unit, name, [child.pid], controls)
         except BaseException as exc:
@@ -199,7 +202,7 @@ class Launcher:
             await self._store.call(registry.set_state, unit, "failed")
             await self._store.event(name, "failed", unit=unit, error=str(exc))
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
-        return popen, child.pid, issues
+        return popen, child.pid, start, issues
 
     async def _record_launch(
         self,
@@ -210,8 +213,8 @@ class Launcher:
         argv: Sequence[str],
         cwd: str | None,
         reap_after: float | None,
-    ) -> None:
-        """Record the launch (state starting) before its scope exists.
+    ) -> int:
+        """Record the launch (state starting) before its scope exists; the start time recorded.
 
         The name is claimed by the one rule of every launch path
         (:func:`._claim.claim`): another launch of the same name, in this
@@ -220,6 +223,7 @@ class Launcher:
         launch recorded after all.
         """
         stat = await asyncio.to_thread(read_stat, pid)
+        start = stat.start_time if stat else 0
         await self._store.call(
             _claim.claim,
             registry,
@@ -227,13 +231,14 @@ class Launcher:
             name,
             unit,
             pid,
-            stat.start_time if stat else 0,
+            start,
             list(argv),
             cwd or os.getcwd(),
             slice_dir=await self._manager.slice_cgroup(),
             close=self._store.close_row,
             reap_after=reap_after,
         )
+        return start
 
     def refuse_known(self, name: str) -> None:
         """AgentExists if this fleet object runs an agent of that name (no I/O)."""

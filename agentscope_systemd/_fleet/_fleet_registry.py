@@ -69,9 +69,11 @@ class Roster:
     #: The terminal ("tmux") of each unit that runs in one.
     terminals: dict[str, str] = field(default_factory=dict)
 
-    def new(self, name: str, unit: str, pid: int, popen: Popen[bytes] | None) -> Agent:
+    def new(
+        self, name: str, unit: str, pid: int, popen: Popen[bytes] | None, start_time: int | None
+    ) -> Agent:
         """A new agent of this fleet (launched or adopted here); not known until :meth:`add`."""
-        return Agent(self.fleet, name, unit, pid, popen, self.on_exit)
+        return Agent(self.fleet, name, unit, pid, popen, self.on_exit, start_time)
 
     def from_record(self, rec: AgentRecord) -> Agent:
         """The agent of a registry row (found at open or in a listing)."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .._errors import AgentscopeError, InvalidTransition, RegistryError
 from .._kernel._cgroup import read_subtree_procs
-from .._kernel._proc import PROC_ROOT, read_stat, read_statm_rss
+from .._kernel._proc import PROC_ROOT, read_stat, read_statm_rss, same_process
 from .._managers._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 from .._registry._registry import AgentRecord
 
@@ -106,8 +106,7 @@ def decide(
 
 def main_alive(rec: AgentRecord, proc_root: Path = PROC_ROOT) -> bool:
     """Whether the row's main process runs: same pid and start time, not a zombie."""
-    st = read_stat(rec.pid, proc_root)
-    return st is not None and st.start_time == rec.start_time and st.state not in ("Z", "X")
+    return same_process(rec.pid, rec.start_time, proc_root) is not None
 
 
 def read_leftovers(

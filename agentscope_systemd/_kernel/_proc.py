@@ -41,6 +41,7 @@ __all__ = [
     "read_statm_rss",
     "read_vm_sizes",
     "read_wchan",
+    "same_process",
     "top_processes",
 ]
 
@@ -139,6 +140,24 @@ def read_stat(pid: int, proc_root: Path = PROC_ROOT) -> ProcStat | None:
     """
     data = _read_kernel_file(_pid_file(proc_root, pid, "stat"))
     return None if data is None else parse_stat(data)
+
+
+def same_process(
+    pid: int, start_time: int, proc_root: Path = PROC_ROOT, *, zombie: bool = False
+) -> ProcStat | None:
+    """``pid``'s stat if it is still the process that started at ``start_time``.
+
+    The one identity check of a process: ``(pid, start time)``, so that a
+    pid reused by another process is never taken for it. None when it is
+    gone, another process holds the pid, or (unless ``zombie``) it is a
+    zombie, which runs nothing and holds no memory.
+    """
+    st = read_stat(pid, proc_root)
+    if st is None or st.start_time != start_time:
+        return None
+    if not zombie and st.state in ("Z", "X"):
+        return None
+    return st
 
 
 def read_statm_rss(

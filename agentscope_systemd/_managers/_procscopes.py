@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _names
 from .._errors import BusError, LaunchError, ModeUnsupported
 from .._kernel._cgroup import CGROUP_ROOT
-from .._kernel._proc import PROC_ROOT, read_stat
+from .._kernel._proc import PROC_ROOT, read_stat, same_process
 from .._kernel._proctrees import (
     MEMBERS,
     SCOPE_META,
@@ -313,8 +313,7 @@ def signal_process(pid: int, start: int, sig: int, proc_root: Path = PROC_ROOT) 
     except OSError:
         return False
     try:
-        st = read_stat(pid, proc_root)
-        if st is None or st.start_time != start:
+        if same_process(pid, start, proc_root, zombie=True) is None:
             return False
         signal.pidfd_send_signal(fd, sig)
         return True

@@ -41,7 +41,7 @@ from .. import _numbers
 from .._calls._calls import AGENT_LEAF
 from .._dicts import as_dict
 from .._kernel._cgroup import _GONE, CGROUP_ROOT, _read_kernel_file
-from .._kernel._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss
+from .._kernel._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss, same_process
 
 __all__ = [
     "MAX_CGROUP",
@@ -175,11 +175,12 @@ def _escapee(
     ``children`` file may have ended and been reused by an unrelated
     process (root's included) by the time it is read again.
     """
-    stat = read_stat(pid, proc_root)
+    if start_time is None:
+        stat = read_stat(pid, proc_root)
+    else:
+        stat = same_process(pid, start_time, proc_root)
     if stat is None or stat.state in ("Z", "X"):
-        return None  # gone, or as good as gone: a zombie holds no memory
-    if start_time is not None and stat.start_time != start_time:
-        return None
+        return None  # gone, not that process, or as good as gone: a zombie holds no memory
     if parent is not None and stat.ppid != parent:
         return None
     cg = clean(cgroup, MAX_CGROUP)
@@ -380,8 +381,8 @@ def _still_escapee(e: Escapee, scope_cg: str, proc_root: Path) -> str | None:
     It must be the process found (pid and start time), and a descendant of
     the scope: one of its ancestors lives in the scope now.
     """
-    stat = read_stat(e.pid, proc_root)
-    if stat is None or stat.state in ("Z", "X") or stat.start_time != e.start_time:
+    stat = same_process(e.pid, e.start_time, proc_root)
+    if stat is None:
         return "the process exited (its pid is not the escapee's any more)"
     ppid = stat.ppid
     for _ in range(_MAX_CHAIN):
