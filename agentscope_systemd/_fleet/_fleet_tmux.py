@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._errors import BusError, TmuxError
+from .._managers import _wire
 from .._registry._registry import AgentRecord
 from . import _tmux
 from ._spawn import spawn_gated
@@ -95,7 +96,7 @@ class Terminals:
             try:
                 await self._start_tmux_server(tmux, unit)
             except BusError as exc:
-                if exc.dbus_name != "org.freedesktop.systemd1.UnitExists":
+                if exc.dbus_name != _wire.UNIT_EXISTS:
                     raise
                 # Another launcher started it meanwhile, or the scope of a
                 # server that died is not collected yet.

@@ -188,7 +188,7 @@ def _run(
                 "Get",
                 "ss",
                 [_wire.SD_MANAGER, "Version"],
-                interface="org.freedesktop.DBus.Properties",
+                interface=_wire.PROPERTIES,
             ),
             "Get",
         )
@@ -215,9 +215,9 @@ def _read_back(
             conn.send(
                 "GetAll",
                 "s",
-                ["org.freedesktop.systemd1.Scope"],
+                [_wire.SD_SCOPE],
                 path=str(path),
-                interface="org.freedesktop.DBus.Properties",
+                interface=_wire.PROPERTIES,
             ),
             "GetAll",
         )

@@ -56,6 +56,10 @@ from .._kernel._proctrees import (
 )
 from ._manager import Controls, ListedScope, stop_escalating
 
+# What BusError says for a scope this mode does not run is systemd's name
+# (NO_SUCH_UNIT): the fleet acts on it alike.
+from ._wire import NO_SUCH_UNIT, UNIT_EXISTS
+
 if TYPE_CHECKING:
     from ._bus import Manager
 
@@ -72,8 +76,6 @@ log = logging.getLogger("agentscope")
 
 MODE = "process"
 _ENABLE = "run with a writable, delegated cgroup v2 (--manager cgroup) or on systemd"
-#: What BusError says for a scope this mode does not run (the fleet acts on it).
-NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 
 
 def mirror_root(runtime: Path) -> Path:
@@ -159,7 +161,7 @@ class ProcessManager:
             if self._members(unit):
                 raise BusError(
                     "StartTransientUnit",
-                    "org.freedesktop.systemd1.UnitExists",
+                    UNIT_EXISTS,
                     f"unit {unit} already exists",
                 ) from None
         except OSError as exc:
