@@ -697,3 +697,25 @@ def test_is_throttled() -> None:
     assert is_throttled("D", "__mem_cgroup_handle_over_high")
     assert not is_throttled("S", "mem_cgroup_handle_over_high")
     assert not is_throttled("D", None)
+
+
+def test_a_stat_line_is_split_in_one_place() -> None:
+    # One /proc/PID/stat reader: _statline.split_stat, under parse_stat and
+    # under exec's fast-path start time (_spool.start_time). A split written
+    # anywhere else looks for the comm's closing b")" itself.
+    import ast
+
+    from agentscope_systemd._kernel import _statline
+    from agentscope_systemd._registry import _spool
+
+    package = Path(_statline.__file__).parent.parent
+    splits = [
+        path.relative_to(package).as_posix()
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == b")"
+    ]
+    assert splits == ["_kernel/_statline.py"]
+    me = read_stat(os.getpid())
+    assert me is not None
+    assert _spool.start_time(os.getpid()) == me.start_time

@@ -21,6 +21,7 @@ from .. import _numbers
 from .._dicts import as_dict
 from ._cgroup import _GONE_OR_DENIED, _GONE_OR_UNSUPPORTED, Pressure, _read_kernel_file
 from ._cgroup import parse_pressure as _parse_pressure
+from ._statline import split_stat
 
 __all__ = [
     "MemInfo",
@@ -91,21 +92,12 @@ _SIGKILL_BIT = 1 << 8  # signal 9 is bit 8 of the pending set
 
 
 def parse_stat(data: bytes) -> ProcStat:
-    """Parse ``/proc/PID/stat``.
-
-    The comm is whatever lies between the first ``(`` and the *last* ``)``:
-    a process may name itself ``a) S 1 (b``, so the fields are split only
-    after the last parenthesis (as psutil does).
+    """Parse ``/proc/PID/stat``, split by :func:`._statline.split_stat`.
 
     Raises:
         ValueError: the data is not a stat line.
     """
-    head, sep, tail = data.rpartition(b")")
-    pid_field, open_paren, comm = head.partition(b" (")
-    fields = tail.split()
-    if not sep or not open_paren or len(fields) < 20:
-        raise ValueError(f"/proc/PID/stat: unexpected format {data[:120]!r}")
-    # fields[0] is field 3 (state); field N is fields[N - 3].
+    pid_field, comm, fields = split_stat(data)
     return ProcStat(
         pid=int(pid_field),
         comm=comm.decode("utf-8", "replace"),
