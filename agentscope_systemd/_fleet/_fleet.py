@@ -276,7 +276,6 @@ class AsyncFleet:
         self._monitors.note_exit(agent.unit, agent.pid, status, comm)
         if self._store.registry is None:
             return
-        registry = self._store.registry
         try:
             if await self._reaper.main_exited(agent.unit, agent.pid, status):
                 agent.state = "lingering"  # its scope holds processes: see _reaper
@@ -284,17 +283,8 @@ class AsyncFleet:
         except (RegistryError, OSError) as exc:
             log.warning("could not look for leftovers of %s: %s", agent.name, exc)
         agent.state = "exited"
-
-        detail = {"unit": agent.unit, "pid": agent.pid, "status": status}
         try:
-            await self._store.call(
-                registry.set_state,
-                agent.unit,
-                "exited",
-                exit_status=status,
-                event="exited",
-                detail=detail,
-            )
+            await self._store.call(self._store.mark_exited, agent.unit, agent.pid, status)
         except InvalidTransition:
             pass  # already closed by a listing that saw the scope go first
         except RegistryError as exc:

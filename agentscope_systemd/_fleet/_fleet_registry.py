@@ -153,6 +153,25 @@ class FleetRegistry:
         self.roster.unit_names[unit] = rec.name
         return rec.name
 
+    def mark_exited(self, unit: str, pid: int, status: int | None) -> AgentRecord:
+        """The one exit transition (worker thread): the row to exited with ``status``.
+
+        Its ``exited`` event is recorded with it, in the same transaction, by
+        whichever of the exit watcher, a listing and the reaper moves the row
+        first: one event however many see the exit.
+
+        Raises:
+            InvalidTransition: the row was closed otherwise (failed, lost).
+        """
+        return self.open_registry.set_state(
+            unit,
+            "exited",
+            exit_status=status,
+            event="exited",
+            detail={"unit": unit, "pid": pid, "status": status},
+            only_on_change=True,
+        )
+
     async def close_gone(self, rec: AgentRecord) -> AgentRecord:
         """Close the row of an agent whose scope is gone: exited if seen, else lost."""
         return await self.call(self.close_row, rec)
@@ -163,26 +182,15 @@ class FleetRegistry:
         registry = self.open_registry
         try:
             if rec.unit in self.roster.terminals:  # it ended in (or with) its tmux window
-                detail = {"unit": rec.unit, "pid": rec.pid, "status": None}
-                return registry.set_state(
-                    rec.unit, "exited", event="exited", detail=detail, only_on_change=True
-                )
+                return self.mark_exited(rec.unit, rec.pid, None)
             agent = self.roster.agents.get(rec.name)
             if agent is not None and agent.unit == rec.unit and agent.popen is not None:
                 status = agent.popen.poll()
                 if status is not None:
                     agent.state = "exited"
-                    return registry.set_state(rec.unit, "exited", exit_status=status)
+                    return self.mark_exited(rec.unit, rec.pid, status)
             if rec.lingering is not None:  # its main process was seen ending: its status is known
-                detail = {"unit": rec.unit, "pid": rec.pid, "status": rec.exit_status}
-                return registry.set_state(
-                    rec.unit,
-                    "exited",
-                    exit_status=rec.exit_status,
-                    event="exited",
-                    detail=detail,
-                    only_on_change=True,
-                )
+                return self.mark_exited(rec.unit, rec.pid, rec.exit_status)
             return _claim.close_lost(registry, rec)
         except InvalidTransition:  # closed meanwhile, otherwise: that close stands
             return registry.by_unit(rec.unit) or rec

@@ -354,15 +354,7 @@ class Reaper:
             log.warning("the stop job of %s ended %r: its leftovers may run on", rec.unit, result)
             return
         try:
-            await self._store.call(
-                self._store.registry.set_state,
-                rec.unit,
-                "exited",
-                exit_status=rec.exit_status,
-                event="exited",
-                detail={"unit": rec.unit, "pid": rec.pid, "status": rec.exit_status},
-                only_on_change=True,
-            )
+            await self._store.call(self._store.mark_exited, rec.unit, rec.pid, rec.exit_status)
         except InvalidTransition:
             pass  # closed meanwhile by a listing that saw the scope go
         except RegistryError as exc:
