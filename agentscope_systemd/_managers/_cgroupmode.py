@@ -187,7 +187,7 @@ class CgroupManager:
     def unit_of_cgroup(self, cgroup: str) -> str | None:
         _, sep, rest = cgroup.partition(f"/{self.slice}/")
         unit = rest.split("/", 1)[0]
-        return unit if sep and unit.endswith(".scope") else None
+        return unit if sep and unit.endswith(".scope") and _names.is_unit_name(unit) else None
 
     async def main_pid(self, unit: str) -> int | None:
         return None

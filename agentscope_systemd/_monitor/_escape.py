@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _numbers
+from .. import _names, _numbers
 from .._calls._calls import AGENT_LEAF
 from .._dicts import as_dict
 from .._kernel._cgroup import _GONE, CGROUP_ROOT, _read_kernel_file
@@ -67,7 +67,6 @@ MAX_CGROUP = 512
 MAX_PROCESSES = 20_000
 #: The unit types whose names end a cgroup path component.
 _UNIT_SUFFIXES = (".scope", ".service", ".slice")
-_UNIT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:_.-@\\")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +113,7 @@ def unit_of_cgroup(cgroup: str) -> str | None:
     """
     for part in reversed(cgroup.split("/")):
         if part.endswith(_UNIT_SUFFIXES):
-            if len(part) <= 255 and set(part) <= _UNIT_CHARS:
+            if _names.is_unit_name(part):
                 return part
             return None
     return None
@@ -313,7 +312,7 @@ def write_procs(slice_path: Path, scope: str, pid: int) -> None:
         ValueError: ``scope`` is not a scope unit's name.
         OSError: the write was refused (EACCES, ESRCH: the process is gone).
     """
-    if not scope.endswith(".scope") or len(scope) > 255 or not set(scope) <= _UNIT_CHARS:
+    if not scope.endswith(".scope") or not _names.is_unit_name(scope):
         raise ValueError(f"{scope!r} is not a scope unit's name")
     slice_fd = os.open(slice_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
