@@ -13,7 +13,17 @@ import inspect
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
-from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    NoReturn,
+    ParamSpec,
+    TypeVar,
+    overload,
+)
 
 from .. import _names, _numbers
 from .._errors import AgentscopeError
@@ -89,6 +99,26 @@ class BlockingCall:
         return self.popen.wait(timeout)
 
 
+class _Live(Generic[T]):
+    """An attribute of a :class:`BlockingAgent` that reads its :class:`Agent`'s, live."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, agent: None, owner: type) -> _Live[T]: ...
+    @overload
+    def __get__(self, agent: BlockingAgent, owner: type) -> T: ...
+    def __get__(self, agent: BlockingAgent | None, owner: type) -> _Live[T] | T:
+        if agent is None:
+            return self
+        value: T = getattr(agent._agent, self._name)
+        return value
+
+    def __set__(self, agent: BlockingAgent, value: object) -> NoReturn:
+        raise AttributeError(f"{self._name} is read-only: the agent's own, read live")
+
+
 class BlockingAgent:
     """An agent as the blocking :class:`Fleet` hands it out.
 
@@ -114,45 +144,17 @@ class BlockingAgent:
     def cgroup(self) -> str | None:
         return self._agent.cgroup
 
-    @property
-    def state(self) -> str:
-        return self._agent.state
-
-    @property
-    def started(self) -> float:
-        return self._agent.started
-
-    @property
-    def memory_current(self) -> int | None:
-        return self._agent.memory_current
-
-    @property
-    def memory_peak(self) -> int | None:
-        return self._agent.memory_peak
-
-    @property
-    def oom_kills(self) -> int:
-        return self._agent.oom_kills
-
-    @property
-    def leftovers(self) -> int:
-        return self._agent.leftovers
-
-    @property
-    def calls(self) -> int:
-        return self._agent.calls
-
-    @property
-    def reap_after(self) -> float | None:
-        return self._agent.reap_after
-
-    @property
-    def property_issues(self) -> list[dict[str, Any]]:
-        return self._agent.property_issues
-
-    @property
-    def returncode(self) -> int | None:
-        return self._agent.returncode
+    # The agent's figures, read live from the core's Agent (the loop updates them).
+    state: _Live[str] = _Live()
+    started: _Live[float] = _Live()
+    memory_current: _Live[int | None] = _Live()
+    memory_peak: _Live[int | None] = _Live()
+    oom_kills: _Live[int] = _Live()
+    leftovers: _Live[int] = _Live()
+    calls: _Live[int] = _Live()
+    reap_after: _Live[float | None] = _Live()
+    property_issues: _Live[list[dict[str, Any]]] = _Live()
+    returncode: _Live[int | None] = _Live()
 
     def to_dict(self) -> dict[str, Any]:
         return self._agent.to_dict()
