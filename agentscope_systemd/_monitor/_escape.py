@@ -5,7 +5,7 @@ its scope unless something moved it out: ``systemd-run --scope`` from inside
 the agent (the new scope lands in the manager's default slice), tmux built
 with systemd support (each pane in its own ``tmux-spawn-*.scope``), or a
 process that wrote its pid into another cgroup's ``cgroup.procs``
-(FIELD-NOTES, "What systemd records, and escapes"). Such a process still
+(docs/escapes.md). Such a process still
 uses the host's memory on the agent's behalf, but no longer counts in its
 scope, its cap or its OOM kills.
 
