@@ -132,6 +132,7 @@ class BlockingAgent:
         self.name = agent.name
         self.unit = agent.unit
         self.pid = agent.pid
+        self.start_time = agent.start_time
         popen = agent.popen
         self.stdin = popen.stdin if popen is not None else None
         self.stdout = popen.stdout if popen is not None else None
