@@ -52,7 +52,7 @@ from .._registry._registry import (
 from . import _tmux
 from ._agent import Agent
 from ._fleet_adopt import Adopter
-from ._fleet_launch import Launcher, Stdio
+from ._fleet_launch import LaunchArgs, Launcher, Stdio
 from ._fleet_monitor import Monitors
 from ._fleet_reconcile import Reconciler
 from ._fleet_recovery import OomRecovery
@@ -430,15 +430,11 @@ class AsyncFleet:
                 "a tmux agent's stdin, stdout and stderr are its pane: leave them None "
                 "(read its output with logs(), type into it with send())"
             )
+        args = LaunchArgs(
+            name, argv, cwd_s, env, (stdin, stdout, stderr), controls, terminal, grace
+        )
         return await self._launcher.launch(
-            name,
-            argv,
-            cwd_s,
-            env,
-            (stdin, stdout, stderr),
-            controls,
-            terminal,
-            grace,
+            args,
             admission_wait=self.admission_wait,
             streams=self._streams,
         )

@@ -18,13 +18,12 @@ import logging
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from .. import _names
 from .._errors import AgentExists, LaunchError, RegistryError
 from .._kernel import _fdlimit
 from .._kernel._proc import read_stat
-from .._managers._scopeprops import DEFAULT_REAP_AFTER
 from .._registry import _claim
 from .._registry._registry import Registry
 from ._fleet_tmux import TmuxChild
@@ -37,11 +36,24 @@ if TYPE_CHECKING:
     from ._fleet_registry import FleetCore
     from ._fleet_tmux import Terminals
 
-__all__ = ["Launcher", "Stdio"]
+__all__ = ["LaunchArgs", "Launcher", "Stdio"]
 
 log = logging.getLogger("agentscope")
 
 Stdio = int | IO[Any] | None
+
+
+class LaunchArgs(NamedTuple):
+    """A launch's arguments as :meth:`.AsyncFleet.launch` checked them, handed on as one."""
+
+    name: str
+    argv: Sequence[str]
+    cwd: str | None
+    env: Mapping[str, str] | None
+    stdio: tuple[Stdio, Stdio, Stdio]
+    controls: Controls
+    terminal: str | None
+    reap_after: float | None
 
 
 class Launcher:
@@ -66,21 +78,9 @@ class Launcher:
         # few at a time keep the GIL (and the event loop) free for the rest.
         self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
 
-    async def launch(
-        self,
-        name: str,
-        argv: Sequence[str],
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdio: tuple[Stdio, Stdio, Stdio],
-        controls: Controls,
-        terminal: str | None,
-        grace: float | None,
-        *,
-        admission_wait: float,
-        streams: bool,
-    ) -> Agent:
+    async def launch(self, args: LaunchArgs, *, admission_wait: float, streams: bool) -> Agent:
         """See :meth:`.AsyncFleet.launch` (its arguments checked)."""
+        name, argv, terminal, grace = args.name, args.argv, args.terminal, args.reap_after
         await self._monitors.admit(admission_wait)
         if terminal is not None:
             # Before the pane: a running tmux agent's window would otherwise
@@ -99,9 +99,7 @@ class Launcher:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         unit = _names.scope_unit_name(self.name, name)
         async with self._spawn_slots:
-            popen, pid, start, issues = await self._spawn_in_scope(
-                unit, name, argv, cwd, env, stdio, controls, terminal, grace
-            )
+            popen, pid, start, issues = await self._spawn_in_scope(unit, args)
         agent = self._roster.new(name, unit, pid, popen, start)
         agent.argv = list(argv)
         agent.terminal = terminal
@@ -129,16 +127,7 @@ class Launcher:
         return agent
 
     async def _spawn_in_scope(
-        self,
-        unit: str,
-        name: str,
-        argv: Sequence[str],
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdio: tuple[Stdio, Stdio, Stdio],
-        controls: Controls,
-        terminal: str | None = None,
-        reap_after: float | None = DEFAULT_REAP_AFTER,
+        self, unit: str, args: LaunchArgs
     ) -> tuple[subprocess.Popen[bytes] | None, int, int, list[dict[str, Any]]]:
         """Fork the gated child (or open its tmux pane), record it, make its scope, let it exec.
 
@@ -146,6 +135,7 @@ class Launcher:
         the PID, its start time as recorded and what systemd did not take of
         ``controls``.
         """
+        name, argv, cwd, env, stdio, controls, terminal, reap_after = args
         # This launch's own reference: cleanup must work even if the fleet is
         # closed meanwhile (a gather of launches cancelled at shutdown).
         registry = self._store.registry
