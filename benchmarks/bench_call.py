@@ -10,8 +10,9 @@ that agent, as an agent's tool would:
   exec a new agent); medians, and the call's and exec's cost over the bare
   shell. The target (#26): a call's overhead no more than 1.5x exec's.
 - ``--calls`` calls in a row: wall time, the ``call-*`` cgroups left in the
-  agent's scope (0 expected), the registry's size before and after (calls
-  write nothing there).
+  agent's scope (0 expected), and the files of the registry's directory
+  that changed: a call's two events wait in ``calls/`` until a registry
+  transaction takes them in (at most ``WAITING_MAX`` of them).
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ def _scope_dir() -> Path:
     return Path("/sys/fs/cgroup" + here).parent  # the agent leaf's parent: the scope
 
 
-def _registry_bytes() -> int:
+def _registry_files() -> dict[str, int]:
+    """The sizes of the files in the registry's directory (the registry, its WAL, the spool)."""
     from agentscope_systemd import _names
     from agentscope_systemd._registry import _spool
 
     state = Path(_spool.state_dir(_names.resolve_manager("auto")))
-    return sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
+    return {str(p.relative_to(state)): p.stat().st_size for p in state.rglob("*") if p.is_file()}
 
 
 def inside(cli: str, fleet: str, rounds: int, calls: int) -> None:
@@ -81,17 +83,22 @@ def inside(cli: str, fleet: str, rounds: int, calls: int) -> None:
         f"  call overhead {call * 1e3:.1f} ms, exec overhead {execd * 1e3:.1f} ms: "
         f"{call / execd:.2f}x (target <= 1.5x)"
     )
-    before = _registry_bytes()
+    before = _registry_files()
     t0 = time.perf_counter()
     for _ in range(calls):
         subprocess.run([cli, "call", "--name", "row", "--", "true"], check=True)
     took = time.perf_counter() - t0
     time.sleep(2)  # the last removers
     left = sorted(p.name for p in scope.iterdir() if p.is_dir() and p.name.startswith("call-"))
+    after = _registry_files()
     print(
         f"{calls} calls in a row: {took:.1f}s ({took / calls * 1e3:.1f} ms each); "
-        f"call cgroups left: {len(left)} {left[:5]}; registry {before} -> {_registry_bytes()} bytes"
+        f"call cgroups left: {len(left)} {left[:5]}; registry directory "
+        f"{sum(before.values())} -> {sum(after.values())} bytes"
     )
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            print(f"  {name}: {before.get(name, '-')} -> {after.get(name, '-')} bytes")
 
 
 def main() -> None:

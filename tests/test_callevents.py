@@ -56,6 +56,31 @@ def test_a_calls_events_name_its_agent_and_carry_its_outcome(tmp_path: Path) -> 
     assert os.listdir(_callevents.calls_dir(tmp_path / "registry.db")) == []
 
 
+def test_call_events_nobody_takes_in_stop_at_their_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No fleet opened, no monitor: nothing takes the events in, and a host
+    # that makes calls for ever must not fill its disk with them.
+    monkeypatch.setattr(_callevents, "WAITING_MAX", 4)
+    with Registry(tmp_path / "registry.db") as reg:
+        reg.record_launch("t", "coder", UNIT, PID, 1, ["sh"], "/")
+        directory = _callevents.calls_dir(reg.path)
+        for n in range(3):
+            watch = _callevents.CallWatch(
+                directory, UNIT, f"call-t-{n}", 70 + n, "true", (None, None)
+            )
+            watch.begin()
+            if n < 2:
+                watch.end(0)
+        assert len(os.listdir(directory)) == 4  # the third call's events found the cap
+        assert len(recorded(reg, "call_exited")) == 2  # a transaction takes them in
+        started = [e["call"] for e in recorded(reg, "call_started")]
+        assert sorted(started) == ["call-t-0", "call-t-1"]
+        assert os.listdir(directory) == []  # room again
+        _callevents.CallWatch(directory, UNIT, "call-t-9", 79, "true", (None, None)).begin()
+        assert len(os.listdir(directory)) == 1
+
+
 def test_before_linux_5_19_a_calls_peak_is_none() -> None:
     assert _callevents.read_outcome("/nonexistent") == (None, None)
 

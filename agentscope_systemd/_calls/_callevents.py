@@ -52,6 +52,11 @@ ARGV_MAX = 256
 _ARG_MAX = 64  # characters of one argument
 _MAX_FILE = 8192
 _KINDS = ("call_started", "call_exited")
+WAITING_MAX = 10_000
+"""At most this many call events wait in ``calls/`` (about 4.5 MiB): with no
+fleet opened and no monitor running nothing takes them in, and a host that
+makes calls for ever must not fill its disk with them (measured: 470 bytes a
+call, docs/calls.md). Past it a call's events are not written; the call runs."""
 
 
 def calls_dir(registry: str | os.PathLike[str]) -> str:
@@ -178,7 +183,7 @@ class CallWatch:
         Best effort: a watcher has nobody to tell (its stdio is /dev/null);
         a directory that cannot be written loses the event, never the call.
         """
-        if self.directory is None:
+        if self.directory is None or _waiting_at_least(self.directory, WAITING_MAX):
             return
         import json
 
@@ -260,6 +265,18 @@ def _is_scope(unit: str) -> bool:
         and "/" not in unit
         and unit.isprintable()
     )
+
+
+def _waiting_at_least(directory: str, count: int) -> bool:
+    """Whether ``directory`` holds ``count`` entries or more (counting stops there)."""
+    try:
+        with os.scandir(directory) as entries:
+            for n, _ in enumerate(entries, 1):
+                if n >= count:
+                    return True
+    except OSError:
+        pass
+    return False
 
 
 def take_all(reg: Registry, directory: str) -> int:
