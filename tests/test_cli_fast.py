@@ -50,8 +50,10 @@ _MONITOR = {
 }
 # What a fleet on systemd opened with nothing to recover never runs: the
 # monitor's events (made for a kill found), the kernel log's parsers (for a
-# log with new lines), the other modes' managers (for their mode only).
+# log with new lines), the other modes' managers (for their mode only),
+# tempfile (for a tmux server's start only).
 _OPEN_UNUSED = {
+    "tempfile",
     "agentscope_systemd._events",
     "agentscope_systemd._guard._guardevents",
     "agentscope_systemd._monitor._attribution",
