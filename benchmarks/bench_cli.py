@@ -6,7 +6,9 @@ systemd host, as root (system manager) or as a user with a user manager.
 ``--host``
     Start-up alone, on any host, no systemd needed: each command below run
     ``--runs`` times with a user manager whose bus cannot be reached and a
-    registry in a temporary directory (empty: ``events`` prints nothing).
+    registry in a temporary directory (empty: ``events`` prints nothing),
+    bytecode cached as an installed wheel has it (``PYTHONDONTWRITEBYTECODE``
+    dropped; the warm-up runs write the caches).
     With hyperfine installed (``apt-get install hyperfine``; ``--loop``
     not to use it) hyperfine runs them, after 3 warm-up runs each;
     otherwise this script, interleaved (one of each per round, the order
@@ -161,8 +163,12 @@ def bench_host(
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
+        # Bytecode cached, as an installed wheel runs (pip compiles at install):
+        # with PYTHONDONTWRITEBYTECODE set (as in this project's sessions), a
+        # --source checkout compiled every module of its own at every start,
+        # about a third of `ls`'s CPU time (docs/benchmarks.md).
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
             "XDG_STATE_HOME": f"{tmp}/state",
             "XDG_RUNTIME_DIR": f"{tmp}/run",
             "DBUS_SESSION_BUS_ADDRESS": f"unix:path={tmp}/no-bus",

@@ -48,6 +48,19 @@ _MONITOR = {
     "agentscope_systemd._monitor._report",
     "agentscope_systemd._calls._callrun",
 }
+# What a fleet on systemd opened with nothing to recover never runs: the
+# monitor's events (made for a kill found), the kernel log's parsers (for a
+# log with new lines), the other modes' managers (for their mode only),
+# tempfile (for a tmux server's start only).
+_OPEN_UNUSED = {
+    "tempfile",
+    "agentscope_systemd._events",
+    "agentscope_systemd._guard._guardevents",
+    "agentscope_systemd._monitor._attribution",
+    "agentscope_systemd._managers._cgroupmode",
+    "agentscope_systemd._managers._procscopes",
+    "agentscope_systemd._kernel._proctrees",
+}
 
 
 def imported_by(tmp_path: Path, *args: str) -> tuple[dict[str, Any], set[str]]:
@@ -159,13 +172,20 @@ def test_ls_and_stop_import_no_typer_no_rich_no_monitor_nor_other_command(
         == set()
     )
     assert modules & _MONITOR == set()
+    assert modules & _OPEN_UNUSED == set()
     assert "psutil" not in _tops(modules)  # only adopting a process tree walks it
     # stop and kill, what a harness calls next most: no typer, no monitor either.
     result, modules = imported_by(tmp_path, "--user", "stop", "builder-1", "--json")
     assert result["code"] == 4, result
     assert _tops(modules) & {"rich", "pydantic", "typer", "click"} == set()
     assert (
-        modules & {*_MONITOR, "agentscope_systemd._cli._app", "agentscope_systemd._cli._cmd_agents"}
+        modules
+        & {
+            *_MONITOR,
+            *_OPEN_UNUSED,
+            "agentscope_systemd._cli._app",
+            "agentscope_systemd._cli._cmd_agents",
+        }
         == set()
     )
     result, modules = imported_by(tmp_path, "--user", "kill", "builder-1", "-s", "KILL")
@@ -308,3 +328,63 @@ def test_the_quick_version_answers_only_what_typer_would_answer_alike(
     from agentscope_systemd._cli.main import version_only
 
     assert version_only(args) is answer
+
+
+_OPEN_TWICE = """
+import asyncio, json, sys
+from pathlib import Path
+
+from agentscope_systemd import AsyncFleet
+from agentscope_systemd._kernel._cgroup import MemoryEvents
+from tests import fakefs
+from tests.fakesystemd import FakeSystemd
+
+tmp = Path(sys.argv[1])
+bus = FakeSystemd(tmp / "cgroup")
+fakefs.make_cgroup(bus.cgroup_root, str(bus.slice_dir.relative_to(bus.cgroup_root)))
+
+
+async def open_and_list() -> dict:
+    fleet = AsyncFleet(
+        "ci",
+        registry=tmp / "registry.db",
+        manager_oom_score_adj=None,
+        tmux_dir=tmp / "tmux",
+        _bus=bus,
+    )
+    fleet._recovery.kmsg_path, fleet._recovery.read_journal = None, False
+    async with fleet:
+        await fleet.agents()
+        kills = await fleet.events(kind="oom_kill")
+    return {"kills": len(kills), "modules": sorted(sys.modules)}
+
+
+first = asyncio.run(open_and_list())
+with fakefs.KERNEL:  # a kill in a scope gone since: only the slice counted it
+    fakefs.write(
+        bus.slice_dir / "memory.events", fakefs.format_memory_events(MemoryEvents(0, 0, 0, 1, 1))
+    )
+second = asyncio.run(open_and_list())
+print(json.dumps([first, second]))
+"""
+
+
+def test_an_open_with_nothing_to_recover_skips_the_events_and_the_log_parsers(
+    tmp_path: Path,
+) -> None:
+    # What `ls` pays at open (issue 28): the monitor's events module is
+    # imported for a kill found only, the kernel log's parsers for new lines
+    # only. A kill while no monitor ran is still recovered, and then they load.
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_TWICE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=True,
+    )
+    first, second = json.loads(done.stdout)
+    assert first["kills"] == 0
+    assert set(first["modules"]) & _OPEN_UNUSED == set()
+    assert second["kills"] == 1  # recovered at the next open, as before
+    assert "agentscope_systemd._events" in second["modules"]

@@ -34,10 +34,8 @@ from .._errors import (
 from .._kernel._proc import exec_comm
 from .._managers import _scopeprops
 from .._managers._bus import SystemdBus
-from .._managers._cgroupmode import CgroupManager
 from .._managers._manager import ScopeManager
 from .._managers._modes import ModeChoice, check_forced, choose_mode, parse_manager
-from .._managers._procscopes import ProcessManager, refuse_calls
 from .._managers._scopefiles import (
     cgroup_present,
     raise_own_oom_score_adj,
@@ -209,8 +207,14 @@ class AsyncFleet:
             return SystemdManager(
                 bus if bus is not None else SystemdBus(flavour, env=env), self.name, self.slice
             )
+        # The other modes' managers are imported for their mode only: a fleet
+        # on systemd (every ``agentscope ls`` there) never loads them.
         if self._mode.mode == "cgroup":
+            from .._managers._cgroupmode import CgroupManager
+
             return CgroupManager(flavour, self.name, self.slice, _tmux.runtime_dir(flavour, env))
+        from .._managers._procscopes import ProcessManager
+
         return ProcessManager(flavour, self.name, self.slice, _tmux.runtime_dir(flavour, env))
 
     @property
@@ -533,6 +537,8 @@ class AsyncFleet:
         self._check_open()
         unit = await self._resolve(agent)
         if self._manager.mode == "process":
+            from .._managers._procscopes import refuse_calls
+
             refuse_calls()  # no cgroup to make a call's in (#27)
 
         async def attach(sub: str, pids: Sequence[int]) -> None:

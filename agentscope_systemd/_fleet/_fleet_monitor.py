@@ -15,18 +15,16 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .._contract import event_parts
 from .._errors import RegistryError
-from .._events import AgentExited, OomKill
-from .._events import Pressure as MonitorPressure
-from .._guard._guardevents import GuardKill
 from . import _tmux
 
-# The monitor, the guard and the report are imported where they are used: a
-# fleet opened to list its agents (``agentscope ls``) never runs them, and
-# their modules cost a CLI call much of its start-up (issue 28, docs/benchmarks.md).
+# The monitor, the guard, the report and the monitor's events are imported
+# where they are used: a fleet opened to list its agents (``agentscope ls``)
+# never runs them, and their modules cost a CLI call much of its start-up
+# (issue 28, docs/benchmarks.md).
 if TYPE_CHECKING:
     from .._events import Event as MonitorEvent
+    from .._events import OomKill
     from .._guard._guardpolicy import GuardConfig
     from .._monitor._monitor import Monitor
     from .._monitor._recovery import Baseline
@@ -138,6 +136,8 @@ class Monitors:
         )
 
     def _on_event(self, event: MonitorEvent, mon: Monitor) -> None:
+        from .._events import OomKill
+
         if isinstance(event, OomKill) and not event.recovered:
             self._recovery.note_live_kill(event)
         task = asyncio.get_running_loop().create_task(self.record_event(event, mon))
@@ -147,6 +147,11 @@ class Monitors:
     async def record_event(self, event: MonitorEvent, mon: Monitor | None = None) -> None:
         if self._store.registry is None:
             return
+        from .._contract import event_parts
+        from .._events import AgentExited, OomKill
+        from .._events import Pressure as MonitorPressure
+        from .._guard._guardevents import GuardKill
+
         agent, kind, ts, detail = event_parts(event)
         try:
             if isinstance(event, OomKill):

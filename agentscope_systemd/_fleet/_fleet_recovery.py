@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .. import _numbers
 from .._errors import RegistryError
-from .._events import OomKill
 from .._kernel._cgroup import _read_kernel_file, parse_memory_events
 from .._kernel._journal import (
     JOURNAL_DIRS,
@@ -39,6 +38,7 @@ from .._monitor._recovery import (
     Baseline,
     LogSource,
     Readings,
+    RecoveredKill,
     RowMark,
     Watermark,
     covers,
@@ -49,7 +49,10 @@ from .._monitor._recovery import (
 )
 from .._registry._registry import OomRecording, Registry
 
+# A kill's event (the monitor's events module) is made only for a kill found:
+# an open with nothing to recover (every ``agentscope ls``) never imports it.
 if TYPE_CHECKING:
+    from .._events import OomKill
     from .._monitor._monitor import Monitor
     from ._fleet_registry import FleetCore
 
@@ -93,6 +96,15 @@ def _slice_counter(slice_dir: Path) -> tuple[int | None, int]:
         return None, 0
     raw = _read_kernel_file(slice_dir / "memory.events")
     return (None, 0) if raw is None else (inode, parse_memory_events(raw).oom_kill)
+
+
+def _recovered_event(kill: RecoveredKill, now: float) -> OomKill:
+    """A recovered kill as the monitor's event (its module imported for a kill found only)."""
+    from .._events import OomKill
+
+    return OomKill(
+        now, kill.agent, kill.unit, kill.pid, kill.comm, kill.rss, kill.source, recovered=True
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,9 +304,7 @@ class OomRecovery:
             kills.clear()
             events: list[tuple[str | None, dict[str, Any]]] = []
             for k in plan.kills:
-                event = OomKill(
-                    now, k.agent, k.unit, k.pid, k.comm, k.rss, k.source, recovered=True
-                )
+                event = _recovered_event(k, now)
                 kills.append(event)
                 detail = event.to_dict()
                 detail.pop("kind")

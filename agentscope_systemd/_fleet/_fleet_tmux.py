@@ -14,7 +14,6 @@ import logging
 import os
 import signal as _signal
 import subprocess
-import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -111,6 +110,8 @@ class Terminals:
         # it execs, so the server it forks is never in the manager's cgroup.
         argv = await asyncio.to_thread(tmux.start_argv)
         env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
+        import tempfile  # here, not at the top: a fleet opened to list never starts tmux
+
         err = await asyncio.to_thread(tempfile.TemporaryFile)
         try:
             child = await spawn_gated(

@@ -32,7 +32,6 @@ from typing import Any, Final, Literal
 
 from .. import _names
 from .._kernel._journal import KernelLine
-from ._attribution import parse_oom_kill_line, parse_oom_task_line
 
 __all__ = [
     "Baseline",
@@ -78,11 +77,16 @@ def kernel_kills(lines: Iterable[KernelLine], *, limit: int = MAX_KILLS) -> list
     cgroup and is left out; so is everything else, malformed lines included,
     and any line the kernel did not write (:attr:`KernelLine.from_kernel`, #31).
     """
+    kernel = [line for line in lines if line.from_kernel]
+    if not kernel:
+        return []
+    # The parsers' module is loaded for a log with lines only: a fleet opened
+    # with nothing new in the log (every quiet ``agentscope ls``) never needs it.
+    from ._attribution import parse_oom_kill_line, parse_oom_task_line
+
     tasks: dict[int, tuple[str, str]] = {}
     found: list[KernelKill] = []
-    for line in lines:
-        if not line.from_kernel:
-            continue
+    for line in kernel:
         task = parse_oom_task_line(line.text)
         if task is not None:
             tasks[task.pid] = (task.memcg, task.comm)
