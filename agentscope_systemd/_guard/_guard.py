@@ -59,7 +59,6 @@ from ._guardpolicy import (
     PressureClock,
     SliceProcess,
     Trigger,
-    acted_on,
     next_interval,
     own_limit_stall,
     read_scope_stalls,
@@ -335,28 +334,32 @@ class _Loop:
         """Kill the victim (the one chosen near the threshold, if fresh); None: none."""
         ready, self.ready = self.ready, None
         pressure = None
+        # The host's shortage or the nearest limit's (PressureClock.source):
+        # under a limit its own PSI and headroom, as the host's are read.
+        source = self.clock.source
+        seen = (None if source == "host" else reading.limit_view()) or reading
         if trigger != "memory":
-            stall = own_limit_stall(read_scope_stalls(self.slice_path), reading, self.config)
+            stall = own_limit_stall(read_scope_stalls(self.slice_path), seen, self.config)
             if stall is not None:
-                # Its own limit at work, on a host with memory to spare: no
-                # other agent's process is to pay for it (the monitor reports
-                # the throttle, with its fix).
+                # Its own limit at work, with memory to spare: no other
+                # agent's process is to pay for it (the monitor reports the
+                # throttle, with its fix).
                 _say_once(
                     f"own:{stall.unit}",
-                    "the host's memory pressure (PSI full %.0f%%) is %s reclaiming under its "
+                    "the %s's memory pressure (PSI full %.0f%%) is %s reclaiming under its "
                     "own limit of %d MiB, with %.0f%% of memory available: nothing killed",
-                    reading.psi_full_avg10 or 0.0,
+                    "host" if source == "host" else f"memory limit of {source}",
+                    seen.psi_full_avg10 or 0.0,
                     self.unit_agent(stall.unit) or stall.unit,
                     (stall.limit or 0) >> 20,
-                    reading.mem_available_percent,
+                    seen.mem_available_percent,
                 )
                 return None
-            pressure = (reading.psi_full_avg10 or 0.0, 0.0)
-        source = acted_on(reading, self.config) if trigger == "memory" else "host"
+            pressure = (seen.psi_full_avg10 or 0.0, 0.0)
         if source == "host":
             blame = self.cause.blame(reading.ts, reading.mem_total, pressure)
         else:  # the slice against the rest of the limited cgroup
-            blame = self._cause_of(source).blame(reading.ts, reading.limit_bytes, None)
+            blame = self._cause_of(source).blame(reading.ts, reading.limit_bytes, pressure)
         if not blame.fleet:
             self._hold(reading, trigger, blame, source)
             return None
@@ -450,6 +453,7 @@ class _Loop:
             ),
             call=killed.call,
             processes=killed.processes,
+            limit_psi_full_avg10=reading.limit_psi_full_avg10 if on_limit else None,
         )
         where = (
             f"the memory limit of {source} ({reading.limit_bytes >> 20} MiB, "

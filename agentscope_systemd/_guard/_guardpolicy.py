@@ -62,6 +62,7 @@ __all__ = [
     "Trigger",
     "Victim",
     "acted_on",
+    "choose_source",
     "choose_victim",
     "host_low",
     "limit_low",
@@ -210,7 +211,11 @@ class HostReading:
     memory still available under it (the limit less what reclaim cannot give
     back) and its swap, all in bytes; ``limit_at_wall``: it reached its
     ``memory.high`` or ``memory.max`` since the last reading, near its
-    threshold.
+    threshold. ``limit_psi_full_avg10`` and ``limit_psi_full_total`` are
+    that cgroup's own ``memory.pressure`` (None: not read, or no such file),
+    ``limit_refaults`` and ``limit_swap_outs`` its ``memory.stat`` counters
+    (None: not counted there); :meth:`limit_view` gives them as a reading
+    of their own, so that the host's rules apply under the limit.
     """
 
     ts: float
@@ -233,6 +238,35 @@ class HostReading:
     limit_swap_total: int = 0
     limit_swap_free: int = 0
     limit_at_wall: bool = False
+    limit_psi_full_avg10: float | None = None
+    limit_psi_full_total: int | None = None
+    limit_refaults: int | None = None
+    limit_swap_outs: int | None = None
+
+    def limit_view(self) -> HostReading | None:
+        """The nearest limit as a host of its own (None: no limit), for the host's rules.
+
+        Its "MemTotal" is the limit, its "MemAvailable" what is available
+        under it, its swap and PSI the cgroup's: :func:`psi_high`,
+        :func:`thrashing`, the "short and stalling" rule of
+        :class:`PressureClock` and :func:`own_limit_stall` then read the
+        limit as they read the host (docs/guard.md, "Under a memory limit").
+        """
+        if self.limit_path is None or self.limit_bytes <= 0:
+            return None
+        return HostReading(
+            ts=self.ts,
+            mem_total=self.limit_bytes,
+            mem_available=self.limit_available,
+            swap_total=self.limit_swap_total,
+            swap_free=self.limit_swap_free,
+            psi_some_avg10=None,
+            psi_full_avg10=self.limit_psi_full_avg10,
+            psi_full_total=self.limit_psi_full_total,
+            refaults=self.limit_refaults,
+            swap_outs=self.limit_swap_outs,
+            limit_path=self.limit_path,
+        )
 
     @property
     def mem_available_percent(self) -> float:
@@ -433,20 +467,28 @@ def _margin(mem: float, swap: float, config: GuardConfig) -> float:
 
 
 def acted_on(reading: HostReading, config: GuardConfig) -> str:
-    """Which shortage a memory trigger answers: ``"host"``, or the nearest limit's cgroup.
+    """Which shortage the memory threshold answers: ``"host"``, or the nearest limit's cgroup.
 
     The one nearer to exhaustion when both hold.
     """
-    if not limit_low(reading, config) or reading.limit_path is None:
+    return choose_source(reading, config, host_low(reading, config), limit_low(reading, config))
+
+
+def choose_source(reading: HostReading, config: GuardConfig, host: bool, limit: bool) -> str:
+    """``"host"`` or the nearest limit's cgroup, as a rule holds for one, the other or both.
+
+    Where both hold, the one nearer to exhaustion (memory and swap against
+    the thresholds); neither: ``"host"``.
+    """
+    if not limit or reading.limit_path is None:
         return "host"
-    if host_low(reading, config):
-        host = min(
+    if host:
+        host_margin = min(
             _margin(reading.mem_available_percent, reading.swap_free_percent, config),
             _margin(reading.available_percent, reading.disk_swap_free_percent, config),
         )
         mem = 0.0 if reading.limit_at_wall else reading.limit_available_percent
-        limit = _margin(mem, reading.limit_swap_free_percent, config)
-        if host < limit:
+        if host_margin < _margin(mem, reading.limit_swap_free_percent, config):
             return "host"
     return reading.limit_path
 
@@ -520,13 +562,15 @@ def thrashing(old: HostReading, new: HostReading, config: GuardConfig) -> bool:
 def under_pressure(reading: HostReading, config: GuardConfig) -> Trigger | None:
     """Which threshold ``reading`` is over right now: ``"memory"``, ``"psi"`` or None.
 
-    Memory wins when both are. The PSI threshold must also hold for
+    The host's or the nearest limit's (its own ``memory.pressure``). Memory
+    wins when both are. The PSI threshold must also hold for
     ``psi_full_seconds``, and thrashing is a rate over a window:
     :class:`PressureClock` keeps that time.
     """
     if memory_low(reading, config):
         return "memory"
-    if psi_high(reading, config):
+    view = reading.limit_view()
+    if psi_high(reading, config) or (view is not None and psi_high(view, config)):
         return "psi"
     return None
 
@@ -542,36 +586,28 @@ def _crossing(prev: float, cur: float, threshold: float, t0: float, t1: float) -
     return t0 + (t1 - t0) * (prev - threshold) / (prev - cur)
 
 
-class PressureClock:
-    """Whether the host *is* under pressure, and since when: the thresholds over time.
+class _Stalls:
+    """The rules that need time, for one source: the host, or the nearest limit as one.
 
-    Feed it every reading with :meth:`update`. It returns the trigger once
-    a threshold holds (memory at once; thrashing once its rates held over
-    the last ``thrash_seconds``; PSI after ``psi_full_seconds`` over), and
-    :attr:`crossed_at` the estimated moment the threshold was crossed
-    (interpolated between the last reading over and the first under, so a
-    poll's own delay counts in the reaction time). After a kill call
-    :meth:`restart`: PSI's avg10 decays over seconds and the thrash window
-    still holds the squeeze, so both count again from the kill rather than
-    killing a second process for the same squeeze.
+    The thrash window, the "short and stalling" look-back and the time PSI
+    has held over its threshold, each over that source's own counters
+    (:meth:`HostReading.limit_view` for a limit).
     """
 
     def __init__(self, config: GuardConfig) -> None:
         self.config = config
-        self.crossed_at: float | None = None
-        self._prev: HostReading | None = None
-        self._psi_since: float | None = None
-        self._window: deque[HostReading] = deque()
+        self.prev: HostReading | None = None
+        self.psi_since: float | None = None
+        self.window: deque[HostReading] = deque()
 
     def restart(self, now: float) -> None:
         """Count the PSI and thrash time again from ``now`` (after a kill)."""
         # Still over at the kill: the stall goes on from now, not from its start.
-        high = self._prev is not None and psi_high(self._prev, self.config)
-        self._psi_since = now if high else None
-        self.crossed_at = None
-        self._window.clear()
+        high = self.prev is not None and psi_high(self.prev, self.config)
+        self.psi_since = now if high else None
+        self.window.clear()
 
-    def _short_and_stalling(self, reading: HostReading) -> bool:
+    def short_and_stalling(self, reading: HostReading) -> bool:
         """MemAvailable at its threshold while the host stalled over the last STALL_SECONDS.
 
         earlyoom's rule waits for swap to fill as well; a host that swaps
@@ -591,7 +627,7 @@ class PressureClock:
         ):
             return False
         base = None
-        for old in reversed(self._window):
+        for old in reversed(self.window):
             if old.ts <= reading.ts - STALL_SECONDS:
                 base = old
                 break
@@ -606,9 +642,9 @@ class PressureClock:
         out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
         return out >= SWAP_OUT_PERCENT
 
-    def _thrash(self, reading: HostReading) -> bool:
+    def thrash(self, reading: HostReading) -> bool:
         """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""
-        window = self._window
+        window = self.window
         window.append(reading)
         span = self.config.thrash_seconds
         while len(window) > 2 and window[1].ts <= reading.ts - span:
@@ -616,21 +652,80 @@ class PressureClock:
         old = window[0]
         return reading.ts - old.ts >= span and thrashing(old, reading, self.config)
 
+    def psi_due(self, reading: HostReading) -> float | None:
+        """When PSI full will have held its threshold ``psi_full_seconds`` (None: not over now)."""
+        if not psi_high(reading, self.config):
+            self.psi_since = None
+            return None
+        if self.psi_since is None:
+            self.psi_since = reading.ts
+        return self.psi_since + self.config.psi_full_seconds
+
+
+class PressureClock:
+    """Whether the host or the nearest limit *is* under pressure, and since when.
+
+    Feed it every reading with :meth:`update`. It returns the trigger once
+    a threshold holds (memory at once; thrashing once its rates held over
+    the last ``thrash_seconds``; PSI after ``psi_full_seconds`` over), and
+    :attr:`crossed_at` the estimated moment the threshold was crossed
+    (interpolated between the last reading over and the first under, so a
+    poll's own delay counts in the reaction time). The rules that need time
+    run twice: over the host's counters and over the nearest limit's
+    (:meth:`HostReading.limit_view`: its ``memory.pressure`` and
+    ``memory.stat``); :attr:`source` says which the trigger answers
+    (``"host"`` or the limit's cgroup; both: the nearer to exhaustion,
+    :func:`choose_source`). A limit that changes (another cgroup is the
+    nearest) starts its count again. After a kill call :meth:`restart`:
+    PSI's avg10 decays over seconds and the thrash window still holds the
+    squeeze, so both count again from the kill rather than killing a second
+    process for the same squeeze.
+    """
+
+    def __init__(self, config: GuardConfig) -> None:
+        self.config = config
+        self.crossed_at: float | None = None
+        self.source = "host"
+        self._prev: HostReading | None = None
+        self._host = _Stalls(config)
+        self._limit = _Stalls(config)
+        self._limit_path: str | None = None
+
+    def restart(self, now: float) -> None:
+        """Count the PSI and thrash time again from ``now`` (after a kill)."""
+        self._host.restart(now)
+        self._limit.restart(now)
+        self.crossed_at = None
+
     def update(self, reading: HostReading) -> Trigger | None:
-        """The trigger that holds at ``reading``, or None; sets :attr:`crossed_at`."""
+        """The trigger that holds at ``reading`` (None: none); sets the two attributes."""
         config, prev = self.config, self._prev
         self._prev = reading
         now = reading.ts
-        thrash = self._thrash(reading)
-        stalling = self._short_and_stalling(reading)
-        if memory_low(reading, config) or stalling:
+        view = reading.limit_view()
+        path = None if view is None else view.limit_path
+        if path != self._limit_path:  # another cgroup's counters, or none: count anew
+            self._limit, self._limit_path = _Stalls(config), path
+        host, limit = self._host, self._limit
+        thrash = (host.thrash(reading), view is not None and limit.thrash(view))
+        stalling = (
+            host.short_and_stalling(reading),
+            view is not None and limit.short_and_stalling(view),
+        )
+        host.prev, limit.prev = reading, view
+        short = (
+            host_low(reading, config) or stalling[0],
+            limit_low(reading, config) or stalling[1],
+        )
+        if any(short):
+            self.source = choose_source(reading, config, *short)
             if self.crossed_at is None:
                 self.crossed_at = now
-                if prev is not None and not memory_low(prev, config) and not stalling:
+                if prev is not None and not memory_low(prev, config) and not any(stalling):
                     # The figures of the shortage that holds: the host's or the limit's.
-                    host = host_low(reading, config)
-                    mem = "mem_available_percent" if host else "limit_available_percent"
-                    swap = "swap_free_percent" if host else "limit_swap_free_percent"
+                    on_host = host_low(reading, config)
+                    mem = "mem_available_percent" if on_host else "limit_available_percent"
+                    swap = "swap_free_percent" if on_host else "limit_swap_free_percent"
                     self.crossed_at = max(
                         _crossing(
                             getattr(prev, mem),
@@ -649,21 +744,19 @@ class PressureClock:
                     )
                     self.crossed_at = min(self.crossed_at, now)
             return "memory"
-        if thrash:
+        if any(thrash):
+            self.source = choose_source(reading, config, *thrash)
             if self.crossed_at is None:
                 self.crossed_at = now
             return "thrash"
-        if psi_high(reading, config):
-            if self._psi_since is None:
-                self._psi_since = now
-            due = self._psi_since + config.psi_full_seconds
-            if now >= due:
-                if self.crossed_at is None:
-                    self.crossed_at = due
-                return "psi"
-            self.crossed_at = None
-            return None
-        self._psi_since = None
+        dues = (host.psi_due(reading), None if view is None else limit.psi_due(view))
+        held = (dues[0] is not None and now >= dues[0], dues[1] is not None and now >= dues[1])
+        if any(held):
+            self.source = choose_source(reading, config, *held)
+            if self.crossed_at is None:
+                self.crossed_at = dues[0] if self.source == "host" else dues[1]
+            return "psi"
+        self.source = "host"
         self.crossed_at = None
         return None
 
@@ -680,12 +773,13 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
     faster), plus the same for swap, kept within
     [``min_interval``, ``max_interval``]; with zram, the sooner of that and
     the same with zram counted as RAM. PSI ``full`` at half its threshold
-    (or the thrash threshold) or more polls at ``min_interval``.
+    (or the thrash threshold) or more, the host's or the nearest limit's,
+    polls at ``min_interval``.
     """
     low, high = config.min_interval, config.max_interval
-    full = reading.psi_full_avg10
+    fulls = [f for f in (reading.psi_full_avg10, reading.limit_psi_full_avg10) if f is not None]
     watch = [p for p in (config.psi_full_percent, config.thrash_full_percent) if p is not None]
-    if full is not None and any(full >= p / 2 for p in watch):
+    if any(full >= p / 2 for full in fulls for p in watch):
         return low
     mem_rate, swap_rate = float(ASSUMED_MEM_FILL), float(ASSUMED_SWAP_FILL)
     if prev is not None and reading.ts > prev.ts:
@@ -795,7 +889,9 @@ def own_limit_stall(
     ``MemoryHigh=48M`` held host PSI full over 60% for 10 s with 64% of
     memory available). So: a scope at its own limit with at least
     :data:`OWN_STALL_SHARE` of the host's full avg10, on a host with at least
-    twice its memory threshold available.
+    twice its memory threshold available. Under a limit above the agents,
+    ``reading`` is :meth:`HostReading.limit_view`: the limit's own PSI and
+    what is available under it.
     """
     host = reading.psi_full_avg10
     if host is None or reading.mem_available_percent < 2 * config.mem_available_percent:
