@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from agentscope_systemd import GuardConfig
+from agentscope_systemd._contract import monitor_event_dict
 from agentscope_systemd._guard._guardpolicy import (
     HostReading,
     PressureClock,
@@ -33,6 +34,7 @@ from agentscope_systemd._guard._guardpolicy import (
     under_pressure,
 )
 from tests.fakefs import PAGE, format_pressure, remove, write
+from tests.test_contract import validate
 from tests.test_guard import (  # noqa: F401 (fixtures)
     FAST,
     SLICE,
@@ -280,6 +282,7 @@ def test_a_limit_whose_pressure_stays_high_is_killed_for_with_the_host_calm(
     assert (kill.limit, kill.limit_bytes) == ("/" + PARENT, 1200 * MIB)
     assert kill.limit_psi_full_avg10 == 80.0
     assert kill.psi_full_avg10 == 0.0  # the host's, calm
+    assert validate(monitor_event_dict("f", kill)) == "agentscope.event/1"  # the JSON contract
     assert kill.mem_available_percent == pytest.approx(60, abs=0.01)
     assert os.kill(agent, 0) is None  # the agent's shell lives on
 
