@@ -31,10 +31,10 @@ from agentscope_systemd._events import Event
 from agentscope_systemd._guard import _guard, _guardlock, _guardnames
 from agentscope_systemd._guard._guard import Guard, admit, kill_process, run_guard
 from agentscope_systemd._guard._guardcause import CauseTracker
+from agentscope_systemd._guard._guardclock import PressureClock
 from agentscope_systemd._guard._guardpolicy import (
     HostReader,
     HostReading,
-    PressureClock,
     ScopeStall,
     SliceProcess,
     choose_victim,

@@ -25,9 +25,9 @@ import pytest
 
 from agentscope_systemd import GuardConfig
 from agentscope_systemd._contract import monitor_event_dict
+from agentscope_systemd._guard._guardclock import PressureClock
 from agentscope_systemd._guard._guardpolicy import (
     HostReading,
-    PressureClock,
     ScopeStall,
     next_interval,
     own_limit_stall,

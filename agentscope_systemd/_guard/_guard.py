@@ -45,6 +45,7 @@ from .._kernel._proc import PROC_ROOT
 from .._kernel._proctrees import ProcessTrees, is_mirror, mirrored_agent
 from . import _guardlock
 from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
+from ._guardclock import PressureClock
 from ._guardkill import _kill, _Killed, _say_once, kill_process, prepare_process
 from ._guardlimit import LimitWatch
 from ._guardlock import RETRY_EVERY, SliceLock
@@ -56,7 +57,6 @@ from ._guardpolicy import (
     GuardKill,
     HostReader,
     HostReading,
-    PressureClock,
     SliceProcess,
     Trigger,
     next_interval,
