@@ -27,13 +27,14 @@ from agentscope_systemd import GuardConfig
 from agentscope_systemd._contract import monitor_event_dict
 from agentscope_systemd._guard._guardclock import PressureClock
 from agentscope_systemd._guard._guardpolicy import (
+    GuardHeld,
     HostReading,
     ScopeStall,
     next_interval,
     own_limit_stall,
     under_pressure,
 )
-from tests.fakefs import PAGE, format_pressure, remove, write
+from tests.fakefs import PAGE, format_pressure, make_cgroup, remove, write
 from tests.test_contract import validate
 from tests.test_guard import (  # noqa: F401 (fixtures)
     FAST,
@@ -285,6 +286,32 @@ def test_a_limit_whose_pressure_stays_high_is_killed_for_with_the_host_calm(
     assert validate(monitor_event_dict("f", kill)) == "agentscope.event/1"  # the JSON contract
     assert kill.mem_available_percent == pytest.approx(60, abs=0.01)
     assert os.kill(agent, 0) is None  # the agent's shell lives on
+
+
+def test_a_stall_of_the_manager_beside_the_agents_under_the_limit_costs_no_agent(
+    tree: Tree, sleeper: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The limit stalls, but what stalls is the harness beside the agents (its
+    # own PSI full high, the agents' slice calm): nothing killed, said once.
+    runaway(tree, sleeper)
+    manager = make_cgroup(tree.cg, PARENT + "/manager.service", current=100 * MIB)
+    parent = set_limit(tree, PARENT, current_mib=1000, max_mib=1200, swap_max="max")
+    stall(parent, 80.0)
+    stall(manager, 80.0)
+    held: list[GuardHeld] = []
+    got, stop = start_guard(tree, QUICK_PSI, on_held=held.append)
+    try:
+        wait_until(lambda: len(held) == 1)
+        time.sleep(0.3)
+    finally:
+        stop()
+    assert got == []
+    assert sleeper.poll() is None
+    (event,) = held
+    assert (event.trigger, event.reason, event.limit) == ("psi", "pressure", "/" + PARENT)
+    assert event.culprit == "/" + PARENT + "/manager.service"
+    (said,) = [m for r in caplog.records if "not because of" in (m := r.getMessage())]
+    assert f"memory limit of /{PARENT} is short (psi: 16.7% available, PSI full 80%)" in said
 
 
 def test_a_limit_without_memory_pressure_kills_by_memory_only(

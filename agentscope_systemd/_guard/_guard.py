@@ -296,14 +296,16 @@ class _Loop:
         if self.held:
             return
         self.held = True
+        # The figures of the shortage: the host's, or the limit's own.
+        seen = reading.figures_of(source)
         log.warning(
-            "the %s is short (%s: MemAvailable %.1f%%, PSI full %.0f%%) but not because of "
+            "the %s is short (%s: %.1f%% available, PSI full %.0f%%) but not because of "
             "the agents: %s holds %d MiB (grew %d MiB in %.0f s; the agents slice %d MiB, "
             "grew %d MiB): nothing killed; the kernel, earlyoom or systemd-oomd may act",
             "host" if source == "host" else f"memory limit of {source}",
             trigger,
-            reading.mem_available_percent,
-            reading.psi_full_avg10 or 0.0,
+            seen.mem_available_percent,
+            seen.psi_full_avg10 or 0.0,
             blame.culprit or "nothing",
             blame.culprit_bytes >> 20,
             blame.culprit_growth >> 20,
@@ -335,9 +337,9 @@ class _Loop:
         ready, self.ready = self.ready, None
         pressure = None
         # The host's shortage or the nearest limit's (PressureClock.source):
-        # under a limit its own PSI and headroom, as the host's are read.
+        # under a limit its own PSI and headroom, read as the host's are.
         source = self.clock.source
-        seen = (None if source == "host" else reading.limit_view()) or reading
+        seen = reading.figures_of(source)
         if trigger != "memory":
             stall = own_limit_stall(read_scope_stalls(self.slice_path), seen, self.config)
             if stall is not None:

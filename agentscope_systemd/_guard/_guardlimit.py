@@ -302,7 +302,7 @@ class LimitWatch:
             except OSError:  # gone, no PSI (psi=0), not ours to read: no reading
                 continue
 
-    def stalls(self, found: LimitReading, path: str) -> LimitReading:
+    def _pressure(self, found: LimitReading, path: str) -> LimitReading:
         """``found`` with its cgroup's PSI ``full`` and paging counters (unchanged: none).
 
         One ``pread`` of the open ``memory.pressure``; ``memory.stat`` is
@@ -381,7 +381,7 @@ class LimitWatch:
                         found = replace(found, at_wall=True)
             if found is not None and (best is None or found.margin(config) < best.margin(config)):
                 best, best_path = found, ceiling.path
-        return None if best is None else self.stalls(best, best_path)
+        return None if best is None else self._pressure(best, best_path)
 
     def apply(self, reading: HostReading, config: GuardConfig) -> HostReading:
         """``reading`` with the nearest limit's figures (unchanged without a limit)."""

@@ -257,6 +257,16 @@ class HostReading:
             limit_path=self.limit_path,
         )
 
+    def figures_of(self, source: str) -> HostReading:
+        """The figures of the shortage ``source`` names: this reading, or the limit's.
+
+        ``source`` is ``"host"`` or a limit's cgroup, as
+        :attr:`~agentscope_systemd._guard._guardclock.PressureClock.source`
+        says; a limit's is :meth:`limit_view`.
+        """
+        view = None if source == "host" else self.limit_view()
+        return view or self
+
     @property
     def mem_available_percent(self) -> float:
         """MemAvailable as a percentage of MemTotal."""
