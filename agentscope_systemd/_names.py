@@ -14,6 +14,7 @@ from ._errors import InvalidName
 __all__ = [
     "DEFAULT_SLICE",
     "describe",
+    "is_unit_name",
     "parse_description",
     "resolve_manager",
     "scope_pattern",
@@ -25,6 +26,21 @@ __all__ = [
 DEFAULT_SLICE = "app-agentscope-agents.slice"
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _SLICE = r"[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*\.slice"
+
+
+#: What a unit name may hold (systemd.unit(5): ASCII letters, digits, ":", "-",
+#: "_", ".", "\\", and "@" of a template's instance).
+_UNIT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:_.-@\\")
+
+
+def is_unit_name(text: str) -> bool:
+    """Whether ``text`` may be a unit's name: 1 to 255 of the unit characters.
+
+    The one check of a unit name read from a cgroup path or a file (the
+    kernel's OOM lines, ``/proc/PID/cgroup``, a stored watermark): a path a
+    process chose must not pass as a unit. The suffix is the caller's.
+    """
+    return 0 < len(text) <= 255 and set(text) <= _UNIT_CHARS
 
 
 def validate_name(kind: str, name: object) -> str:

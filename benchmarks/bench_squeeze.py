@@ -245,6 +245,28 @@ def _sample(m: dict[str, int]) -> tuple[float, float, float, int, int, int, int,
     )
 
 
+def thread_cpu() -> dict[tuple[int, str], float]:
+    """This process's threads' CPU seconds (user + system), by (tid, name): two reads, no sampling.
+
+    With ``--timeline``, read at the trigger and at the end: what the
+    manager's own threads (the event loop, the monitor's sampler, the
+    guard) took of the guest's CPUs while siblings fell silent.
+    """
+    out: dict[tuple[int, str], float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    # Python names its threads only for itself (the kernel's comm is the
+    # process's until 3.14): the names come from threading, by native id.
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                raw = f.read()
+            name = names.get(int(tid)) or raw[raw.index("(") + 1 : raw.rindex(")")]
+            rest = raw[raw.rindex(")") + 2 :].split()
+            out[int(tid), name] = (int(rest[11]) + int(rest[12])) / tick
+    return out
+
+
 def timeline(
     crossing: Crossing, ticker: Ticker, beats: list[Path], since: float, until: float
 ) -> list[str]:
@@ -375,6 +397,7 @@ async def squeeze(
             await asyncio.sleep(2.0)  # the monitor's first samples, heartbeats running
             ticker.start()
             crossing.start()
+            cpu_before = thread_cpu() if show_timeline else {}
             t_trigger = time.time()
             await asyncio.to_thread(trigger.touch)
             # give_up counts from the first allocation; the tool call's start-up comes first.
@@ -390,6 +413,7 @@ async def squeeze(
             t_end = time.time()
             out.manager_worst_lag = await ticker.stop()
             crossing.stop.set()
+            cpu_after = thread_cpu() if show_timeline else {}
             collector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await collector
@@ -415,6 +439,15 @@ async def squeeze(
                 f"ended at {f'{float(end[1]) - t_trigger:.1f}' if end else '-'} s):"
             )
             print("\n".join(timeline(crossing, ticker, beats, t_trigger, t_end)), flush=True)
+            used = sorted(
+                ((cpu_after[k] - cpu_before.get(k, 0.0), k[1]) for k in cpu_after),
+                reverse=True,
+            )
+            print(
+                f"the manager's threads' CPU over the round's {t_end - t_trigger:.1f} s: "
+                + ", ".join(f"{name} {sec:.1f}s" for sec, name in used if sec >= 0.05),
+                flush=True,
+            )
         out.siblings_alive = sum(1 for s in siblings if s.alive())
         out.runaway_shell_alive = runaway.alive()
         for event in events:

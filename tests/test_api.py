@@ -18,6 +18,25 @@ def test_all_public_names_exported_and_nothing_else() -> None:
         assert hasattr(agentscope_systemd, name), name
 
 
+def test_public_names_are_written_once() -> None:
+    # __all__ is made from the table of where each name lives (_LAZY); the
+    # imports for type checkers must name the same names from the same modules.
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(agentscope_systemd.__file__).read_text())
+    typed = {
+        alias.asname or alias.name: "." * node.level + (node.module or "")
+        for block in tree.body
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == agentscope_systemd._LAZY
+    assert agentscope_systemd.__all__ == sorted([*typed, "__version__"])
+
+
 def test_lowlevel_exports_resolve() -> None:
     import agentscope_systemd.lowlevel as low
 

@@ -1393,6 +1393,8 @@ EXEC_IMPORTS = {
     "agentscope_systemd._calls",  # a subpackage's __init__: its docstring only
     "agentscope_systemd._calls._calls",  # the scope's agent leaf for its calls (#26): os only
     "agentscope_systemd._errors",
+    "agentscope_systemd._kernel",  # a subpackage's __init__: its docstring only
+    "agentscope_systemd._kernel._statline",  # the one stat line split: no imports
     "agentscope_systemd._managers",
     "agentscope_systemd._managers._exec",
     "agentscope_systemd._names",

@@ -452,3 +452,17 @@ def test_cli_md_lists_every_error_kind_and_no_other() -> None:
     kinds = _cli_kinds()
     assert {"usage", "bad_input", "not_found", "interrupted", "no_log"} <= kinds
     assert documented == kinds, (kinds - documented, documented - kinds)
+
+
+def test_the_librarys_comments_cite_what_a_reader_can_open() -> None:
+    # A comment or docstring citing a file cites one in this repository
+    # (docs/*.md) or a man page or kernel document; not a notes file kept
+    # elsewhere (FIELD-NOTES lived outside the repository).
+    package = ROOT / "agentscope_systemd"
+    cited: set[str] = set()
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        assert "FIELD-NOTES" not in text, path
+        cited.update(re.findall(r"docs/[a-z0-9_-]+\.md", text))
+    assert cited
+    assert sorted(c for c in cited if not (ROOT / c).is_file()) == []

@@ -197,6 +197,25 @@ async def test_listing_closes_a_row_whose_scope_went_as_exited(
     assert (rec.state, rec.returncode) == ("exited", 0)
 
 
+async def test_an_exit_seen_more_than_once_is_recorded_once(
+    fleet: AsyncFleet, bus: FakeSystemd
+) -> None:
+    # One exit transition (FleetRegistry.mark_exited): the exit watcher, a
+    # listing that finds the scope gone and the reaper may each see an exit;
+    # the first records it, with its one "exited" event (a tmux agent got two).
+    agent = await fleet.launch("a", ["sleep", "0.1"])
+    assert await agent.wait() == 0
+    await asyncio.gather(*list(fleet._tasks))
+    await fleet._record_exit(agent, 0)  # seen again, as by a second watcher
+    rec = await fleet._store.call(fleet._store.open_registry.by_unit, agent.unit)
+    assert rec is not None
+    await fleet._store.close_gone(rec)  # and by a listing
+    kinds = [e.kind for e in await fleet.events(agent="a")]
+    assert kinds.count("exited") == 1
+    (listed,) = await fleet.agents(all=True)
+    assert (listed.state, listed.returncode) == ("exited", 0)
+
+
 async def test_listing_reads_figures_from_the_scope_files(
     fleet: AsyncFleet, bus: FakeSystemd
 ) -> None:

@@ -346,6 +346,43 @@ def test_memory_gone_and_swapping_out_with_stalls_is_a_shortage() -> None:
     assert spare.update(host(1.0, 0.15, per_s, avail=30)) is None
 
 
+def test_memory_gone_with_swap_unused_is_a_shortage() -> None:
+    # Ubuntu's profile as measured: MemAvailable at 3 % for seconds, the swap
+    # file 97 % free and nothing going out to it, PSI at zero, every sibling
+    # silent. Free swap the kernel does not use is no room: the guard acts
+    # once MemAvailable has been at half its threshold for a second.
+    config = GuardConfig()
+    per_s = int(0.02 * (8 << 30) / PAGE)  # 2 % of MemTotal a second
+
+    def host(ts: float, avail: float, out: int = 0, swap: float = 97) -> HostReading:
+        return replace(reading(avail, swap, psi_full=0.0, ts=ts), psi_full_total=0, swap_outs=out)
+
+    clock = PressureClock(config)
+    assert clock.update(host(0.0, 4.0)) is None  # no second of it yet
+    assert clock.update(host(0.5, 3.5)) is None
+    assert clock.update(host(1.0, 3.0)) == "memory"
+    assert clock.crossed_at == 1.0
+    # Above half the threshold (6 %): earlyoom's rule and the stall rule decide.
+    near = PressureClock(config)
+    near.update(host(0.0, 6.0))
+    assert near.update(host(1.0, 6.0)) is None
+    # Half the threshold only now, not a second ago: not yet.
+    falling = PressureClock(config)
+    falling.update(host(0.0, 8.0))
+    assert falling.update(host(1.0, 4.0)) is None
+    # Swap taking pages at 2 % of MemTotal a second: it does its job.
+    swapping = PressureClock(config)
+    swapping.update(host(0.0, 4.0, out=0))
+    assert swapping.update(host(1.0, 3.0, out=per_s)) is None
+    # No swap at all: earlyoom's rule already held at 10 %.
+    swapless = replace(host(0.0, 9.0), swap_total=0, swap_free=0)
+    assert PressureClock(config).update(swapless) == "memory"
+    # A kernel without the swap-out count: this rule cannot tell, so it waits.
+    blind = PressureClock(config)
+    blind.update(replace(host(0.0, 3.0), swap_outs=None))
+    assert blind.update(replace(host(1.0, 3.0), swap_outs=None)) is None
+
+
 def test_the_host_reader_counts_swap_outs_beside_refaults(tree: Tree) -> None:
     from tests.fakefs import make_meminfo
 

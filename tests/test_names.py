@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from agentscope_systemd import InvalidName
 from agentscope_systemd._names import (
     describe,
+    is_unit_name,
     parse_description,
     scope_pattern,
     scope_unit_name,
@@ -79,3 +82,35 @@ def test_bad_slice_names(bad: object) -> None:
 
 def test_default_slice_is_valid() -> None:
     assert validate_slice("app-agentscope-agents.slice") == "app-agentscope-agents.slice"
+
+
+@pytest.mark.parametrize(
+    ("unit", "valid"),
+    [
+        ("agentscope-f-a-0a1b2c.scope", True),
+        ("user@1000.service", True),  # a template's instance
+        ("a b.scope", False),  # a path a process chose, not a unit
+        ("x" * 250 + ".scope", False),  # over 255 characters
+        ("caf\u00e9.scope", False),
+    ],
+)
+def test_every_cgroup_path_reader_takes_a_unit_name_by_one_rule(
+    tmp_path: Path, unit: str, valid: bool
+) -> None:
+    # One rule (_names.is_unit_name) for the escape audit's unit of a cgroup,
+    # the OOM kills' unit under the slice, the cgroup manager's unit of a
+    # cgroup and the escape reclaim's target: none may take another name.
+    from agentscope_systemd._managers._cgroupmode import CgroupManager
+    from agentscope_systemd._monitor._escape import unit_of_cgroup, write_procs
+    from agentscope_systemd._monitor._recovery import unit_of_memcg
+
+    assert is_unit_name(unit) is valid
+    slice_cg = "/base/app-agentscope-agents.slice"
+    assert unit_of_cgroup(f"{slice_cg}/{unit}") == (unit if valid else None)
+    scope = unit.replace(".service", ".scope")
+    assert unit_of_memcg(f"{slice_cg}/{scope}/agent", slice_cg) == (scope if valid else None)
+    manager = CgroupManager("system", "f", "app-agentscope-agents.slice", tmp_path)
+    assert manager.unit_of_cgroup(f"{slice_cg}/{scope}") == (scope if valid else None)
+    if not valid:
+        with pytest.raises(ValueError, match="not a scope unit's name"):
+            write_procs(tmp_path, scope, 1)

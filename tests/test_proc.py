@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from agentscope_systemd._kernel._proc import (
     read_stat,
     read_statm_rss,
     read_wchan,
+    same_process,
     top_processes,
 )
 from agentscope_systemd._monitor._attribution import (
@@ -71,6 +73,60 @@ def agent_of(cgroup: str) -> str | None:
 def test_read_stat(tmp_path: Path) -> None:
     make_proc(tmp_path, 4242, comm="python3", state="D", ppid=17, start_time=987654)
     assert read_stat(4242, tmp_path) == ProcStat(4242, "python3", "D", 17, 987654, 4194560, 0)
+
+
+def test_same_process_is_pid_and_start_time(tmp_path: Path) -> None:
+    make_proc(tmp_path, 4242, start_time=1000)
+    make_proc(tmp_path, 4243, start_time=1000, state="Z")
+    assert same_process(4242, 1000, tmp_path) == read_stat(4242, tmp_path)
+    assert same_process(4242, 999, tmp_path) is None  # the pid reused by another process
+    assert same_process(4244, 1000, tmp_path) is None  # gone
+    assert same_process(4243, 1000, tmp_path) is None  # a zombie runs nothing
+    assert same_process(4243, 1000, tmp_path, zombie=True) is not None
+
+
+def test_every_identity_check_refuses_a_reused_pid(tmp_path: Path) -> None:
+    # One rule (same_process) for the reaper, the process mode's scopes, the
+    # escape audit and Agent.alive (and the guard's kill): each must take a
+    # pid now held by another process (another start time) for gone.
+    from agentscope_systemd._fleet._agent import Agent
+    from agentscope_systemd._fleet._reaper import main_alive
+    from agentscope_systemd._kernel._proctrees import tree_members
+    from agentscope_systemd._managers._procscopes import signal_process
+    from agentscope_systemd._monitor._escape import Escapee, _still_escapee
+    from agentscope_systemd._registry._records import AgentRecord
+
+    me, mine = os.getpid(), read_stat(os.getpid())
+    assert mine is not None
+    make_proc(tmp_path, me, start_time=mine.start_time + 1)  # the pid, another process
+    row = AgentRecord(
+        1,
+        "f",
+        "a",
+        "u",
+        me,
+        mine.start_time,
+        (),
+        "/",
+        0.0,
+        "running",
+        None,
+        None,
+        0,
+        None,
+        None,
+    )
+    assert not main_alive(row, tmp_path)
+    assert tree_members({me: mine.start_time}, {}, tmp_path) == {}
+    assert not signal_process(me, mine.start_time, 0, tmp_path)
+    escapee = Escapee("u", me, mine.start_time, 1, "c", "/x", None, 0)
+    assert _still_escapee(escapee, "/u", tmp_path) == (
+        "the process exited (its pid is not the escapee's any more)"
+    )
+    agent = Agent("f", "a", "u", me, None, start_time=mine.start_time + 1)
+    assert not agent.alive()
+    agent.start_time = mine.start_time
+    assert agent.alive()
 
 
 @pytest.mark.parametrize(
@@ -641,3 +697,25 @@ def test_is_throttled() -> None:
     assert is_throttled("D", "__mem_cgroup_handle_over_high")
     assert not is_throttled("S", "mem_cgroup_handle_over_high")
     assert not is_throttled("D", None)
+
+
+def test_a_stat_line_is_split_in_one_place() -> None:
+    # One /proc/PID/stat reader: _statline.split_stat, under parse_stat and
+    # under exec's fast-path start time (_spool.start_time). A split written
+    # anywhere else looks for the comm's closing b")" itself.
+    import ast
+
+    from agentscope_systemd._kernel import _statline
+    from agentscope_systemd._registry import _spool
+
+    package = Path(_statline.__file__).parent.parent
+    splits = [
+        path.relative_to(package).as_posix()
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == b")"
+    ]
+    assert splits == ["_kernel/_statline.py"]
+    me = read_stat(os.getpid())
+    assert me is not None
+    assert _spool.start_time(os.getpid()) == me.start_time

@@ -326,3 +326,24 @@ def test_a_manager_that_stops_answering_is_a_timeout_not_an_absent_host(tmp_path
     assert "busy or hung" in text
     assert "systemctl status" in text
     assert "is this a systemd host" not in text
+
+
+def test_the_dbus_names_are_written_once() -> None:
+    # One set of D-Bus names (_wire.py): a bus, interface, path or error name
+    # written as a string anywhere else in the package is a second copy.
+    import ast
+    from pathlib import Path
+
+    package = Path(_wire.__file__).parent.parent
+    elsewhere = []
+    for path in sorted(package.rglob("*.py")):
+        if path == Path(_wire.__file__):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+                if text.startswith(("org.freedesktop.", "/org/freedesktop/")):
+                    elsewhere.append(f"{path.relative_to(package)}:{node.lineno}: {text}")
+    assert elsewhere == []
+    assert _wire.NO_SUCH_UNIT == "org.freedesktop.systemd1.NoSuchUnit"
+    assert _wire.PROPERTIES == "org.freedesktop.DBus.Properties"

@@ -361,7 +361,8 @@ def _guard_config(
                 "give e.g. 60, or 'off'"
             ) from None
     # A process that runs only the monitor may keep the kernel's OOM killer
-    # off itself; root can, others cannot lower it (FIELD-NOTES).
+    # off itself; root can, others cannot lower it (proc(5), oom_score_adj:
+    # lowering it needs CAP_SYS_RESOURCE).
     return GuardConfig(
         mem_available_percent=mem_available,
         swap_free_percent=swap_free,

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._managers import _wire
 from ._fleet import Options
 
 __all__ = ["Facts", "checks", "gather"]
 
-_SD_PATH = "/org/freedesktop/systemd1"
-_SD_MANAGER = "org.freedesktop.systemd1.Manager"
-_UNIT_IFACE = "org.freedesktop.systemd1.Unit"
 OOMD_BINARY = Path("/usr/lib/systemd/systemd-oomd")
 _AGENTS_SLICE = "app-agentscope-agents.slice"
 LINGER_DIR = Path("/var/lib/systemd/linger")
@@ -71,7 +69,7 @@ async def _manager_facts(manager: str) -> tuple[str | None, str | None, str | No
     policy = policy_error = oomd = None
     bus = SystemdBus(manager)
     try:
-        policy = str(await bus.get_property(_SD_PATH, _SD_MANAGER, "DefaultOOMPolicy"))
+        policy = str(await bus.get_property(_wire.SD_PATH, _wire.SD_MANAGER, "DefaultOOMPolicy"))
     except AgentscopeError as exc:  # systemd < 243 has no DefaultOOMPolicy
         policy_error = str(exc)
     finally:
@@ -79,7 +77,7 @@ async def _manager_facts(manager: str) -> tuple[str | None, str | None, str | No
     system = SystemdBus("system")  # systemd-oomd is a system service
     try:
         path = await system.unit_path("systemd-oomd.service")
-        oomd = str(await system.get_property(path, _UNIT_IFACE, "ActiveState"))
+        oomd = str(await system.get_property(path, _wire.SD_UNIT, "ActiveState"))
     except AgentscopeError:
         oomd = None
     finally:

@@ -8,7 +8,7 @@ built on them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentscope_systemd import (
@@ -61,25 +61,27 @@ def metric_families(state: FaceState) -> Iterable[Any]:
     )
     info.add_metric([fleet, state.manager, state.version], 1)
     yield info
-    samples = CounterMetricFamily(
-        "agentscope_monitor_samples", "Samples the monitor took.", labels=["fleet"]
+    yield _of_fleet(
+        CounterMetricFamily,
+        "agentscope_monitor_samples",
+        "Samples the monitor took.",
+        fleet,
+        counters.samples,
     )
-    samples.add_metric([fleet], counters.samples)
-    yield samples
-    errors = CounterMetricFamily(
+    yield _of_fleet(
+        CounterMetricFamily,
         "agentscope_monitor_sample_errors",
         "Samples that failed (a cgroup or /proc file that could not be read).",
-        labels=["fleet"],
+        fleet,
+        counters.errors,
     )
-    errors.add_metric([fleet], counters.errors)
-    yield errors
-    watch = CounterMetricFamily(
+    yield _of_fleet(
+        CounterMetricFamily,
         "agentscope_monitor_watch_sample_failures",
         "Samples of the OOM watch (memory.events, cgroup.procs) that failed.",
-        labels=["fleet"],
+        fleet,
+        counters.watch_failures,
     )
-    watch.add_metric([fleet], counters.watch_failures)
-    yield watch
     events = CounterMetricFamily(
         "agentscope_monitor_events",
         "Monitor events by kind (oom_kill, throttled, pressure, ...) since it started.",
@@ -89,32 +91,39 @@ def metric_families(state: FaceState) -> Iterable[Any]:
         events.add_metric([fleet, kind], count)
     yield events
     if state.guard is not None:
-        guard = GaugeMetricFamily(
+        yield _of_fleet(
+            GaugeMetricFamily,
             "agentscope_guard_running",
             "1 while the monitor's memory guard runs, 0 once it stopped.",
-            labels=["fleet"],
+            fleet,
+            1 if state.guard() else 0,
         )
-        guard.add_metric([fleet], 1 if state.guard() else 0)
-        yield guard
-    kills = CounterMetricFamily(
+    yield _of_fleet(
+        CounterMetricFamily,
         "agentscope_guard_kills",
         "Processes the memory guard killed since the monitor started.",
-        labels=["fleet"],
+        fleet,
+        counters.events.get("guard_kill", 0),
     )
-    kills.add_metric([fleet], counters.events.get("guard_kill", 0))
-    yield kills
     if sample is None:
         return
-    last = GaugeMetricFamily(
+    yield _of_fleet(
+        GaugeMetricFamily,
         "agentscope_monitor_last_sample_timestamp_seconds",
         "When the monitor last took a sample (Unix time).",
-        labels=["fleet"],
+        fleet,
+        sample.ts,
     )
-    last.add_metric([fleet], sample.ts)
-    yield last
     yield from _agent_families(fleet, sample.agents)
     if sample.report is not None:
         yield from _report_families(fleet, sample.report)
+
+
+def _of_fleet(kind: Callable[..., Any], name: str, doc: str, fleet: str, value: float) -> Any:
+    """A metric family of one series, labelled with the fleet (a counter or a gauge)."""
+    family = kind(name, doc, labels=["fleet"])
+    family.add_metric([fleet], value)
+    return family
 
 
 def _agent_families(fleet: str, agents: Sequence[Mapping[str, Any]]) -> Iterable[Any]:

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._kernel import _fdlimit
-from .._kernel._proc import read_cgroup
+from .._kernel._proc import read_cgroup, same_process
 from .._managers._scopeprops import DEFAULT_REAP_AFTER
 from .._registry._registry import AgentRecord
 
@@ -44,6 +44,7 @@ class Agent:
         pid: int,
         popen: subprocess.Popen[bytes] | None,
         on_exit: Callable[[Agent, int | None], None] | None = None,
+        start_time: int | None = None,
     ) -> None:
         #: the name of its fleet
         self.fleet = fleet
@@ -51,6 +52,9 @@ class Agent:
         self.name = name
         self.unit = unit
         self.pid = pid
+        #: its main process's start time (field 22 of /proc/PID/stat), which
+        #: with ``pid`` identifies it; None when not known
+        self.start_time = start_time
         self.popen = popen
         self.started = time.time()
         #: starting, running, frozen, stopping, lingering (its main process
@@ -90,7 +94,7 @@ class Agent:
         terminal: str | None = None,
         on_exit: Callable[[Agent, int | None], None] | None = None,
     ) -> Agent:
-        agent = cls(rec.fleet, rec.name, rec.unit, rec.pid, None, on_exit)
+        agent = cls(rec.fleet, rec.name, rec.unit, rec.pid, None, on_exit, rec.start_time)
         agent.started = rec.created
         agent.state = rec.state
         agent.returncode = rec.exit_status
@@ -220,12 +224,14 @@ class Agent:
         return await asyncio.shield(self._watch_exit())
 
     def alive(self) -> bool:
-        """Whether the agent's main process still runs (and is not a zombie)."""
+        """Whether the agent's main process still runs (and is not a zombie).
+
+        Launched here: its ``Popen`` says (an unreaped child's pid is never
+        reused). Otherwise the same process: pid and start time
+        (:func:`._proc.same_process`); False when the start time is not known.
+        """
         if self.popen is not None:
             return self.popen.poll() is None
-        import psutil  # here alone: a fleet opened to list its agents never asks (issue 28)
-
-        try:
-            return bool(psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE)
-        except psutil.NoSuchProcess:
+        if self.start_time is None:
             return False
+        return same_process(self.pid, self.start_time) is not None

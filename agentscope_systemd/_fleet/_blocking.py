@@ -8,30 +8,39 @@ the same core (the anyio BlockingPortal pattern).
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
-import signal as _signal
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    NoReturn,
+    ParamSpec,
+    TypeVar,
+    overload,
+)
 
 from .. import _names, _numbers
 from .._errors import AgentscopeError
 from .._managers._bus import SystemdBus
-from .._managers._scopeprops import DEFAULT_REAP_AFTER
-from .._registry._registry import EventRecord
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
 
 if TYPE_CHECKING:  # types only: a fleet opened to list its agents runs no monitor nor call
     from .._calls._callrun import Call
     from .._events import Event as MonitorEvent
-    from .._guard._guardpolicy import GuardConfig
     from .._monitor._monitor import Monitor
     from .._monitor._report import MemoryReport
 
 __all__ = ["BlockingAgent", "BlockingCall", "BlockingMonitor", "Fleet", "probe_sync"]
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 Stdio = int | IO[Any] | None
 
 
@@ -90,6 +99,26 @@ class BlockingCall:
         return self.popen.wait(timeout)
 
 
+class _Live(Generic[T]):
+    """An attribute of a :class:`BlockingAgent` that reads its :class:`Agent`'s, live."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, agent: None, owner: type) -> _Live[T]: ...
+    @overload
+    def __get__(self, agent: BlockingAgent, owner: type) -> T: ...
+    def __get__(self, agent: BlockingAgent | None, owner: type) -> _Live[T] | T:
+        if agent is None:
+            return self
+        value: T = getattr(agent._agent, self._name)
+        return value
+
+    def __set__(self, agent: BlockingAgent, value: object) -> NoReturn:
+        raise AttributeError(f"{self._name} is read-only: the agent's own, read live")
+
+
 class BlockingAgent:
     """An agent as the blocking :class:`Fleet` hands it out.
 
@@ -103,6 +132,7 @@ class BlockingAgent:
         self.name = agent.name
         self.unit = agent.unit
         self.pid = agent.pid
+        self.start_time = agent.start_time
         popen = agent.popen
         self.stdin = popen.stdin if popen is not None else None
         self.stdout = popen.stdout if popen is not None else None
@@ -115,45 +145,17 @@ class BlockingAgent:
     def cgroup(self) -> str | None:
         return self._agent.cgroup
 
-    @property
-    def state(self) -> str:
-        return self._agent.state
-
-    @property
-    def started(self) -> float:
-        return self._agent.started
-
-    @property
-    def memory_current(self) -> int | None:
-        return self._agent.memory_current
-
-    @property
-    def memory_peak(self) -> int | None:
-        return self._agent.memory_peak
-
-    @property
-    def oom_kills(self) -> int:
-        return self._agent.oom_kills
-
-    @property
-    def leftovers(self) -> int:
-        return self._agent.leftovers
-
-    @property
-    def calls(self) -> int:
-        return self._agent.calls
-
-    @property
-    def reap_after(self) -> float | None:
-        return self._agent.reap_after
-
-    @property
-    def property_issues(self) -> list[dict[str, Any]]:
-        return self._agent.property_issues
-
-    @property
-    def returncode(self) -> int | None:
-        return self._agent.returncode
+    # The agent's figures, read live from the core's Agent (the loop updates them).
+    state: _Live[str] = _Live()
+    started: _Live[float] = _Live()
+    memory_current: _Live[int | None] = _Live()
+    memory_peak: _Live[int | None] = _Live()
+    oom_kills: _Live[int] = _Live()
+    leftovers: _Live[int] = _Live()
+    calls: _Live[int] = _Live()
+    reap_after: _Live[float | None] = _Live()
+    property_issues: _Live[list[dict[str, Any]]] = _Live()
+    returncode: _Live[int | None] = _Live()
 
     def to_dict(self) -> dict[str, Any]:
         return self._agent.to_dict()
@@ -170,304 +172,6 @@ class BlockingAgent:
 
     def alive(self) -> bool:
         return self._agent.alive()
-
-
-class Fleet:
-    """The blocking face of :class:`AsyncFleet`: same operations, same arguments.
-
-    Safe to use from a plain script and from many threads at once::
-
-        with Fleet("default") as fleet:
-            agent = fleet.launch("builder-1", ["claude", "-p", "..."])
-            agent.wait()
-    """
-
-    def __init__(
-        self,
-        name: str = "default",
-        manager: str = "auto",
-        *,
-        slice: str = _names.DEFAULT_SLICE,
-        agent_oom_score_adj: int = 800,
-        manager_oom_score_adj: int | None = 200,
-        registry: str | os.PathLike[str] | None = None,
-        policy: str = "adopt",
-        env: Mapping[str, str] | None = None,
-        tmux_dir: str | os.PathLike[str] | None = None,
-        _bus: SystemdBus | None = None,
-        admission_wait: float = 0.0,
-    ) -> None:
-        self._portal = _LoopThread(name)
-        try:
-            self._fleet = self._portal.call(
-                _make(
-                    name,
-                    manager,
-                    slice=slice,
-                    agent_oom_score_adj=agent_oom_score_adj,
-                    manager_oom_score_adj=manager_oom_score_adj,
-                    registry=registry,
-                    policy=policy,
-                    env=env,
-                    tmux_dir=tmux_dir,
-                    _bus=_bus,
-                    admission_wait=admission_wait,
-                )
-            )
-        except BaseException:
-            self._portal.stop()
-            raise
-        self.name = self._fleet.name
-        self.manager = self._fleet.manager
-        self.slice = self._fleet.slice
-
-    @property
-    def systemd_version(self) -> str:
-        """See :attr:`AsyncFleet.systemd_version`."""
-        return self._fleet.systemd_version
-
-    @property
-    def bus_address(self) -> str:
-        """See :attr:`AsyncFleet.bus_address`."""
-        return self._fleet.bus_address
-
-    @property
-    def mode(self) -> str:
-        """See :attr:`AsyncFleet.mode`."""
-        return self._fleet.mode
-
-    @property
-    def mode_reason(self) -> str:
-        """See :attr:`AsyncFleet.mode_reason`."""
-        return self._fleet.mode_reason
-
-    def __enter__(self) -> Fleet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the connection and the loop thread. Agents keep running.
-
-        Closing twice is harmless; any other call after it raises
-        :class:`AgentscopeError` (the fleet is closed).
-        """
-        if self._portal.loop.is_running():
-            self._portal.call(self._fleet.aclose())
-            self._portal.stop()
-
-    def slice_cgroup(self) -> Path:
-        """See :meth:`AsyncFleet.slice_cgroup`."""
-        return self._portal.call(self._fleet.slice_cgroup())
-
-    def unit_agent(self, unit: str) -> str | None:
-        """See :meth:`AsyncFleet.unit_agent` (thread-safe: no trip to the loop)."""
-        return self._fleet.unit_agent(unit)
-
-    def launch(
-        self,
-        name: str,
-        argv: Sequence[str],
-        *,
-        cwd: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: Stdio = None,
-        stdout: Stdio = None,
-        stderr: Stdio = None,
-        memory_max: int | None = None,
-        terminal: str | None = None,
-        tasks_max: int | None = None,
-        cpu_weight: int | None = None,
-        io_weight: int | None = None,
-        properties: Mapping[str, str | int] | None = None,
-        reap_after: float | str = DEFAULT_REAP_AFTER,
-        call_memory_max: int | str | None = None,
-        call_tasks_max: int | str | None = None,
-        call_shell: bool = False,
-    ) -> BlockingAgent:
-        """See :meth:`AsyncFleet.launch`."""
-        agent = self._portal.call(
-            self._fleet.launch(
-                name,
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                memory_max=memory_max,
-                terminal=terminal,
-                tasks_max=tasks_max,
-                cpu_weight=cpu_weight,
-                io_weight=io_weight,
-                properties=properties,
-                reap_after=reap_after,
-                call_memory_max=call_memory_max,
-                call_tasks_max=call_tasks_max,
-                call_shell=call_shell,
-                _streams=False,
-            )
-        )
-        return BlockingAgent(self._portal, agent)
-
-    def call(
-        self,
-        agent: str,
-        argv: Sequence[str],
-        *,
-        memory_max: int | str | None = None,
-        tasks_max: int | str | None = None,
-        name: str | None = None,
-        cwd: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: Stdio = None,
-        stdout: Stdio = None,
-        stderr: Stdio = None,
-    ) -> BlockingCall:
-        """See :meth:`AsyncFleet.call`."""
-        return BlockingCall(
-            self._portal.call(
-                self._fleet.call(
-                    agent,
-                    argv,
-                    memory_max=memory_max,
-                    tasks_max=tasks_max,
-                    name=name,
-                    cwd=cwd,
-                    env=env,
-                    stdin=stdin,
-                    stdout=stdout,
-                    stderr=stderr,
-                )
-            )
-        )
-
-    def adopt(
-        self,
-        pid: int,
-        name: str,
-        *,
-        memory_max: int | None = None,
-        tasks_max: int | None = None,
-        cpu_weight: int | None = None,
-        io_weight: int | None = None,
-        properties: Mapping[str, str | int] | None = None,
-        reap_after: float | str = DEFAULT_REAP_AFTER,
-    ) -> BlockingAgent:
-        """See :meth:`AsyncFleet.adopt`."""
-        agent = self._portal.call(
-            self._fleet.adopt(
-                pid,
-                name,
-                memory_max=memory_max,
-                tasks_max=tasks_max,
-                cpu_weight=cpu_weight,
-                io_weight=io_weight,
-                properties=properties,
-                reap_after=reap_after,
-            )
-        )
-        return BlockingAgent(self._portal, agent)
-
-    def stop(self, name: str, timeout: float = 10) -> None:
-        """See :meth:`AsyncFleet.stop`."""
-        self._portal.call(self._fleet.stop(name, timeout))
-
-    def kill(self, name: str, signal: int = _signal.SIGTERM) -> None:
-        """See :meth:`AsyncFleet.kill`."""
-        self._portal.call(self._fleet.kill(name, signal))
-
-    def freeze(self, name: str) -> None:
-        """See :meth:`AsyncFleet.freeze`."""
-        self._portal.call(self._fleet.freeze(name))
-
-    def thaw(self, name: str) -> None:
-        """See :meth:`AsyncFleet.thaw`."""
-        self._portal.call(self._fleet.thaw(name))
-
-    def agents(self, *, all: bool = False) -> list[BlockingAgent]:
-        """See :meth:`AsyncFleet.agents`."""
-        agents = self._portal.call(self._fleet.agents(all=all))
-        return [BlockingAgent(self._portal, a) for a in agents]
-
-    def events(
-        self,
-        *,
-        agent: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        kind: str | None = None,
-        after_id: int | None = None,
-        limit: int | None = None,
-        last: int | None = None,
-    ) -> list[EventRecord]:
-        """See :meth:`AsyncFleet.events`."""
-        return self._portal.call(
-            self._fleet.events(
-                agent=agent,
-                since=since,
-                until=until,
-                kind=kind,
-                after_id=after_id,
-                limit=limit,
-                last=last,
-            )
-        )
-
-    def gc(self, retention_seconds: float = 7 * 86400) -> int:
-        """See :meth:`AsyncFleet.gc`."""
-        return self._portal.call(self._fleet.gc(retention_seconds))
-
-    def clear_slice_limits(self) -> dict[str, int]:
-        """See :meth:`AsyncFleet.clear_slice_limits`."""
-        return self._portal.call(self._fleet.clear_slice_limits())
-
-    def report(self, top: int = 10) -> MemoryReport:
-        """See :meth:`AsyncFleet.report`."""
-        return self._portal.call(self._fleet.report(top))
-
-    def monitor(
-        self,
-        interval: float = 2.0,
-        top: int = 10,
-        *,
-        guard: bool | GuardConfig = False,
-        reclaim_escaped: bool = False,
-        **options: Any,
-    ) -> BlockingMonitor:
-        """See :meth:`AsyncFleet.monitor`; iterate it (blocking) or pass ``on_event``."""
-        mon = self._portal.call(
-            _call(
-                self._fleet.monitor,
-                interval,
-                top,
-                guard=guard,
-                reclaim_escaped=reclaim_escaped,
-                **options,
-            )
-        )
-        return BlockingMonitor(self._portal, mon)
-
-    def slice_limits(self) -> dict[str, int | None]:
-        """See :meth:`AsyncFleet.slice_limits`."""
-        return self._portal.call(self._fleet.slice_limits())
-
-    def logs(self, name: str, lines: int = 100) -> list[str]:
-        """See :meth:`AsyncFleet.logs`."""
-        return self._portal.call(self._fleet.logs(name, lines))
-
-    def send(self, name: str, text: str, *, enter: bool = False) -> None:
-        """See :meth:`AsyncFleet.send`."""
-        self._portal.call(self._fleet.send(name, text, enter=enter))
-
-    def attach_command(self, name: str, *, read_only: bool = False) -> list[str]:
-        """See :meth:`AsyncFleet.attach_command`."""
-        return self._portal.call(self._fleet.attach_command(name, read_only=read_only))
-
-    def attach(self, name: str, *, read_only: bool = False) -> int:
-        """See :meth:`AsyncFleet.attach`."""
-        return self._portal.call(self._fleet.attach(name, read_only=read_only))
 
 
 class BlockingMonitor:
@@ -523,6 +227,181 @@ class BlockingMonitor:
         return self._portal.call(self._monitor.report(top))
 
 
+@overload
+def _blocking(
+    method: Callable[Concatenate[AsyncFleet, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Fleet, P], R]: ...
+@overload
+def _blocking(
+    method: Callable[Concatenate[AsyncFleet, P], Coroutine[Any, Any, R]],
+    wrap: Callable[[_LoopThread, R], T],
+) -> Callable[Concatenate[Fleet, P], T]: ...
+def _blocking(
+    method: Callable[Concatenate[AsyncFleet, P], Coroutine[Any, Any, R]],
+    wrap: Callable[[_LoopThread, R], Any] | None = None,
+) -> Callable[Concatenate[Fleet, P], Any]:
+    """The blocking :class:`Fleet` method that runs ``method`` of the core.
+
+    One rule for every operation of the facade: the same arguments go to
+    the core's method on the loop thread, and ``wrap`` turns what it
+    returns into what the facade hands out (a :class:`BlockingAgent` for an
+    :class:`Agent`). ``help()`` shows the core's parameters and docstring,
+    with the facade's return type.
+    """
+
+    @functools.wraps(method)
+    def run(self: Fleet, /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        result = self._portal.call(method(self._fleet, *args, **kwargs))
+        return result if wrap is None else wrap(self._portal, result)
+
+    run.__module__, run.__qualname__ = __name__, f"Fleet.{method.__name__}"
+    core = inspect.signature(method)
+    if wrap is None:
+        returns = core.return_annotation
+    else:  # a class, or a function that makes one
+        returns = wrap.__name__ if isinstance(wrap, type) else wrap.__annotations__["return"]
+    run.__signature__ = core.replace(return_annotation=returns)  # type: ignore[attr-defined]
+    run.__doc__ = (
+        f"Blocking :meth:`AsyncFleet.{method.__name__}`, run on the fleet's loop thread.\n\n"
+        + inspect.cleandoc(method.__doc__ or "")
+    )
+    return run
+
+
+def _blocking_call(portal: _LoopThread, call: Call) -> BlockingCall:
+    return BlockingCall(call)
+
+
+def _blocking_agents(portal: _LoopThread, agents: list[Agent]) -> list[BlockingAgent]:
+    return [BlockingAgent(portal, a) for a in agents]
+
+
+def _on_loop(
+    method: Callable[Concatenate[AsyncFleet, P], T],
+) -> Callable[Concatenate[AsyncFleet, P], Coroutine[Any, Any, T]]:
+    """``method`` as a coroutine, to run on the loop thread (it needs the running loop)."""
+
+    @functools.wraps(method)
+    async def run(fleet: AsyncFleet, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return method(fleet, *args, **kwargs)
+
+    return run
+
+
+class Fleet:
+    """The blocking face of :class:`AsyncFleet`: same operations, same arguments.
+
+    Safe to use from a plain script and from many threads at once::
+
+        with Fleet("default") as fleet:
+            agent = fleet.launch("builder-1", ["claude", "-p", "..."])
+            agent.wait()
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        manager: str = "auto",
+        *,
+        slice: str = _names.DEFAULT_SLICE,
+        agent_oom_score_adj: int = 800,
+        manager_oom_score_adj: int | None = 200,
+        registry: str | os.PathLike[str] | None = None,
+        policy: str = "adopt",
+        env: Mapping[str, str] | None = None,
+        tmux_dir: str | os.PathLike[str] | None = None,
+        _bus: SystemdBus | None = None,
+        admission_wait: float = 0.0,
+    ) -> None:
+        self._portal = _LoopThread(name)
+        try:
+            self._fleet = self._portal.call(
+                _make(
+                    name,
+                    manager,
+                    slice=slice,
+                    agent_oom_score_adj=agent_oom_score_adj,
+                    manager_oom_score_adj=manager_oom_score_adj,
+                    registry=registry,
+                    policy=policy,
+                    env=env,
+                    tmux_dir=tmux_dir,
+                    _bus=_bus,
+                    admission_wait=admission_wait,
+                    _streams=False,  # the facade reads the plain pipes
+                )
+            )
+        except BaseException:
+            self._portal.stop()
+            raise
+        self.name = self._fleet.name
+        self.manager = self._fleet.manager
+        self.slice = self._fleet.slice
+
+    @property
+    def systemd_version(self) -> str:
+        """See :attr:`AsyncFleet.systemd_version`."""
+        return self._fleet.systemd_version
+
+    @property
+    def bus_address(self) -> str:
+        """See :attr:`AsyncFleet.bus_address`."""
+        return self._fleet.bus_address
+
+    @property
+    def mode(self) -> str:
+        """See :attr:`AsyncFleet.mode`."""
+        return self._fleet.mode
+
+    @property
+    def mode_reason(self) -> str:
+        """See :attr:`AsyncFleet.mode_reason`."""
+        return self._fleet.mode_reason
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection and the loop thread. Agents keep running.
+
+        Closing twice is harmless; any other call after it raises
+        :class:`AgentscopeError` (the fleet is closed).
+        """
+        if self._portal.loop.is_running():
+            self._portal.call(self._fleet.aclose())
+            self._portal.stop()
+
+    # Each operation is the core's method run on the loop thread: its
+    # signature, types and docstring are the core's (see _blocking below).
+    slice_cgroup = _blocking(AsyncFleet.slice_cgroup)
+    launch = _blocking(AsyncFleet.launch, BlockingAgent)
+    call = _blocking(AsyncFleet.call, _blocking_call)
+    adopt = _blocking(AsyncFleet.adopt, BlockingAgent)
+    stop = _blocking(AsyncFleet.stop)
+    kill = _blocking(AsyncFleet.kill)
+    freeze = _blocking(AsyncFleet.freeze)
+    thaw = _blocking(AsyncFleet.thaw)
+    agents = _blocking(AsyncFleet.agents, _blocking_agents)
+    events = _blocking(AsyncFleet.events)
+    gc = _blocking(AsyncFleet.gc)
+    clear_slice_limits = _blocking(AsyncFleet.clear_slice_limits)
+    report = _blocking(AsyncFleet.report)
+    # The monitor is made on the loop thread: it needs the running loop.
+    monitor = _blocking(_on_loop(AsyncFleet.monitor), BlockingMonitor)
+    slice_limits = _blocking(AsyncFleet.slice_limits)
+    logs = _blocking(AsyncFleet.logs)
+    send = _blocking(AsyncFleet.send)
+    attach_command = _blocking(AsyncFleet.attach_command)
+    attach = _blocking(AsyncFleet.attach)
+
+    def unit_agent(self, unit: str) -> str | None:
+        """See :meth:`AsyncFleet.unit_agent` (thread-safe: no trip to the loop)."""
+        return self._fleet.unit_agent(unit)
+
+
 async def _anext(it: AsyncIterator[T]) -> T:
     return await it.__anext__()
 
@@ -530,11 +409,6 @@ async def _anext(it: AsyncIterator[T]) -> T:
 async def _within(timeout: float | None, coro: Coroutine[Any, Any, T]) -> T:
     async with asyncio.timeout(timeout):
         return await coro
-
-
-async def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a plain function on the loop thread (it needs the running loop)."""
-    return fn(*args, **kwargs)
 
 
 async def _make(name: str, manager: str, **kwargs: Any) -> AsyncFleet:

@@ -52,11 +52,11 @@ from .._registry._registry import (
 from . import _tmux
 from ._agent import Agent
 from ._fleet_adopt import Adopter
-from ._fleet_launch import Launcher, Stdio
+from ._fleet_launch import LaunchArgs, Launcher, Stdio
 from ._fleet_monitor import Monitors
 from ._fleet_reconcile import Reconciler
 from ._fleet_recovery import OomRecovery
-from ._fleet_registry import FleetRegistry, Roster
+from ._fleet_registry import FleetCore, FleetRegistry, Roster
 from ._fleet_tmux import Terminals
 from ._launchargs import check_argv
 from ._reaper import DEFAULT_REAP_AFTER, Reaper
@@ -113,6 +113,7 @@ class AsyncFleet:
         _bus: SystemdBus | None = None,
         admission_wait: float = 0.0,
         _manager: ScopeManager | None = None,
+        _streams: bool = True,
     ) -> None:
         if policy not in ("adopt", "stop"):
             raise InvalidConfig("policy", policy, "'adopt' or 'stop'", problem="is not allowed")
@@ -155,6 +156,9 @@ class AsyncFleet:
         self.agent_oom_score_adj = agent_oom_score_adj
         self.manager_oom_score_adj = manager_oom_score_adj
         self._closed = False
+        # Whether a launched agent's pipes become asyncio streams; the
+        # blocking facade reads the plain pipes instead.
+        self._streams = _streams
         self.policy = policy
         self.registry_path = Path(
             registry if registry is not None else default_registry_path(self.manager)
@@ -163,9 +167,10 @@ class AsyncFleet:
         self._roster = Roster(self.name, self._note_exit)
         self._store = FleetRegistry(self.name, self.registry_path, self._roster)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._recovery = OomRecovery(self.name, self._manager, self._store)
+        core = FleetCore(self.name, self._manager, self._store, self._roster, self._tasks)
+        self._recovery = OomRecovery(core)
+        self._reaper = Reaper(core)
         # tmux agents: the fleet's server on its private socket.
-        self._reaper = Reaper(self.name, self._manager, self._store, self._roster, self._tasks)
         tmux = _tmux.TmuxServer(
             self.name,
             Path(tmux_dir)
@@ -173,43 +178,20 @@ class AsyncFleet:
             else _tmux.socket_dir(_tmux.runtime_dir(self.manager, env), self.name),
         )
         self._terminals = Terminals(
-            self.name,
+            core,
             tmux,
-            self._manager,
-            self._store,
-            self._roster,
             self._reaper,
             self._resolve,
             agent_oom_score_adj=agent_oom_score_adj,
             manager_oom_score_adj=manager_oom_score_adj,
         )
-        self._reconciler = Reconciler(
-            self.name, self._manager, self._store, self._roster, self._reaper
-        )
-        self._monitors = Monitors(
-            self.name,
-            self._manager,
-            self._store,
-            self._recovery,
-            self._reaper,
-            self._terminals,
-            self._tasks,
-        )
+        self._reconciler = Reconciler(core, self._reaper)
+        self._monitors = Monitors(core, self._recovery, self._reaper, self._terminals)
         self._launcher = Launcher(
-            self.name,
-            self._manager,
-            self._store,
-            self._roster,
-            self._monitors,
-            self._terminals,
-            self._tasks,
-            agent_oom_score_adj=agent_oom_score_adj,
+            core, self._monitors, self._terminals, agent_oom_score_adj=agent_oom_score_adj
         )
         self._adopter = Adopter(
-            self.name,
-            self._manager,
-            self._store,
-            self._roster,
+            core,
             self._monitors,
             self._launcher,
             agent_oom_score_adj=agent_oom_score_adj,
@@ -294,7 +276,6 @@ class AsyncFleet:
         self._monitors.note_exit(agent.unit, agent.pid, status, comm)
         if self._store.registry is None:
             return
-        registry = self._store.registry
         try:
             if await self._reaper.main_exited(agent.unit, agent.pid, status):
                 agent.state = "lingering"  # its scope holds processes: see _reaper
@@ -302,17 +283,8 @@ class AsyncFleet:
         except (RegistryError, OSError) as exc:
             log.warning("could not look for leftovers of %s: %s", agent.name, exc)
         agent.state = "exited"
-
-        detail = {"unit": agent.unit, "pid": agent.pid, "status": status}
         try:
-            await self._store.call(
-                registry.set_state,
-                agent.unit,
-                "exited",
-                exit_status=status,
-                event="exited",
-                detail=detail,
-            )
+            await self._store.call(self._store.mark_exited, agent.unit, agent.pid, status)
         except InvalidTransition:
             pass  # already closed by a listing that saw the scope go first
         except RegistryError as exc:
@@ -332,7 +304,9 @@ class AsyncFleet:
         """The fleet's recorded events, oldest first (``after_id`` for following,
         ``last`` for the newest few); see :meth:`Registry.events`."""
         self._check_open()
-        return await self._store.events(
+        return await self._store.call(
+            self._store.open_registry.events,
+            self.name,
             agent=agent,
             since=since,
             until=until,
@@ -397,7 +371,6 @@ class AsyncFleet:
         call_memory_max: int | str | None = None,
         call_tasks_max: int | str | None = None,
         call_shell: bool = False,
-        _streams: bool = True,
     ) -> Agent:
         """Start ``argv`` as agent ``name`` in a new scope; return once it exec'd.
 
@@ -447,14 +420,9 @@ class AsyncFleet:
                     "call_shell", call_shell, "True or False", problem="is not allowed"
                 )
             env = _callshell.call_shell_env(env)
-        controls = _scopeprops.build(
-            memory_max=memory_max,
-            tasks_max=tasks_max,
-            cpu_weight=cpu_weight,
-            io_weight=io_weight,
-            properties=properties,
+        controls, grace = _scopeprops.scope_settings(
+            memory_max, tasks_max, cpu_weight, io_weight, properties, reap_after
         )
-        grace = _scopeprops.parse_reap_after(reap_after)
         if terminal not in (None, "tmux"):
             raise InvalidConfig("terminal", terminal, "None or 'tmux'", problem="is not allowed")
         if terminal is not None and (stdin, stdout, stderr) != (None, None, None):
@@ -462,17 +430,13 @@ class AsyncFleet:
                 "a tmux agent's stdin, stdout and stderr are its pane: leave them None "
                 "(read its output with logs(), type into it with send())"
             )
+        args = LaunchArgs(
+            name, argv, cwd_s, env, (stdin, stdout, stderr), controls, terminal, grace
+        )
         return await self._launcher.launch(
-            name,
-            argv,
-            cwd_s,
-            env,
-            (stdin, stdout, stderr),
-            controls,
-            terminal,
-            grace,
+            args,
             admission_wait=self.admission_wait,
-            streams=_streams,
+            streams=self._streams,
         )
 
     async def adopt(
@@ -508,14 +472,9 @@ class AsyncFleet:
         self._check_open()
         name = _names.validate_name("agent", name)
         pid = await self._adopter.adoptable(pid)
-        controls = _scopeprops.build(
-            memory_max=memory_max,
-            tasks_max=tasks_max,
-            cpu_weight=cpu_weight,
-            io_weight=io_weight,
-            properties=properties,
+        controls, grace = _scopeprops.scope_settings(
+            memory_max, tasks_max, cpu_weight, io_weight, properties, reap_after
         )
-        grace = _scopeprops.parse_reap_after(reap_after)
         return await self._adopter.adopt(
             pid, name, controls, grace, admission_wait=self.admission_wait
         )
@@ -667,6 +626,7 @@ class AsyncFleet:
 
     def monitor(
         self,
+        /,  # mypy passes **options through the facade's ParamSpec only so
         interval: float = 2.0,
         top: int = 10,
         *,
@@ -689,9 +649,7 @@ class AsyncFleet:
         worked (docs/escapes.md). ``options`` go to :class:`Monitor`.
         """
         self._check_open()
-        return self._monitors.monitor(
-            interval, top, guard=guard, reclaim_escaped=reclaim_escaped, **options
-        )
+        return self._monitors.monitor(interval, top, guard, reclaim_escaped, options)
 
     async def report(self, top: int = 10) -> MemoryReport:
         """A memory report now: host, PSI, every agent, the top processes with their agent."""

@@ -28,11 +28,11 @@ from ._agent import Agent
 if TYPE_CHECKING:
     import psutil
 
-    from .._managers._manager import Controls, ScopeManager
+    from .._managers._manager import Controls
     from ._agent import Agent
     from ._fleet_launch import Launcher
     from ._fleet_monitor import Monitors
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetCore
 
 __all__ = ["Adopter"]
 
@@ -44,19 +44,13 @@ class Adopter:
 
     def __init__(
         self,
-        fleet: str,
-        manager: ScopeManager,
-        store: FleetRegistry,
-        roster: Roster,
+        core: FleetCore,
         monitors: Monitors,
         launcher: Launcher,
         *,
         agent_oom_score_adj: int,
     ) -> None:
-        self.name = fleet
-        self._manager = manager
-        self._store = store
-        self._roster = roster
+        self.name, self._manager, self._store, self._roster, self._tasks = core
         self._monitors = monitors
         self._launcher = launcher
         self.agent_oom_score_adj = agent_oom_score_adj
@@ -132,7 +126,7 @@ class Adopter:
                 )
         adj = self.agent_oom_score_adj
         await asyncio.to_thread(lambda: [write_oom_score_adj(p, adj) for p in [*pids, *late]])
-        agent = self._roster.new(name, unit, pid, None)
+        agent = self._roster.new(name, unit, pid, None, stat.start_time if stat else 0)
         agent.reap_after = grace
         agent.property_issues = issues
         self._roster.agents[name] = agent

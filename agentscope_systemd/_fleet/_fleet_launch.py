@@ -18,30 +18,42 @@ import logging
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from .. import _names
 from .._errors import AgentExists, LaunchError, RegistryError
 from .._kernel import _fdlimit
 from .._kernel._proc import read_stat
-from .._managers._scopeprops import DEFAULT_REAP_AFTER
 from .._registry import _claim
 from .._registry._registry import Registry
 from ._fleet_tmux import TmuxChild
 from ._spawn import GatedChild, spawn_gated
 
 if TYPE_CHECKING:
-    from .._managers._manager import Controls, ScopeManager
+    from .._managers._manager import Controls
     from ._agent import Agent
     from ._fleet_monitor import Monitors
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetCore
     from ._fleet_tmux import Terminals
 
-__all__ = ["Launcher", "Stdio"]
+__all__ = ["LaunchArgs", "Launcher", "Stdio"]
 
 log = logging.getLogger("agentscope")
 
 Stdio = int | IO[Any] | None
+
+
+class LaunchArgs(NamedTuple):
+    """A launch's arguments as :meth:`.AsyncFleet.launch` checked them, handed on as one."""
+
+    name: str
+    argv: Sequence[str]
+    cwd: str | None
+    env: Mapping[str, str] | None
+    stdio: tuple[Stdio, Stdio, Stdio]
+    controls: Controls
+    terminal: str | None
+    reap_after: float | None
 
 
 class Launcher:
@@ -49,24 +61,16 @@ class Launcher:
 
     def __init__(
         self,
-        fleet: str,
-        manager: ScopeManager,
-        store: FleetRegistry,
-        roster: Roster,
+        core: FleetCore,
         monitors: Monitors,
         terminals: Terminals,
-        tasks: set[asyncio.Task[Any]],
         *,
         agent_oom_score_adj: int,
     ) -> None:
-        self.name = fleet
-        self._manager = manager
-        self._store = store
-        self._roster = roster
+        # A launch lets the registry writes among the fleet's tasks finish.
+        self.name, self._manager, self._store, self._roster, self._tasks = core
         self._monitors = monitors
         self._terminals = terminals
-        # The fleet's background tasks: a launch lets the registry writes among them finish.
-        self._tasks = tasks
         self.agent_oom_score_adj = agent_oom_score_adj
         self._slice_checked = False
         self._slice_lock = asyncio.Lock()
@@ -74,21 +78,9 @@ class Launcher:
         # few at a time keep the GIL (and the event loop) free for the rest.
         self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
 
-    async def launch(
-        self,
-        name: str,
-        argv: Sequence[str],
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdio: tuple[Stdio, Stdio, Stdio],
-        controls: Controls,
-        terminal: str | None,
-        grace: float | None,
-        *,
-        admission_wait: float,
-        streams: bool,
-    ) -> Agent:
+    async def launch(self, args: LaunchArgs, *, admission_wait: float, streams: bool) -> Agent:
         """See :meth:`.AsyncFleet.launch` (its arguments checked)."""
+        name, argv, terminal, grace = args.name, args.argv, args.terminal, args.reap_after
         await self._monitors.admit(admission_wait)
         if terminal is not None:
             # Before the pane: a running tmux agent's window would otherwise
@@ -107,10 +99,8 @@ class Launcher:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         unit = _names.scope_unit_name(self.name, name)
         async with self._spawn_slots:
-            popen, pid, issues = await self._spawn_in_scope(
-                unit, name, argv, cwd, env, stdio, controls, terminal, grace
-            )
-        agent = self._roster.new(name, unit, pid, popen)
+            popen, pid, start, issues = await self._spawn_in_scope(unit, args)
+        agent = self._roster.new(name, unit, pid, popen, start)
         agent.argv = list(argv)
         agent.terminal = terminal
         agent.reap_after = grace
@@ -137,22 +127,15 @@ class Launcher:
         return agent
 
     async def _spawn_in_scope(
-        self,
-        unit: str,
-        name: str,
-        argv: Sequence[str],
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdio: tuple[Stdio, Stdio, Stdio],
-        controls: Controls,
-        terminal: str | None = None,
-        reap_after: float | None = DEFAULT_REAP_AFTER,
-    ) -> tuple[subprocess.Popen[bytes] | None, int, list[dict[str, Any]]]:
+        self, unit: str, args: LaunchArgs
+    ) -> tuple[subprocess.Popen[bytes] | None, int, int, list[dict[str, Any]]]:
         """Fork the gated child (or open its tmux pane), record it, make its scope, let it exec.
 
         Returns the Popen (None for a tmux pane, the tmux server's child),
-        the PID and what systemd did not take of ``controls``.
+        the PID, its start time as recorded and what systemd did not take of
+        ``controls``.
         """
+        name, argv, cwd, env, stdio, controls, terminal, reap_after = args
         # This launch's own reference: cleanup must work even if the fleet is
         # closed meanwhile (a gather of launches cancelled at shutdown).
         registry = self._store.registry
@@ -187,7 +170,9 @@ class Launcher:
                     raise _fdlimit.no_room(argv[0], exc) from exc
         recorded = False
         try:
-            await self._record_launch(registry, name, unit, child.pid, argv, cwd, reap_after)
+            start = await self._record_launch(
+                registry, name, unit, child.pid, argv, cwd, reap_after
+            )
             recorded = True
             issues = await self._manager.start_scope(unit, name, [child.pid], controls)
         except BaseException as exc:
@@ -207,7 +192,7 @@ class Launcher:
             await self._store.call(registry.set_state, unit, "failed")
             await self._store.event(name, "failed", unit=unit, error=str(exc))
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
-        return popen, child.pid, issues
+        return popen, child.pid, start, issues
 
     async def _record_launch(
         self,
@@ -218,8 +203,8 @@ class Launcher:
         argv: Sequence[str],
         cwd: str | None,
         reap_after: float | None,
-    ) -> None:
-        """Record the launch (state starting) before its scope exists.
+    ) -> int:
+        """Record the launch (state starting) before its scope exists; the start time recorded.
 
         The name is claimed by the one rule of every launch path
         (:func:`._claim.claim`): another launch of the same name, in this
@@ -228,6 +213,7 @@ class Launcher:
         launch recorded after all.
         """
         stat = await asyncio.to_thread(read_stat, pid)
+        start = stat.start_time if stat else 0
         await self._store.call(
             _claim.claim,
             registry,
@@ -235,13 +221,14 @@ class Launcher:
             name,
             unit,
             pid,
-            stat.start_time if stat else 0,
+            start,
             list(argv),
             cwd or os.getcwd(),
             slice_dir=await self._manager.slice_cgroup(),
             close=self._store.close_row,
             reap_after=reap_after,
         )
+        return start
 
     def refuse_known(self, name: str) -> None:
         """AgentExists if this fleet object runs an agent of that name (no I/O)."""

@@ -28,12 +28,11 @@ from . import _tmux
 if TYPE_CHECKING:
     from .._events import Event as MonitorEvent
     from .._guard._guardpolicy import GuardConfig
-    from .._managers._manager import ScopeManager
     from .._monitor._monitor import Monitor
     from .._monitor._recovery import Baseline
     from .._monitor._report import MemoryReport
     from ._fleet_recovery import OomRecovery
-    from ._fleet_registry import FleetRegistry
+    from ._fleet_registry import FleetCore
     from ._fleet_tmux import Terminals
     from ._reaper import Reaper
 
@@ -53,34 +52,26 @@ class Monitors:
 
     def __init__(
         self,
-        fleet: str,
-        manager: ScopeManager,
-        store: FleetRegistry,
+        core: FleetCore,
         recovery: OomRecovery,
         reaper: Reaper,
         terminals: Terminals,
-        tasks: set[asyncio.Task[Any]],
     ) -> None:
-        self.name = fleet
-        self._manager = manager
-        self._store = store
+        self.name, self._manager, self._store, self._roster, self._tasks = core
         self._recovery = recovery
         self._reaper = reaper
         self._terminals = terminals
-        # The fleet's background tasks: it waits for them as it stops an agent or closes.
-        self._tasks = tasks
         self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
     def monitor(
         self,
-        interval: float = 2.0,
-        top: int = 10,
-        *,
-        guard: bool | GuardConfig = False,
-        reclaim_escaped: bool = False,
-        **options: Any,
+        interval: float,
+        top: int,
+        guard: bool | GuardConfig,
+        reclaim_escaped: bool,
+        options: dict[str, Any],
     ) -> Monitor:
-        """See :meth:`.AsyncFleet.monitor` (the fleet is open)."""
+        """See :meth:`.AsyncFleet.monitor` (the fleet is open; its defaults are there)."""
         # The slice may not exist yet (no agent so far): watch where it will be.
         slice_path = self._manager.expected_slice_cgroup()
         theirs = options.pop("on_event", None)

@@ -21,8 +21,7 @@ from .._registry._registry import AgentRecord, LiveScope, in_flight, reconcile
 from ._reconcile_plan import Revival
 
 if TYPE_CHECKING:
-    from .._managers._manager import ScopeManager
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetCore
     from ._reaper import Reaper
 
 __all__ = ["Reconciler"]
@@ -33,18 +32,8 @@ log = logging.getLogger("agentscope")
 class Reconciler:
     """The fleet's part that lists its live scopes and reconciles its rows with them at open."""
 
-    def __init__(
-        self,
-        fleet: str,
-        manager: ScopeManager,
-        store: FleetRegistry,
-        roster: Roster,
-        reaper: Reaper,
-    ) -> None:
-        self.name = fleet
-        self._manager = manager
-        self._store = store
-        self._roster = roster
+    def __init__(self, core: FleetCore, reaper: Reaper) -> None:
+        self.name, self._manager, self._store, self._roster, self._tasks = core
         self._reaper = reaper
 
     async def live(self) -> dict[str, tuple[str, str]]:

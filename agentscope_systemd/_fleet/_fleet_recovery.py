@@ -50,9 +50,8 @@ from .._monitor._recovery import (
 from .._registry._registry import OomRecording, Registry
 
 if TYPE_CHECKING:
-    from .._managers._manager import ScopeManager
     from .._monitor._monitor import Monitor
-    from ._fleet_registry import FleetRegistry
+    from ._fleet_registry import FleetCore
 
 __all__ = ["KillMark", "OomRecovery", "read_baseline"]
 
@@ -162,10 +161,8 @@ class OomRecovery:
     kmsg_path: Path | None = KMSG
     read_journal: bool = True
 
-    def __init__(self, fleet: str, manager: ScopeManager, store: FleetRegistry) -> None:
-        self.fleet = fleet
-        self._manager = manager
-        self._store = store
+    def __init__(self, core: FleetCore) -> None:
+        self.fleet, self._manager, self._store, _, _ = core
         # Live kills emitted by a monitor and not stored yet, by unit: what a
         # stored watermark must not claim yet. Stored one at a time, in order.
         self._oom_inflight: dict[str | None, int] = {}

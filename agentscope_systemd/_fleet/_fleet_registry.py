@@ -16,20 +16,37 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 
 from .._errors import AgentscopeError, InvalidTransition, RegistryError
 from .._registry import _claim
-from .._registry._registry import AgentRecord, EventRecord, Registry
+from .._registry._registry import AgentRecord, Registry
 from ._agent import Agent
 
 if TYPE_CHECKING:
     from subprocess import Popen
 
-__all__ = ["FleetRegistry", "Roster"]
+    from .._managers._manager import ScopeManager
+
+__all__ = ["FleetCore", "FleetRegistry", "Roster"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+class FleetCore(NamedTuple):
+    """What every part of a fleet holds: made once by the fleet, handed to each part.
+
+    A part takes it as ``self.name, self._manager, self._store, self._roster,
+    self._tasks = core``.
+    """
+
+    name: str
+    manager: ScopeManager
+    store: FleetRegistry
+    roster: Roster
+    #: The fleet's background tasks: it waits for them as it stops an agent or closes.
+    tasks: set[asyncio.Task[Any]]
 
 
 @dataclass
@@ -52,9 +69,11 @@ class Roster:
     #: The terminal ("tmux") of each unit that runs in one.
     terminals: dict[str, str] = field(default_factory=dict)
 
-    def new(self, name: str, unit: str, pid: int, popen: Popen[bytes] | None) -> Agent:
+    def new(
+        self, name: str, unit: str, pid: int, popen: Popen[bytes] | None, start_time: int | None
+    ) -> Agent:
         """A new agent of this fleet (launched or adopted here); not known until :meth:`add`."""
-        return Agent(self.fleet, name, unit, pid, popen, self.on_exit)
+        return Agent(self.fleet, name, unit, pid, popen, self.on_exit, start_time)
 
     def from_record(self, rec: AgentRecord) -> Agent:
         """The agent of a registry row (found at open or in a listing)."""
@@ -105,30 +124,6 @@ class FleetRegistry:
         ((kind, detail),) = event.items()
         self.open_registry.set_state(unit, "running", event=kind, detail={"unit": unit, **detail})
 
-    async def events(
-        self,
-        *,
-        agent: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        kind: str | None = None,
-        after_id: int | None = None,
-        limit: int | None = None,
-        last: int | None = None,
-    ) -> list[EventRecord]:
-        """See :meth:`._fleet.AsyncFleet.events`."""
-        return await self.call(
-            self.open_registry.events,
-            self.fleet,
-            agent=agent,
-            since=since,
-            until=until,
-            kind=kind,
-            after_id=after_id,
-            limit=limit,
-            last=last,
-        )
-
     async def gc(self, retention_seconds: float) -> int:
         """See :meth:`._fleet.AsyncFleet.gc`."""
         return await self.call(self.open_registry.gc, retention_seconds, fleet=self.fleet)
@@ -158,6 +153,25 @@ class FleetRegistry:
         self.roster.unit_names[unit] = rec.name
         return rec.name
 
+    def mark_exited(self, unit: str, pid: int, status: int | None) -> AgentRecord:
+        """The one exit transition (worker thread): the row to exited with ``status``.
+
+        Its ``exited`` event is recorded with it, in the same transaction, by
+        whichever of the exit watcher, a listing and the reaper moves the row
+        first: one event however many see the exit.
+
+        Raises:
+            InvalidTransition: the row was closed otherwise (failed, lost).
+        """
+        return self.open_registry.set_state(
+            unit,
+            "exited",
+            exit_status=status,
+            event="exited",
+            detail={"unit": unit, "pid": pid, "status": status},
+            only_on_change=True,
+        )
+
     async def close_gone(self, rec: AgentRecord) -> AgentRecord:
         """Close the row of an agent whose scope is gone: exited if seen, else lost."""
         return await self.call(self.close_row, rec)
@@ -168,26 +182,15 @@ class FleetRegistry:
         registry = self.open_registry
         try:
             if rec.unit in self.roster.terminals:  # it ended in (or with) its tmux window
-                detail = {"unit": rec.unit, "pid": rec.pid, "status": None}
-                return registry.set_state(
-                    rec.unit, "exited", event="exited", detail=detail, only_on_change=True
-                )
+                return self.mark_exited(rec.unit, rec.pid, None)
             agent = self.roster.agents.get(rec.name)
             if agent is not None and agent.unit == rec.unit and agent.popen is not None:
                 status = agent.popen.poll()
                 if status is not None:
                     agent.state = "exited"
-                    return registry.set_state(rec.unit, "exited", exit_status=status)
+                    return self.mark_exited(rec.unit, rec.pid, status)
             if rec.lingering is not None:  # its main process was seen ending: its status is known
-                detail = {"unit": rec.unit, "pid": rec.pid, "status": rec.exit_status}
-                return registry.set_state(
-                    rec.unit,
-                    "exited",
-                    exit_status=rec.exit_status,
-                    event="exited",
-                    detail=detail,
-                    only_on_change=True,
-                )
+                return self.mark_exited(rec.unit, rec.pid, rec.exit_status)
             return _claim.close_lost(registry, rec)
         except InvalidTransition:  # closed meanwhile, otherwise: that close stands
             return registry.by_unit(rec.unit) or rec

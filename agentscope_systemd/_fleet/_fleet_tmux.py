@@ -19,14 +19,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._errors import BusError, TmuxError
+from .._managers import _wire
 from .._registry._registry import AgentRecord
 from . import _tmux
 from ._spawn import spawn_gated
 from ._tmux import TmuxServer, Window
 
 if TYPE_CHECKING:
-    from .._managers._manager import ScopeManager
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetCore
     from ._reaper import Reaper
 
 __all__ = ["Terminals", "TmuxChild"]
@@ -46,23 +46,17 @@ class Terminals:
 
     def __init__(
         self,
-        fleet: str,
+        core: FleetCore,
         server: TmuxServer,
-        manager: ScopeManager,
-        store: FleetRegistry,
-        roster: Roster,
         reaper: Reaper,
         resolve: Callable[[str], Awaitable[str]],
         *,
         agent_oom_score_adj: int,
         manager_oom_score_adj: int | None,
     ) -> None:
-        self.fleet = fleet
+        self.fleet, self._manager, self._store, self._roster, self._tasks = core
         #: The fleet's tmux server, on its private socket.
         self.server = server
-        self._manager = manager
-        self._store = store
-        self._roster = roster
         self._reaper = reaper
         self._resolve = resolve
         self.agent_oom_score_adj = agent_oom_score_adj
@@ -102,7 +96,7 @@ class Terminals:
             try:
                 await self._start_tmux_server(tmux, unit)
             except BusError as exc:
-                if exc.dbus_name != "org.freedesktop.systemd1.UnitExists":
+                if exc.dbus_name != _wire.UNIT_EXISTS:
                     raise
                 # Another launcher started it meanwhile, or the scope of a
                 # server that died is not collected yet.

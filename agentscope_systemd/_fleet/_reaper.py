@@ -32,13 +32,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .._errors import AgentscopeError, InvalidTransition, RegistryError
 from .._kernel._cgroup import read_subtree_procs
-from .._kernel._proc import PROC_ROOT, read_stat, read_statm_rss
+from .._kernel._proc import PROC_ROOT, read_stat, read_statm_rss, same_process
 from .._managers._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 from .._registry._registry import AgentRecord
 
 if TYPE_CHECKING:
-    from .._managers._manager import ScopeManager
-    from ._fleet_registry import FleetRegistry, Roster
+    from ._fleet_registry import FleetCore
 
 __all__ = [
     "DEFAULT_REAP_AFTER",
@@ -107,8 +106,7 @@ def decide(
 
 def main_alive(rec: AgentRecord, proc_root: Path = PROC_ROOT) -> bool:
     """Whether the row's main process runs: same pid and start time, not a zombie."""
-    st = read_stat(rec.pid, proc_root)
-    return st is not None and st.start_time == rec.start_time and st.state not in ("Z", "X")
+    return same_process(rec.pid, rec.start_time, proc_root) is not None
 
 
 def read_leftovers(
@@ -175,20 +173,8 @@ class Reaper:
     (at most once a second), :meth:`close` cancels the reaps still due.
     """
 
-    def __init__(
-        self,
-        fleet: str,
-        manager: ScopeManager,
-        store: FleetRegistry,
-        roster: Roster,
-        tasks: set[asyncio.Task[Any]],
-    ) -> None:
-        self.name = fleet
-        self._manager = manager
-        self._store = store
-        self._roster = roster
-        # The fleet's background tasks: it waits for them as it stops an agent or closes.
-        self._tasks = tasks
+    def __init__(self, core: FleetCore) -> None:
+        self.name, self._manager, self._store, self._roster, self._tasks = core
         self._closed = False
         # Lingering agents' reaps due while the fleet is open.
         self._reap_timers: dict[str, asyncio.TimerHandle] = {}
@@ -368,15 +354,7 @@ class Reaper:
             log.warning("the stop job of %s ended %r: its leftovers may run on", rec.unit, result)
             return
         try:
-            await self._store.call(
-                self._store.registry.set_state,
-                rec.unit,
-                "exited",
-                exit_status=rec.exit_status,
-                event="exited",
-                detail={"unit": rec.unit, "pid": rec.pid, "status": rec.exit_status},
-                only_on_change=True,
-            )
+            await self._store.call(self._store.mark_exited, rec.unit, rec.pid, rec.exit_status)
         except InvalidTransition:
             pass  # closed meanwhile by a listing that saw the scope go
         except RegistryError as exc:

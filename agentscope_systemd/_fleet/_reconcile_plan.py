@@ -13,8 +13,10 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, NamedTuple
 
+from .._kernel._proc import same_process
 from .._registry._records import AgentRecord
 
 __all__ = [
@@ -191,19 +193,14 @@ def in_flight(rec: AgentRecord, *, proc_root: str = "/proc") -> bool:
     """
     if rec.state != "starting":
         return False
-    try:
-        with open(f"{proc_root}/{rec.pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:  # it ended
-        return False
-    fields = data[data.rindex(b")") + 2 :].split()
-    if int(fields[19]) != rec.start_time or fields[0] in (b"Z", b"X"):
+    stat = same_process(rec.pid, rec.start_time, Path(proc_root))
+    if stat is None:  # ended, or its pid is another process's now
         return False
     # Young by the boot clock, not the wall clock (#31): a clock set forward
     # must not judge a launch under way, nor one set back keep an old one.
     if _boot_seconds() - rec.start_time / _CLK_TCK > LAUNCH_GRACE:
         return False
-    ppid = int(fields[1])
+    ppid = stat.ppid
     if ppid <= 1:
         return False
     try:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from .. import _numbers
 from .._errors import AgentscopeError, LaunchError, TmuxError, TmuxUnavailable, WindowExists
+from .._kernel._proc import read_stat
 
 if TYPE_CHECKING:
     import libtmux
@@ -200,10 +201,10 @@ def _wait_cmdline(
 
 def _running(pid: int) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        st = read_stat(pid)
     except OSError:
         return False
-    return stat.rpartition(b")")[2].split()[:1] != [b"Z"]
+    return st is not None and st.state != "Z"
 
 
 def at_gate(cmdline: Sequence[str]) -> bool:

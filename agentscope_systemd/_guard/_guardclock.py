@@ -28,6 +28,7 @@ from ._guardpolicy import (
 )
 
 __all__ = [
+    "GONE_SHARE",
     "STALL_SECONDS",
     "SWAP_OUT_PERCENT",
     "SWAP_STALL_PERCENT",
@@ -47,6 +48,15 @@ __all__ = [
 STALL_SECONDS: Final = 1.0
 SWAP_STALL_PERCENT: Final = 10.0
 SWAP_OUT_PERCENT: Final = 1.0
+#: "Memory gone and swap not taking it": MemAvailable at this share of its
+#: threshold (5 % by default) for STALL_SECONDS, while pages went out to swap
+#: at less than SWAP_OUT_PERCENT of MemTotal a second. Measured in
+#: bench_squeeze.py (trixie, 768 MB, TCG, Ubuntu's profile, 2026-12-03):
+#: MemAvailable sat at 1.3-3.4 % for 8-12 s with swap 97 % free, nothing
+#: going out to it and PSI at zero, while the manager's loop stalled 1.9-4.2 s
+#: and every sibling fell silent; only the swap storm that followed made
+#: the stall rule act. Free swap that the kernel does not use is no room.
+GONE_SHARE: Final = 0.5
 
 
 def _paged_percent(old: int, new: int, mem_total: int, span: float) -> float:
@@ -152,6 +162,31 @@ class _Stalls:
         out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
         return out >= SWAP_OUT_PERCENT
 
+    def gone_and_not_swapping(self, reading: HostReading) -> bool:
+        """MemAvailable at GONE_SHARE of its threshold for STALL_SECONDS, swap not taking pages.
+
+        earlyoom's rule counts free swap as room; a kernel that keeps its
+        anonymous pages in RAM (swap-out under SWAP_OUT_PERCENT of MemTotal a
+        second) leaves that room unused while MemAvailable is all but gone,
+        and the host's page cache, its programs' code included, goes first.
+        Swap that is taking pages is left to the other rules.
+        """
+        floor = self.config.mem_available_percent * GONE_SHARE
+        if reading.swap_total <= 0 or reading.mem_available_percent > floor:
+            return False
+        base = None
+        for old in reversed(self.window):
+            if old.ts <= reading.ts - STALL_SECONDS:
+                base = old
+                break
+        if base is None or base.mem_available_percent > floor:
+            return False
+        if reading.swap_outs is None or base.swap_outs is None:
+            return False
+        span = reading.ts - base.ts
+        out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
+        return out < SWAP_OUT_PERCENT
+
     def thrash(self, reading: HostReading) -> bool:
         """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""
         window = self.window
@@ -218,8 +253,11 @@ class PressureClock:
             self._limit, self._limit_path = _Stalls(config), path
         host, limit = self._host, self._limit
         thrash = (host.thrash(reading), view is not None and limit.thrash(view))
+        # "Gone and not swapping" is the host's alone: a limit's swap-out
+        # count is read only when its stall counter moves (LimitWatch), so
+        # "nothing went out" is not known there while it does not stall.
         stalling = (
-            host.short_and_stalling(reading),
+            host.short_and_stalling(reading) or host.gone_and_not_swapping(reading),
             view is not None and limit.short_and_stalling(view),
         )
         host.prev, limit.prev = reading, view

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._calls._calls import call_in, kill_tree
-from .._kernel._proc import PROC_ROOT, read_cgroup, read_stat
+from .._kernel._proc import PROC_ROOT, read_cgroup, same_process
 from ._guardpolicy import GuardConfig
 
 __all__ = ["kill_process", "prepare_process"]
@@ -158,8 +158,7 @@ def _kill(
         return None
     call = None
     try:
-        stat = read_stat(pid, proc_root)
-        if stat is None or stat.start_time != start_time:
+        if same_process(pid, start_time, proc_root, zombie=True) is None:
             os.close(pidfd)
             return None
         # Chosen up to a second ago: a process that left the slice since

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from .._kernel._proc import PROC_ROOT, read_cmdline, read_stat
+from .._kernel._proc import PROC_ROOT, read_cmdline, same_process
 
 __all__ = ["CmdlineBook"]
 
@@ -82,11 +82,11 @@ class CmdlineBook:
                 continue
             try:
                 text = read_cmdline(pid, self._proc_root, self._max_len)
-                stat = read_stat(pid, self._proc_root)
+                same = same_process(pid, start, self._proc_root, zombie=True)
             except OSError:
                 continue
             # The same process still (its pid not reused during the read).
-            if text is None or stat is None or stat.start_time != start:
+            if text is None or same is None:
                 continue
             self._known[pid, start] = text
             while len(self._known) > KEPT:

@@ -586,8 +586,8 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
             _room(reading.limit_swap_free, reading.limit_swap_total, config.swap_free_percent), 0.0
         ) / float(ASSUMED_SWAP_FILL)
         # A limit is small beside a host's RAM: its last tenth fills in
-        # milliseconds (a 400 MiB container's 40 MiB at 3 GB/s, AgentCgroup's
-        # bursts: FIELD-NOTES), and the kernel's OOM killer inside a cgroup
+        # milliseconds (a 400 MiB container's 40 MiB at 3 GB/s, a tool call's
+        # bursts: docs/guard.md, "How often"), and the kernel's OOM killer inside a cgroup
         # does not wait for minutes of thrashing as the host's does. So near a
         # limit (twice its threshold) the guard looks as often as every
         # LIMIT_MIN_INTERVAL (jr2's ADR-0061 polls 10-20 ms), below the

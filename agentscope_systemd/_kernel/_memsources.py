@@ -4,7 +4,7 @@
 is given in RAM: a page swapped out to it frees a page and costs its
 compressed size (Documentation/admin-guide/blockdev/zram.rst, ``mm_stat``).
 With pages that do not compress, MemAvailable reaches nothing while
-SwapFree stays high (FIELD-NOTES "Hosts as users have them"). The readers
+SwapFree stays high (docs/guard.md, "What it watches"). The readers
 here give the guard what it needs to count zram as the RAM it is, and the
 counters that show thrashing while MemAvailable still looks fine:
 

@@ -21,6 +21,7 @@ from .. import _numbers
 from .._dicts import as_dict
 from ._cgroup import _GONE_OR_DENIED, _GONE_OR_UNSUPPORTED, Pressure, _read_kernel_file
 from ._cgroup import parse_pressure as _parse_pressure
+from ._statline import split_stat
 
 __all__ = [
     "MemInfo",
@@ -41,6 +42,7 @@ __all__ = [
     "read_statm_rss",
     "read_vm_sizes",
     "read_wchan",
+    "same_process",
     "top_processes",
 ]
 
@@ -90,21 +92,12 @@ _SIGKILL_BIT = 1 << 8  # signal 9 is bit 8 of the pending set
 
 
 def parse_stat(data: bytes) -> ProcStat:
-    """Parse ``/proc/PID/stat``.
-
-    The comm is whatever lies between the first ``(`` and the *last* ``)``:
-    a process may name itself ``a) S 1 (b``, so the fields are split only
-    after the last parenthesis (as psutil does).
+    """Parse ``/proc/PID/stat``, split by :func:`._statline.split_stat`.
 
     Raises:
         ValueError: the data is not a stat line.
     """
-    head, sep, tail = data.rpartition(b")")
-    pid_field, open_paren, comm = head.partition(b" (")
-    fields = tail.split()
-    if not sep or not open_paren or len(fields) < 20:
-        raise ValueError(f"/proc/PID/stat: unexpected format {data[:120]!r}")
-    # fields[0] is field 3 (state); field N is fields[N - 3].
+    pid_field, comm, fields = split_stat(data)
     return ProcStat(
         pid=int(pid_field),
         comm=comm.decode("utf-8", "replace"),
@@ -139,6 +132,24 @@ def read_stat(pid: int, proc_root: Path = PROC_ROOT) -> ProcStat | None:
     """
     data = _read_kernel_file(_pid_file(proc_root, pid, "stat"))
     return None if data is None else parse_stat(data)
+
+
+def same_process(
+    pid: int, start_time: int, proc_root: Path = PROC_ROOT, *, zombie: bool = False
+) -> ProcStat | None:
+    """``pid``'s stat if it is still the process that started at ``start_time``.
+
+    The one identity check of a process: ``(pid, start time)``, so that a
+    pid reused by another process is never taken for it. None when it is
+    gone, another process holds the pid, or (unless ``zombie``) it is a
+    zombie, which runs nothing and holds no memory.
+    """
+    st = read_stat(pid, proc_root)
+    if st is None or st.start_time != start_time:
+        return None
+    if not zombie and st.state in ("Z", "X"):
+        return None
+    return st
 
 
 def read_statm_rss(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._names import parse_description
-from ._proc import PROC_ROOT, iter_pids, read_stat
+from ._proc import PROC_ROOT, iter_pids, read_stat, same_process
 
 __all__ = [
     "MEMBERS",
@@ -107,8 +107,7 @@ def tree_members(
     """
     live: dict[int, int] = {}
     for pid, start in recorded.items():
-        st = read_stat(pid, proc_root)
-        if st is not None and st.start_time == start and st.state not in ("Z", "X"):
+        if same_process(pid, start, proc_root) is not None:
             live[pid] = start
     todo = list(live)
     while todo:

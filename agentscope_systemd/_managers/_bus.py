@@ -40,10 +40,7 @@ __all__ = [
 log = logging.getLogger("agentscope")
 
 Manager = Literal["system", "user"]
-SD = "org.freedesktop.systemd1"
-SD_PATH = "/org/freedesktop/systemd1"
-SD_MANAGER = "org.freedesktop.systemd1.Manager"
-PROPS = "org.freedesktop.DBus.Properties"
+SD, SD_PATH, SD_MANAGER, PROPS = _wire.SD, _wire.SD_PATH, _wire.SD_MANAGER, _wire.PROPERTIES
 INFINITY = 2**64 - 1  # systemd's "infinity" for limits (uint64 max)
 SYSTEM_BUS = _wire.SYSTEM_BUS
 CALL_TIMEOUT = 60.0  # seconds for a method reply; systemd answers in milliseconds
@@ -145,15 +142,12 @@ class _DirectBus(MessageBus):
         return line[:-2]
 
 
-_DBUS = "org.freedesktop.DBus"
-
-
 def _daemon_call(member: str, arg: str) -> Message:
     """A call to the bus daemon itself taking one string."""
     return Message(
-        destination=_DBUS,
-        path="/org/freedesktop/DBus",
-        interface=_DBUS,
+        destination=_wire.DBUS,
+        path=_wire.DBUS_PATH,
+        interface=_wire.DBUS,
         member=member,
         signature="s",
         body=[arg],
@@ -163,7 +157,7 @@ def _daemon_call(member: str, arg: str) -> Message:
 def _check(method: str, reply: Message | None) -> list[Any]:
     """The body of a method return; every D-Bus error becomes a BusError here."""
     if reply is None:
-        raise BusError(method, "org.freedesktop.DBus.Error.NoReply", "no reply")
+        raise BusError(method, _wire.NO_REPLY, "no reply")
     if reply.message_type == MessageType.ERROR:
         raise BusError.from_reply(method, reply.error_name, reply.body)
     return list(reply.body)
@@ -248,7 +242,7 @@ class SystemdBus:
             rules = (
                 f"type='signal',sender='{SD}',interface='{SD_MANAGER}',member='JobRemoved'",
                 # A manager that re-executes comes back under a new unique name.
-                f"type='signal',sender='{_DBUS}',member='NameOwnerChanged',arg0='{SD}'",
+                f"type='signal',sender='{_wire.DBUS}',member='NameOwnerChanged',arg0='{SD}'",
             )
             for rule in rules:
                 _check("AddMatch", await bus.call(_daemon_call("AddMatch", rule)))
@@ -281,7 +275,7 @@ class SystemdBus:
     def _on_message(self, msg: Message) -> bool:
         if msg.message_type != MessageType.SIGNAL:
             return False
-        if msg.member == "NameOwnerChanged" and msg.sender == _DBUS and not self._direct:
+        if msg.member == "NameOwnerChanged" and msg.sender == _wire.DBUS and not self._direct:
             # Sent by the bus daemon itself: nobody else can use its name.
             if len(msg.body) == 3 and msg.body[0] == SD:
                 self._owner = str(msg.body[2]) or None

@@ -46,6 +46,7 @@ from .._errors import AgentscopeError, BusError, LaunchError, ModeUnavailable
 from .._kernel._cgroup import CGROUP_ROOT, cgroup_chain, read_ceiling, read_subtree_procs
 from ._manager import Controls, ListedScope, stop_escalating
 from ._procscopes import read_meta, write_atomic
+from ._wire import FAILED, NO_SUCH_UNIT, UNIT_EXISTS
 
 if TYPE_CHECKING:
     from ._bus import Manager
@@ -62,7 +63,6 @@ HEADROOM = 0.10
 HEADROOM_MIN = 64 << 20
 #: A default cap below this is no use to an agent: such a limit is reported instead.
 MIN_AGENT_MAX = 128 << 20
-NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 _ENABLE = (
     "run with a writable, delegated cgroup v2 (docker --security-opt writable-cgroups=true, "
     "podman --systemd=always, or a service with Delegate=yes), or use --manager process"
@@ -187,7 +187,7 @@ class CgroupManager:
     def unit_of_cgroup(self, cgroup: str) -> str | None:
         _, sep, rest = cgroup.partition(f"/{self.slice}/")
         unit = rest.split("/", 1)[0]
-        return unit if sep and unit.endswith(".scope") else None
+        return unit if sep and unit.endswith(".scope") and _names.is_unit_name(unit) else None
 
     async def main_pid(self, unit: str) -> int | None:
         return None
@@ -216,9 +216,7 @@ class CgroupManager:
         try:
             d.mkdir()
         except FileExistsError:
-            raise BusError(
-                "StartTransientUnit", "org.freedesktop.systemd1.UnitExists", f"{unit} exists"
-            ) from None
+            raise BusError("StartTransientUnit", UNIT_EXISTS, f"{unit} exists") from None
         except OSError as exc:
             raise LaunchError(f"cannot make the cgroup {d}: {exc}") from exc
         try:
@@ -277,9 +275,7 @@ class CgroupManager:
             for pid in pids:
                 _move(target, pid)
         except OSError as exc:
-            raise BusError(
-                "AttachProcessesToUnit", "org.freedesktop.DBus.Error.Failed", str(exc)
-            ) from exc
+            raise BusError("AttachProcessesToUnit", FAILED, str(exc)) from exc
 
     async def list_scopes(self, agent: str | None = None) -> list[ListedScope]:
         return await asyncio.to_thread(self._list, agent)

@@ -70,14 +70,9 @@ def adopt_self(
     """
     _names.validate_name("fleet", fleet)
     _names.validate_name("agent", name)
-    controls = _scopeprops.build(
-        memory_max=memory_max,
-        tasks_max=tasks_max,
-        cpu_weight=cpu_weight,
-        io_weight=io_weight,
-        properties=properties,
+    controls, grace = _scopeprops.scope_settings(
+        memory_max, tasks_max, cpu_weight, io_weight, properties, reap_after
     )
-    grace = _scopeprops.parse_reap_after(reap_after)
     manager = _names.resolve_manager(manager)
     slice_dir = _scope.slice_cgroup(manager, slice)
     _check_slice(slice_dir, f"agentscope-{fleet}-{name}-")
@@ -193,7 +188,7 @@ def _run(
                 "Get",
                 "ss",
                 [_wire.SD_MANAGER, "Version"],
-                interface="org.freedesktop.DBus.Properties",
+                interface=_wire.PROPERTIES,
             ),
             "Get",
         )
@@ -220,9 +215,9 @@ def _read_back(
             conn.send(
                 "GetAll",
                 "s",
-                ["org.freedesktop.systemd1.Scope"],
+                [_wire.SD_SCOPE],
                 path=str(path),
-                interface="org.freedesktop.DBus.Properties",
+                interface=_wire.PROPERTIES,
             ),
             "GetAll",
         )

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _names
 from .._errors import BusError, LaunchError, ModeUnsupported
 from .._kernel._cgroup import CGROUP_ROOT
-from .._kernel._proc import PROC_ROOT, read_stat
+from .._kernel._proc import PROC_ROOT, read_stat, same_process
 from .._kernel._proctrees import (
     MEMBERS,
     SCOPE_META,
@@ -55,6 +55,10 @@ from .._kernel._proctrees import (
     tree_members,
 )
 from ._manager import Controls, ListedScope, stop_escalating
+
+# What BusError says for a scope this mode does not run is systemd's name
+# (NO_SUCH_UNIT): the fleet acts on it alike.
+from ._wire import NO_SUCH_UNIT, UNIT_EXISTS
 
 if TYPE_CHECKING:
     from ._bus import Manager
@@ -72,8 +76,6 @@ log = logging.getLogger("agentscope")
 
 MODE = "process"
 _ENABLE = "run with a writable, delegated cgroup v2 (--manager cgroup) or on systemd"
-#: What BusError says for a scope this mode does not run (the fleet acts on it).
-NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 
 
 def mirror_root(runtime: Path) -> Path:
@@ -159,7 +161,7 @@ class ProcessManager:
             if self._members(unit):
                 raise BusError(
                     "StartTransientUnit",
-                    "org.freedesktop.systemd1.UnitExists",
+                    UNIT_EXISTS,
                     f"unit {unit} already exists",
                 ) from None
         except OSError as exc:
@@ -313,8 +315,7 @@ def signal_process(pid: int, start: int, sig: int, proc_root: Path = PROC_ROOT) 
     except OSError:
         return False
     try:
-        st = read_stat(pid, proc_root)
-        if st is None or st.start_time != start:
+        if same_process(pid, start, proc_root, zombie=True) is None:
             return False
         signal.pidfd_send_signal(fd, sig)
         return True

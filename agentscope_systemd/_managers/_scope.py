@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from .. import _names
+from . import _wire
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,10 +35,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 # The errors of a systemd that does not know OOMPolicy on scopes (before
 # 253, or vanilla 252.0-252.4).
-NO_OOMPOLICY = (
-    "org.freedesktop.DBus.Error.PropertyReadOnly",
-    "org.freedesktop.DBus.Error.UnknownProperty",
-)
+NO_OOMPOLICY = (_wire.PROPERTY_READ_ONLY, _wire.UNKNOWN_PROPERTY)
 
 OOMPOLICY_WARNING = (
     "systemd %s refuses OOMPolicy on scopes, so agents are launched without "

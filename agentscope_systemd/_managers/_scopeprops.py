@@ -36,6 +36,7 @@ __all__ = [
     "parse_property",
     "parse_reap_after",
     "read_cgroup_files",
+    "scope_settings",
 ]
 
 INFINITY = 2**64 - 1
@@ -182,6 +183,33 @@ def parse_property(name: str, value: object) -> tuple[str, str, Any]:
     else:
         parsed = _cpus(name, value)
     return dbus, sig, parsed
+
+
+def scope_settings(
+    memory_max: int | None,
+    tasks_max: int | None,
+    cpu_weight: int | None,
+    io_weight: int | None,
+    properties: Mapping[str, object] | None,
+    reap_after: object,
+) -> tuple[dict[str, tuple[str, Any]], float | None]:
+    """A new scope's resource controls (:func:`build`) and its leftovers' grace.
+
+    The one rule for what a launch, an adoption and ``agentscope exec``
+    ask of a scope: the controls are checked first, then ``reap_after``
+    (:func:`parse_reap_after`).
+
+    Raises:
+        InvalidConfig: as :func:`build` and :func:`parse_reap_after` say.
+    """
+    controls = build(
+        memory_max=memory_max,
+        tasks_max=tasks_max,
+        cpu_weight=cpu_weight,
+        io_weight=io_weight,
+        properties=properties,
+    )
+    return controls, parse_reap_after(reap_after)
 
 
 def build(

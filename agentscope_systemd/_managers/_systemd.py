@@ -25,7 +25,7 @@ from .. import _names
 from .._errors import AgentscopeError, BusError, LaunchError
 from .._kernel._cgroup import cgroup_v2_mounted, memory_controller_enabled
 from .._monitor._escape import unit_of_cgroup
-from . import _scope, _scopeprops
+from . import _scope, _scopeprops, _wire
 from ._bus import INFINITY, Manager, SystemdBus
 from ._manager import Controls, ListedScope
 
@@ -33,17 +33,12 @@ __all__ = ["Capabilities", "SystemdManager", "probe", "slice_limits"]
 
 log = logging.getLogger("agentscope")
 
-SLICE_IFACE = "org.freedesktop.systemd1.Slice"
-_UNIT_IFACE = "org.freedesktop.systemd1.Unit"
-_SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
-_SERVICE_IFACE = "org.freedesktop.systemd1.Service"
+SLICE_IFACE, _UNIT_IFACE = _wire.SD_SLICE, _wire.SD_UNIT
+_SCOPE_IFACE, _SERVICE_IFACE = _wire.SD_SCOPE, _wire.SD_SERVICE
 _ACTIVE = ["active", "activating", "deactivating", "reloading"]
 _LIMITS = ("MemoryHigh", "MemoryMax", "MemorySwapMax")
 # KillUnit on a scope that stopped meanwhile: unloaded, or loaded with no process left.
-_STOPPED_MEANWHILE = (
-    "org.freedesktop.systemd1.NoSuchUnit",
-    "org.freedesktop.systemd1.NoSuchProcess",
-)
+_STOPPED_MEANWHILE = (_wire.NO_SUCH_UNIT, _wire.NO_SUCH_PROCESS)
 
 
 @dataclass(frozen=True)
@@ -148,7 +143,7 @@ class SystemdManager:
         try:
             (path,) = await self._bus.call("GetUnit", "s", [unit])
         except BusError as exc:
-            if exc.dbus_name == "org.freedesktop.systemd1.NoSuchUnit":
+            if exc.dbus_name == _wire.NO_SUCH_UNIT:
                 return False
             raise
         state = await self._bus.get_property(str(path), _UNIT_IFACE, "ActiveState")
@@ -281,7 +276,7 @@ class SystemdManager:
             finally:
                 self._bus.forget_job(unit)
         except BusError as exc:
-            if exc.dbus_name != "org.freedesktop.systemd1.NoSuchUnit":
+            if exc.dbus_name != _wire.NO_SUCH_UNIT:
                 raise
             return "done"
 
@@ -336,9 +331,7 @@ async def probe(manager: str = "auto", *, slice: str = _names.DEFAULT_SLICE) -> 
         await bus.connect()
         root = Path(_scope.manager_cgroup(bus.manager))
         init_path = await bus.unit_path("init.scope")
-        xml = await bus.call(
-            "Introspect", path=init_path, interface="org.freedesktop.DBus.Introspectable"
-        )
+        xml = await bus.call("Introspect", path=init_path, interface=_wire.INTROSPECTABLE)
         scope_section = str(xml[0]).split(f'<interface name="{_SCOPE_IFACE}">', 1)[-1]
         scope_section = scope_section.split("</interface>", 1)[0]
         limits = await slice_limits(bus, slice)

@@ -35,9 +35,27 @@ __all__ = [
     "unmarshal",
 ]
 
+# The D-Bus names agentscope uses, written here once: systemd's
+# (org.freedesktop.systemd1(5)) and the bus daemon's and the standard
+# interfaces' (the D-Bus specification, "Message Bus Specification").
 SD = "org.freedesktop.systemd1"
 SD_PATH = "/org/freedesktop/systemd1"
-SD_MANAGER = "org.freedesktop.systemd1.Manager"
+SD_MANAGER = f"{SD}.Manager"
+SD_UNIT = f"{SD}.Unit"
+SD_SLICE = f"{SD}.Slice"
+SD_SCOPE = f"{SD}.Scope"
+SD_SERVICE = f"{SD}.Service"
+NO_SUCH_UNIT = f"{SD}.NoSuchUnit"
+NO_SUCH_PROCESS = f"{SD}.NoSuchProcess"
+UNIT_EXISTS = f"{SD}.UnitExists"
+DBUS = "org.freedesktop.DBus"
+DBUS_PATH = "/org/freedesktop/DBus"
+PROPERTIES = f"{DBUS}.Properties"
+INTROSPECTABLE = f"{DBUS}.Introspectable"
+FAILED = f"{DBUS}.Error.Failed"
+NO_REPLY = f"{DBUS}.Error.NoReply"
+PROPERTY_READ_ONLY = f"{DBUS}.Error.PropertyReadOnly"
+UNKNOWN_PROPERTY = f"{DBUS}.Error.UnknownProperty"
 SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
 
 _CALL, _RETURN, _ERROR, _SIGNAL = 1, 2, 3, 4
@@ -457,8 +475,7 @@ class Connection:
         """
         sent = []
         if not self.direct:
-            daemon = "org.freedesktop.DBus"
-            bus = {"path": "/org/freedesktop/DBus", "interface": daemon, "destination": daemon}
+            bus = {"path": DBUS_PATH, "interface": DBUS, "destination": DBUS}
             rule = f"type='signal',sender='{SD}',interface='{SD_MANAGER}',member='JobRemoved'"
             sent.append((self.send("Hello", **bus), "Hello"))
             sent.append((self.send("AddMatch", "s", [rule], **bus), "AddMatch"))

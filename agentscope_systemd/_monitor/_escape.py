@@ -5,7 +5,7 @@ its scope unless something moved it out: ``systemd-run --scope`` from inside
 the agent (the new scope lands in the manager's default slice), tmux built
 with systemd support (each pane in its own ``tmux-spawn-*.scope``), or a
 process that wrote its pid into another cgroup's ``cgroup.procs``
-(FIELD-NOTES, "What systemd records, and escapes"). Such a process still
+(docs/escapes.md). Such a process still
 uses the host's memory on the agent's behalf, but no longer counts in its
 scope, its cap or its OOM kills.
 
@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _numbers
+from .. import _names, _numbers
 from .._calls._calls import AGENT_LEAF
 from .._dicts import as_dict
 from .._kernel._cgroup import _GONE, CGROUP_ROOT, _read_kernel_file
-from .._kernel._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss
+from .._kernel._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss, same_process
 
 __all__ = [
     "MAX_CGROUP",
@@ -67,7 +67,6 @@ MAX_CGROUP = 512
 MAX_PROCESSES = 20_000
 #: The unit types whose names end a cgroup path component.
 _UNIT_SUFFIXES = (".scope", ".service", ".slice")
-_UNIT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:_.-@\\")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +113,7 @@ def unit_of_cgroup(cgroup: str) -> str | None:
     """
     for part in reversed(cgroup.split("/")):
         if part.endswith(_UNIT_SUFFIXES):
-            if len(part) <= 255 and set(part) <= _UNIT_CHARS:
+            if _names.is_unit_name(part):
                 return part
             return None
     return None
@@ -175,11 +174,12 @@ def _escapee(
     ``children`` file may have ended and been reused by an unrelated
     process (root's included) by the time it is read again.
     """
-    stat = read_stat(pid, proc_root)
+    if start_time is None:
+        stat = read_stat(pid, proc_root)
+    else:
+        stat = same_process(pid, start_time, proc_root)
     if stat is None or stat.state in ("Z", "X"):
-        return None  # gone, or as good as gone: a zombie holds no memory
-    if start_time is not None and stat.start_time != start_time:
-        return None
+        return None  # gone, not that process, or as good as gone: a zombie holds no memory
     if parent is not None and stat.ppid != parent:
         return None
     cg = clean(cgroup, MAX_CGROUP)
@@ -312,7 +312,7 @@ def write_procs(slice_path: Path, scope: str, pid: int) -> None:
         ValueError: ``scope`` is not a scope unit's name.
         OSError: the write was refused (EACCES, ESRCH: the process is gone).
     """
-    if not scope.endswith(".scope") or len(scope) > 255 or not set(scope) <= _UNIT_CHARS:
+    if not scope.endswith(".scope") or not _names.is_unit_name(scope):
         raise ValueError(f"{scope!r} is not a scope unit's name")
     slice_fd = os.open(slice_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -380,8 +380,8 @@ def _still_escapee(e: Escapee, scope_cg: str, proc_root: Path) -> str | None:
     It must be the process found (pid and start time), and a descendant of
     the scope: one of its ancestors lives in the scope now.
     """
-    stat = read_stat(e.pid, proc_root)
-    if stat is None or stat.state in ("Z", "X") or stat.start_time != e.start_time:
+    stat = same_process(e.pid, e.start_time, proc_root)
+    if stat is None:
         return "the process exited (its pid is not the escapee's any more)"
     ppid = stat.ppid
     for _ in range(_MAX_CHAIN):

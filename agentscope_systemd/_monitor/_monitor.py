@@ -2,7 +2,7 @@
 
 Every agent runs in its own scope under the agents slice with
 ``OOMPolicy=continue``, so the kernel's OOM killer kills one process and
-systemd records nothing (FIELD-NOTES, "Scopes and OOMPolicy"). The
+systemd records nothing (docs/architecture.md, "An OOM kill"). The
 :class:`Monitor` turns the cgroup and /proc files into events
 (``_events.py``):
 
@@ -80,7 +80,7 @@ log = logging.getLogger("agentscope.monitor")
 #: notifying) is read once.
 SETTLE = 0.05
 #: Samples woken by events are at least this far apart (a throttled cgroup's
-#: ``memory.events`` changes ~17 times a second: FIELD-NOTES).
+#: ``memory.events`` changes ~17 times a second: docs/oom-detection.md).
 MIN_GAP = 0.2
 #: The escape audit (:mod:`._escape`) runs at the first sample and then at
 #: most this often (seconds): escapes are rare, and it reads every process's

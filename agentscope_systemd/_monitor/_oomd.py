@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from .._calls._calls import call_in
 from .._dicts import as_dict
 from .._events import OomdKill as OomdKill  # the event is the monitor's (one union there)
+from .._managers import _wire
 from ._recovery import unit_of_memcg
 
 if TYPE_CHECKING:
@@ -74,12 +75,8 @@ OOMD_UNIT: Final = "systemd-oomd.service"
 #: The socket systemd-oomd listens on for user managers (systemd-oomd.socket):
 #: there while oomd is installed and enabled, even before it first started.
 OOMD_SOCKET: Final = Path("/run/systemd/oom/io.systemd.ManagedOOM")
-_UNIT_IFACE: Final = "org.freedesktop.systemd1.Unit"
-_IFACES: Final = {
-    ".slice": "org.freedesktop.systemd1.Slice",
-    ".service": "org.freedesktop.systemd1.Service",
-    ".scope": "org.freedesktop.systemd1.Scope",
-}
+_UNIT_IFACE: Final = _wire.SD_UNIT
+_IFACES: Final = {".slice": _wire.SD_SLICE, ".service": _wire.SD_SERVICE, ".scope": _wire.SD_SCOPE}
 _USEC_INFINITY: Final = (1 << 64) - 1
 #: Bounds on what is read: bytes of one config file, files of oomd.conf.d.
 _MAX_CONF: Final = 65_536

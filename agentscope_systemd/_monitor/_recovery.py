@@ -26,11 +26,11 @@ record a kill twice and any number of restarts record it once. A kill whose
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from .. import _names
 from .._kernel._journal import KernelLine
 from ._attribution import parse_oom_kill_line, parse_oom_task_line
 
@@ -53,7 +53,6 @@ LogSource = Literal["kmsg", "journal"]
 #: Kernel-log kills kept from one read; scope counters kept in one watermark.
 MAX_KILLS: Final = 10_000
 MAX_SCOPES: Final = 8192
-_UNIT = re.compile(r"[A-Za-z0-9:_.\\-]{1,255}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +111,7 @@ def unit_of_memcg(memcg: str, slice_cgroup: str) -> str | None:
     if not memcg.startswith(prefix):
         return None
     unit = memcg[len(prefix) :].split("/", 1)[0]
-    if not unit.endswith(".scope") or _UNIT.fullmatch(unit) is None:
+    if not unit.endswith(".scope") or not _names.is_unit_name(unit):
         return None
     return unit
 
@@ -214,7 +213,7 @@ class Watermark:
         clean = {
             u: n
             for u, n in list(scopes.items())[:MAX_SCOPES]
-            if isinstance(u, str) and _UNIT.fullmatch(u) and isinstance(n, int) and n > 0
+            if isinstance(u, str) and _names.is_unit_name(u) and isinstance(n, int) and n > 0
         }
         return cls(boot, slice_cgroup, inode, count, clean, source, position)
 

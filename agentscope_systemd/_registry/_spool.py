@@ -21,6 +21,7 @@ import stat  # os imports it already: free on the exec fast path
 
 from .. import _names, _numbers
 from .._errors import InvalidName
+from .._kernel._statline import split_stat
 from .._managers._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 
 TYPE_CHECKING = False
@@ -124,8 +125,7 @@ def start_time(pid: int) -> int | None:
             data = f.read()
     except OSError:  # ENOENT or ESRCH: it ended
         return None
-    # comm (field 2) may hold spaces and parentheses: count from the last ')'.
-    return int(data[data.rindex(b")") + 2 :].split()[19])
+    return int(split_stat(data)[2][19])  # field 22
 
 
 class Entry:
