@@ -127,6 +127,13 @@ class _Stalls:
         self.psi_since = now if high else None
         self.window.clear()
 
+    def _second_ago(self, reading: HostReading) -> HostReading | None:
+        """The newest reading of the window at least STALL_SECONDS before ``reading``."""
+        for old in reversed(self.window):
+            if old.ts <= reading.ts - STALL_SECONDS:
+                return old
+        return None
+
     def short_and_stalling(self, reading: HostReading) -> bool:
         """MemAvailable at its threshold while the host stalled over the last STALL_SECONDS.
 
@@ -146,11 +153,7 @@ class _Stalls:
             or reading.mem_available_percent > config.mem_available_percent
         ):
             return False
-        base = None
-        for old in reversed(self.window):
-            if old.ts <= reading.ts - STALL_SECONDS:
-                base = old
-                break
+        base = self._second_ago(reading)
         stall = None if base is None else _stall_percent(base, reading)
         if stall is None or base is None:
             return False
@@ -174,11 +177,7 @@ class _Stalls:
         floor = self.config.mem_available_percent * GONE_SHARE
         if reading.swap_total <= 0 or reading.mem_available_percent > floor:
             return False
-        base = None
-        for old in reversed(self.window):
-            if old.ts <= reading.ts - STALL_SECONDS:
-                base = old
-                break
+        base = self._second_ago(reading)
         if base is None or base.mem_available_percent > floor:
             return False
         if reading.swap_outs is None or base.swap_outs is None:
