@@ -7,8 +7,8 @@ mid-read gives None, never an error.
 
 from ._guard._guard import kill_process as kill_process
 from ._guard._guard import run_guard as run_guard
+from ._guard._guardclock import PressureClock as PressureClock
 from ._guard._guardpolicy import HostReading as HostReading
-from ._guard._guardpolicy import PressureClock as PressureClock
 from ._guard._guardpolicy import SliceProcess as SliceProcess
 from ._guard._guardpolicy import Victim as Victim
 from ._guard._guardpolicy import choose_victim as choose_victim

@@ -31,10 +31,10 @@ from agentscope_systemd._events import Event
 from agentscope_systemd._guard import _guard, _guardlock, _guardnames
 from agentscope_systemd._guard._guard import Guard, admit, kill_process, run_guard
 from agentscope_systemd._guard._guardcause import CauseTracker
+from agentscope_systemd._guard._guardclock import PressureClock
 from agentscope_systemd._guard._guardpolicy import (
     HostReader,
     HostReading,
-    PressureClock,
     ScopeStall,
     SliceProcess,
     choose_victim,
@@ -478,6 +478,19 @@ def start_guard(
     return got, stop
 
 
+def kills_or_none(tree: Tree, config: GuardConfig, *, kill: bool) -> list[GuardKill]:
+    """The guard's kills: its first waited for (``kill``), or none over half a second."""
+    got, stop = start_guard(tree, config)
+    try:
+        if kill:
+            wait_until(lambda: len(got) == 1)
+        else:
+            time.sleep(0.5)
+    finally:
+        stop()
+    return got
+
+
 def wait_until(cond: Callable[[], bool], timeout: float = WAIT) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -611,15 +624,8 @@ def test_a_scope_throttled_by_its_own_limit_costs_no_sibling_its_tool_call(
     docs = tree.scope("docs", {2: ("python3", 96, 100)}, token="d4e5f6")
     _throttle(tree, docs, [2], limit_mib=48 if limited else None, psi=66)
     tree.host(64, 50, psi_full=66)
-    config = replace(FAST, psi_full_seconds=0.05)
-    got, stop = start_guard(tree, config)
-    try:
-        if limited:
-            time.sleep(0.5)
-        else:  # the same stall with no limit of docs' own: the host's, the largest goes
-            wait_until(lambda: len(got) == 1)
-    finally:
-        stop()
+    # With no limit of docs' own the stall is the host's: the largest goes.
+    got = kills_or_none(tree, replace(FAST, psi_full_seconds=0.05), kill=not limited)
     if limited:
         assert got == []
         assert sleeper.poll() is None

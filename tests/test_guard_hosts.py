@@ -26,12 +26,12 @@ import pytest
 from agentscope_systemd import AsyncFleet, GuardConfig, GuardKill, RegistryError
 from agentscope_systemd._guard._guard import _kill, run_guard
 from agentscope_systemd._guard._guardcause import CauseTracker, outside_cgroups
+from agentscope_systemd._guard._guardclock import PressureClock
 from agentscope_systemd._guard._guardlock import SliceLock, lock_name
 from agentscope_systemd._guard._guardpolicy import (
     GuardHeld,
     HostReader,
     HostReading,
-    PressureClock,
     under_pressure,
 )
 from agentscope_systemd._guard._guardproc import PENDING_MAX, GuardChild, _Out

@@ -107,15 +107,19 @@ def one_kill(
     squeeze: Callable[[], None],
     relief: Callable[[], None],
     config: GuardConfig = FAST,
+    **kw: object,
 ) -> GuardKill:
-    """The guard's one kill of the tool call after ``squeeze`` (``relief``: its memory back)."""
+    """The guard's one kill of the tool call after ``squeeze`` (``relief``: its memory back).
+
+    ``kw`` goes to :func:`start_guard` (``unit_agent``, say).
+    """
     got: list[GuardKill] = []
 
     def on_kill(kill: GuardKill) -> None:
         got.append(kill)
         relief()
 
-    _, stop = start_guard(tree, config, on_kill=on_kill)
+    _, stop = start_guard(tree, config, on_kill=on_kill, **kw)
     try:
         time.sleep(1.0)
         assert got == []

@@ -45,6 +45,7 @@ from .._kernel._proc import PROC_ROOT
 from .._kernel._proctrees import ProcessTrees, is_mirror, mirrored_agent
 from . import _guardlock
 from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
+from ._guardclock import PressureClock
 from ._guardkill import _kill, _Killed, _say_once, kill_process, prepare_process
 from ._guardlimit import LimitWatch
 from ._guardlock import RETRY_EVERY, SliceLock
@@ -56,10 +57,8 @@ from ._guardpolicy import (
     GuardKill,
     HostReader,
     HostReading,
-    PressureClock,
     SliceProcess,
     Trigger,
-    acted_on,
     next_interval,
     own_limit_stall,
     read_scope_stalls,
@@ -297,14 +296,16 @@ class _Loop:
         if self.held:
             return
         self.held = True
+        # The figures of the shortage: the host's, or the limit's own.
+        seen = reading.figures_of(source)
         log.warning(
-            "the %s is short (%s: MemAvailable %.1f%%, PSI full %.0f%%) but not because of "
+            "the %s is short (%s: %.1f%% available, PSI full %.0f%%) but not because of "
             "the agents: %s holds %d MiB (grew %d MiB in %.0f s; the agents slice %d MiB, "
             "grew %d MiB): nothing killed; the kernel, earlyoom or systemd-oomd may act",
             "host" if source == "host" else f"memory limit of {source}",
             trigger,
-            reading.mem_available_percent,
-            reading.psi_full_avg10 or 0.0,
+            seen.mem_available_percent,
+            seen.psi_full_avg10 or 0.0,
             blame.culprit or "nothing",
             blame.culprit_bytes >> 20,
             blame.culprit_growth >> 20,
@@ -335,28 +336,32 @@ class _Loop:
         """Kill the victim (the one chosen near the threshold, if fresh); None: none."""
         ready, self.ready = self.ready, None
         pressure = None
+        # The host's shortage or the nearest limit's (PressureClock.source):
+        # under a limit its own PSI and headroom, read as the host's are.
+        source = self.clock.source
+        seen = reading.figures_of(source)
         if trigger != "memory":
-            stall = own_limit_stall(read_scope_stalls(self.slice_path), reading, self.config)
+            stall = own_limit_stall(read_scope_stalls(self.slice_path), seen, self.config)
             if stall is not None:
-                # Its own limit at work, on a host with memory to spare: no
-                # other agent's process is to pay for it (the monitor reports
-                # the throttle, with its fix).
+                # Its own limit at work, with memory to spare: no other
+                # agent's process is to pay for it (the monitor reports the
+                # throttle, with its fix).
                 _say_once(
                     f"own:{stall.unit}",
-                    "the host's memory pressure (PSI full %.0f%%) is %s reclaiming under its "
+                    "the %s's memory pressure (PSI full %.0f%%) is %s reclaiming under its "
                     "own limit of %d MiB, with %.0f%% of memory available: nothing killed",
-                    reading.psi_full_avg10 or 0.0,
+                    "host" if source == "host" else f"memory limit of {source}",
+                    seen.psi_full_avg10 or 0.0,
                     self.unit_agent(stall.unit) or stall.unit,
                     (stall.limit or 0) >> 20,
-                    reading.mem_available_percent,
+                    seen.mem_available_percent,
                 )
                 return None
-            pressure = (reading.psi_full_avg10 or 0.0, 0.0)
-        source = acted_on(reading, self.config) if trigger == "memory" else "host"
+            pressure = (seen.psi_full_avg10 or 0.0, 0.0)
         if source == "host":
             blame = self.cause.blame(reading.ts, reading.mem_total, pressure)
         else:  # the slice against the rest of the limited cgroup
-            blame = self._cause_of(source).blame(reading.ts, reading.limit_bytes, None)
+            blame = self._cause_of(source).blame(reading.ts, reading.limit_bytes, pressure)
         if not blame.fleet:
             self._hold(reading, trigger, blame, source)
             return None
@@ -450,6 +455,7 @@ class _Loop:
             ),
             call=killed.call,
             processes=killed.processes,
+            limit_psi_full_avg10=reading.limit_psi_full_avg10 if on_limit else None,
         )
         where = (
             f"the memory limit of {source} ({reading.limit_bytes >> 20} MiB, "

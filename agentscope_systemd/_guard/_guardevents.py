@@ -34,7 +34,8 @@ class GuardKill:
     ``limit`` is the shortage it acted on: ``"host"``, or the cgroup of a
     memory limit above the agents (a container's, a ``MemoryMax``), with
     ``limit_bytes`` and the share of it still available
-    (``limit_available_percent``) at the kill. ``call`` is the tool call
+    (``limit_available_percent``) and its own PSI ``full`` avg10
+    (``limit_psi_full_avg10``: None without a reading) at the kill. ``call`` is the tool call
     (``call-LABEL-N`` of the scope, docs/calls.md) the process was in, killed
     whole with it (``processes`` it held); None for a process of the agent
     itself, killed alone (``processes`` 1).
@@ -61,6 +62,7 @@ class GuardKill:
     limit_available_percent: float | None = None
     call: str | None = None
     processes: int = 1
+    limit_psi_full_avg10: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event, with its ``kind``."""

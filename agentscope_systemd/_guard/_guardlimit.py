@@ -27,7 +27,12 @@ Under a limit, *available* is the limit less what reclaim cannot give back:
 own thresholds apply to these as to the host's (:func:`._guardpolicy.limit_low`);
 :class:`LimitWatch` gives the nearest limit at each reading, and wakes the
 guard (inotify on ``memory.events``) when a limited cgroup reaches
-``memory.high`` or ``memory.max``.
+``memory.high`` or ``memory.max``. The nearest limit's own
+``memory.pressure`` (and, when its stall counter moved, the refault and
+swap-out counters of its ``memory.stat``) come with it, so that the host's
+PSI, thrash and "short and stalling" rules apply under the limit too: in a
+container ``/proc/pressure/memory`` is the whole host's, calm while the
+container thrashes at its limit with swap to spare.
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ from .._kernel._cgroup import (
     cgroup_chain,
     parse_memory_events,
     parse_memory_stat,
+    parse_pressure,
     read_ceiling,
 )
+from .._kernel._memsources import parse_vmstat_refaults
 from .._kernel._proc import PROC_ROOT, read_cgroup
 from ._guardpolicy import GuardConfig, HostReading
 
@@ -60,6 +67,8 @@ REFRESH_EVERY = 1.0
 #: Within this factor of the memory threshold, ``memory.stat`` is read for what
 #: reclaim would give back; farther, ``memory.current`` alone is enough.
 NEAR_FACTOR = 1.5
+#: At most this much of a ``memory.pressure`` is read (two lines of ~70 bytes).
+PRESSURE_READ = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +83,10 @@ class LimitReading:
     ``walls`` counts the times it reached its ``memory.high`` or
     ``memory.max`` (``memory.events``; None: not read, far from it), and
     ``at_wall`` says it did since the last reading, near its threshold.
+    ``psi_full_avg10`` (%) and ``psi_full_total`` (µs) are its own
+    ``memory.pressure`` ``full`` line, ``refaults`` and ``swap_outs``
+    (pages) the counters of its ``memory.stat`` (None: not read, absent or
+    unreadable).
     """
 
     path: str
@@ -85,6 +98,10 @@ class LimitReading:
     swap_free: int
     walls: int | None = None
     at_wall: bool = False
+    psi_full_avg10: float | None = None
+    psi_full_total: int | None = None
+    refaults: int | None = None
+    swap_outs: int | None = None
 
     @property
     def available_percent(self) -> float:
@@ -136,6 +153,22 @@ def _reclaimable(path: str) -> int:
         return 0
     cache = max(fields.get("file", 0) - fields.get("shmem", 0), 0)
     return cache + max(fields.get("slab_reclaimable", 0), 0)
+
+
+def _paging(path: str) -> tuple[int | None, int | None]:
+    """(refaults + swap-ins, swap-outs) of the cgroup's ``memory.stat``; None: not counted.
+
+    ``memory.stat`` names its counters as ``/proc/vmstat`` does
+    (``workingset_refault_anon``, ``pswpin``, ``pswpout``: the last two
+    only on recent kernels; Documentation/admin-guide/cgroup-v2.rst).
+    """
+    try:
+        data = _read_kernel_file(path + "/memory.stat", _GONE_OR_DENIED)
+        if data is None:
+            return None, None
+        return parse_vmstat_refaults(data), parse_memory_stat(data).fields.get("pswpout")
+    except (OSError, ValueError):
+        return None, None
 
 
 def read_limit(
@@ -222,6 +255,10 @@ class LimitWatch:
         self._watches: dict[str, int] = {}
         # Each limited cgroup's memory.events high + max at the last near reading.
         self._walls: dict[str, int] = {}
+        # Each limited cgroup's memory.pressure, kept open (one pread a reading).
+        self._psi: dict[str, int] = {}
+        # Each limited cgroup's last (PSI full total, refaults, swap-outs).
+        self._paged: dict[str, tuple[int, int | None, int | None]] = {}
         if notify:
             try:
                 from inotify_simple import INotify  # type: ignore[import-untyped]
@@ -248,6 +285,63 @@ class LimitWatch:
             if p not in mine and (c := read_ceiling(p)) is not None and c.limit
         )
         self._rewatch()
+        self._reopen()
+
+    def _reopen(self) -> None:
+        """Keep ``memory.pressure`` open for each limited cgroup, and only for those."""
+        wanted = {c.path for c in self.ceilings}
+        for path in [p for p in self._psi if p not in wanted]:
+            os.close(self._psi.pop(path))
+            self._paged.pop(path, None)
+        for path in wanted - self._psi.keys():
+            try:
+                # O_NONBLOCK: as _read_kernel_file, a FIFO in a tree that is
+                # not the kernel's never hangs the guard.
+                flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+                self._psi[path] = os.open(path + "/memory.pressure", flags)
+            except OSError:  # gone, no PSI (psi=0), not ours to read: no reading
+                continue
+
+    def _pressure(self, found: LimitReading, path: str) -> LimitReading:
+        """``found`` with its cgroup's PSI ``full`` and paging counters (unchanged: none).
+
+        One ``pread`` of the open ``memory.pressure``; ``memory.stat`` is
+        read for the counters only when the stall counter moved (a cgroup
+        that did not stall cannot thrash; the last counts stand, as
+        :class:`~._guardpolicy.HostReader` keeps the host's). A file that
+        went (the cgroup was removed: ENODEV), reads EOPNOTSUPP
+        (``cgroup.pressure`` 0) or is not in its format is no reading; the
+        file is opened again at the next :meth:`refresh` (within a second).
+        """
+        fd = self._psi.get(path)
+        if fd is None:
+            return found
+        try:
+            full = parse_pressure(os.pread(fd, PRESSURE_READ, 0)).full
+        except OSError:
+            os.close(self._psi.pop(path))
+            self._paged.pop(path, None)
+            return found
+        except ValueError:
+            return found
+        if full is None:
+            return found
+        last = self._paged.get(path)
+        if last is None or last[0] != full.total:
+            refaults, swap_outs = _paging(path)
+            if last is not None:
+                # Not read this time (a failed read): the last count stands.
+                refaults = last[1] if refaults is None else refaults
+                swap_outs = last[2] if swap_outs is None else swap_outs
+            last = (full.total, refaults, swap_outs)
+            self._paged[path] = last
+        return replace(
+            found,
+            psi_full_avg10=full.avg10,
+            psi_full_total=full.total,
+            refaults=last[1],
+            swap_outs=last[2],
+        )
 
     def _rewatch(self) -> None:
         notify = self._notify
@@ -271,6 +365,7 @@ class LimitWatch:
         self.refresh(reading.ts)
         near = NEAR_FACTOR * config.mem_available_percent
         best: LimitReading | None = None
+        best_path = ""
         for ceiling in self.ceilings:
             found = read_limit(
                 ceiling, self.rel(ceiling.path), (reading.swap_total, reading.swap_free), near
@@ -285,8 +380,8 @@ class LimitWatch:
                     if last is not None and found.walls > last:
                         found = replace(found, at_wall=True)
             if found is not None and (best is None or found.margin(config) < best.margin(config)):
-                best = found
-        return best
+                best, best_path = found, ceiling.path
+        return None if best is None else self._pressure(best, best_path)
 
     def apply(self, reading: HostReading, config: GuardConfig) -> HostReading:
         """``reading`` with the nearest limit's figures (unchanged without a limit)."""
@@ -301,6 +396,10 @@ class LimitWatch:
             limit_swap_total=found.swap_total,
             limit_swap_free=found.swap_free,
             limit_at_wall=found.at_wall,
+            limit_psi_full_avg10=found.psi_full_avg10,
+            limit_psi_full_total=found.psi_full_total,
+            limit_refaults=found.refaults,
+            limit_swap_outs=found.swap_outs,
         )
 
     def fileno(self) -> int | None:
@@ -314,8 +413,12 @@ class LimitWatch:
                 self._notify.read(timeout=0)
 
     def close(self) -> None:
-        """Close the inotify descriptor."""
+        """Close the inotify descriptor and the ``memory.pressure`` files."""
         if self._notify is not None:
             self._notify.close()
             self._notify = None
         self._watches.clear()
+        for fd in self._psi.values():
+            os.close(fd)
+        self._psi.clear()
+        self._paged.clear()

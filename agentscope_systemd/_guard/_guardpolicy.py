@@ -8,9 +8,10 @@ fake trees and the guard loop (:mod:`agentscope_systemd._guard._guard`) stays sm
   ``/proc/pressure/memory``, and with :class:`HostReader` the zram devices
   and the refault counters of :mod:`agentscope_systemd._kernel._memsources`);
   :func:`under_pressure` says whether it is over a :class:`GuardConfig`'s
-  thresholds, and :class:`PressureClock` adds what needs time (PSI
-  sustained for N seconds, thrashing over a window) and the time of the
-  crossing (for the reaction time a kill reports).
+  thresholds; :class:`~agentscope_systemd._guard._guardclock.PressureClock`
+  adds what needs time (PSI sustained for N seconds, thrashing over a
+  window), over the host's counters and the nearest limit's, and the time
+  of the crossing (for the reaction time a kill reports).
 - :func:`next_interval` is the adaptive poll, as earlyoom's: the time the
   headroom left would last at the fill rate, clamped to the config's
   interval bounds.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,7 +37,7 @@ from .._kernel._cgroup import (
     parse_pressure,
 )
 from .._kernel._memsources import MemSources, ZramMargin, ZramUse, zram_credit
-from .._kernel._proc import PAGE_SIZE, PROC_ROOT, parse_meminfo
+from .._kernel._proc import PROC_ROOT, parse_meminfo
 from ._guardevents import CMDLINE_LEN as CMDLINE_LEN
 from ._guardevents import GuardHeld as GuardHeld
 from ._guardevents import GuardKill as GuardKill
@@ -56,12 +56,12 @@ __all__ = [
     "GuardKill",
     "HostReader",
     "HostReading",
-    "PressureClock",
     "ScopeStall",
     "SliceProcess",
     "Trigger",
     "Victim",
     "acted_on",
+    "choose_source",
     "choose_victim",
     "host_low",
     "limit_low",
@@ -78,26 +78,6 @@ __all__ = [
 #: rate when that is faster.
 ASSUMED_MEM_FILL = 6000 << 20  # bytes/s
 ASSUMED_SWAP_FILL = 800 << 20  # bytes/s
-#: "Memory gone and the host stalling" (:meth:`PressureClock.update`): with
-#: MemAvailable at its threshold, over the last STALL_SECONDS either PSI full
-#: held ``thrash_full_percent`` of the time, or it held SWAP_STALL_PERCENT while
-#: pages went out to swap at SWAP_OUT_PERCENT of MemTotal a second. Measured
-#: in bench_squeeze.py (trixie, 768 MB, TCG, Ubuntu's profile): once
-#: MemAvailable was gone the host swapped out at 1-6 % of MemTotal a second
-#: with PSI full at 5-35 % per half second, in bursts, for 65 s until
-#: earlyoom's SwapFree 10 %, its siblings' heartbeats silent for seconds.
-STALL_SECONDS: Final = 1.0
-SWAP_STALL_PERCENT: Final = 10.0
-SWAP_OUT_PERCENT: Final = 1.0
-#: "Memory gone and swap not taking it": MemAvailable at this share of its
-#: threshold (5 % by default) for STALL_SECONDS, while pages went out to swap
-#: at less than SWAP_OUT_PERCENT of MemTotal a second. Measured in
-#: bench_squeeze.py (trixie, 768 MB, TCG, Ubuntu's profile, 2026-12-03):
-#: MemAvailable sat at 1.3-3.4 % for 8-12 s with swap 97 % free, nothing
-#: going out to it and PSI at zero, while the manager's loop stalled 1.9-4.2 s
-#: and every sibling fell silent; only the swap storm that followed made
-#: the stall rule act. Free swap that the kernel does not use is no room.
-GONE_SHARE: Final = 0.5
 #: Near a memory limit above the agents the guard looks at least this often.
 LIMIT_MIN_INTERVAL = 0.02
 
@@ -219,7 +199,11 @@ class HostReading:
     memory still available under it (the limit less what reclaim cannot give
     back) and its swap, all in bytes; ``limit_at_wall``: it reached its
     ``memory.high`` or ``memory.max`` since the last reading, near its
-    threshold.
+    threshold. ``limit_psi_full_avg10`` and ``limit_psi_full_total`` are
+    that cgroup's own ``memory.pressure`` (None: not read, or no such file),
+    ``limit_refaults`` and ``limit_swap_outs`` its ``memory.stat`` counters
+    (None: not counted there); :meth:`limit_view` gives them as a reading
+    of their own, so that the host's rules apply under the limit.
     """
 
     ts: float
@@ -242,6 +226,46 @@ class HostReading:
     limit_swap_total: int = 0
     limit_swap_free: int = 0
     limit_at_wall: bool = False
+    limit_psi_full_avg10: float | None = None
+    limit_psi_full_total: int | None = None
+    limit_refaults: int | None = None
+    limit_swap_outs: int | None = None
+
+    def limit_view(self) -> HostReading | None:
+        """The nearest limit as a host of its own (None: no limit), for the host's rules.
+
+        Its "MemTotal" is the limit, its "MemAvailable" what is available
+        under it, its swap and PSI the cgroup's: :func:`psi_high`,
+        thrashing and "short and stalling"
+        (:mod:`agentscope_systemd._guard._guardclock`) and
+        :func:`own_limit_stall` then read the
+        limit as they read the host (docs/guard.md, "Under a memory limit").
+        """
+        if self.limit_path is None or self.limit_bytes <= 0:
+            return None
+        return HostReading(
+            ts=self.ts,
+            mem_total=self.limit_bytes,
+            mem_available=self.limit_available,
+            swap_total=self.limit_swap_total,
+            swap_free=self.limit_swap_free,
+            psi_some_avg10=None,
+            psi_full_avg10=self.limit_psi_full_avg10,
+            psi_full_total=self.limit_psi_full_total,
+            refaults=self.limit_refaults,
+            swap_outs=self.limit_swap_outs,
+            limit_path=self.limit_path,
+        )
+
+    def figures_of(self, source: str) -> HostReading:
+        """The figures of the shortage ``source`` names: this reading, or the limit's.
+
+        ``source`` is ``"host"`` or a limit's cgroup, as
+        :attr:`~agentscope_systemd._guard._guardclock.PressureClock.source`
+        says; a limit's is :meth:`limit_view`.
+        """
+        view = None if source == "host" else self.limit_view()
+        return view or self
 
     @property
     def mem_available_percent(self) -> float:
@@ -442,20 +466,28 @@ def _margin(mem: float, swap: float, config: GuardConfig) -> float:
 
 
 def acted_on(reading: HostReading, config: GuardConfig) -> str:
-    """Which shortage a memory trigger answers: ``"host"``, or the nearest limit's cgroup.
+    """Which shortage the memory threshold answers: ``"host"``, or the nearest limit's cgroup.
 
     The one nearer to exhaustion when both hold.
     """
-    if not limit_low(reading, config) or reading.limit_path is None:
+    return choose_source(reading, config, host_low(reading, config), limit_low(reading, config))
+
+
+def choose_source(reading: HostReading, config: GuardConfig, host: bool, limit: bool) -> str:
+    """``"host"`` or the nearest limit's cgroup, as a rule holds for one, the other or both.
+
+    Where both hold, the one nearer to exhaustion (memory and swap against
+    the thresholds); neither: ``"host"``.
+    """
+    if not limit or reading.limit_path is None:
         return "host"
-    if host_low(reading, config):
-        host = min(
+    if host:
+        host_margin = min(
             _margin(reading.mem_available_percent, reading.swap_free_percent, config),
             _margin(reading.available_percent, reading.disk_swap_free_percent, config),
         )
         mem = 0.0 if reading.limit_at_wall else reading.limit_available_percent
-        limit = _margin(mem, reading.limit_swap_free_percent, config)
-        if host < limit:
+        if host_margin < _margin(mem, reading.limit_swap_free_percent, config):
             return "host"
     return reading.limit_path
 
@@ -490,216 +522,20 @@ def psi_high(reading: HostReading, config: GuardConfig) -> bool:
     )
 
 
-def _paged_percent(old: int, new: int, mem_total: int, span: float) -> float:
-    """Pages counted between two readings, as % of MemTotal per second (>= 0)."""
-    return max(100.0 * (new - old) * PAGE_SIZE / mem_total / span, 0.0)
-
-
-def _stall_percent(old: HostReading, new: HostReading) -> float | None:
-    """PSI full's share of the time between two readings, in % (None: no counter or no time)."""
-    span = new.ts - old.ts
-    if span <= 0 or new.psi_full_total is None or old.psi_full_total is None:
-        return None
-    return max(100.0 * (new.psi_full_total - old.psi_full_total) / (span * 1e6), 0.0)
-
-
-def thrash_rates(old: HostReading, new: HostReading) -> tuple[float, float] | None:
-    """(PSI full % of the time, refaults + swap-ins % of MemTotal per second) between two.
-
-    None when either reading lacks a counter, or no time passed.
-    """
-    stall = _stall_percent(old, new)
-    if stall is None or new.refaults is None or old.refaults is None or not new.mem_total:
-        return None
-    return stall, _paged_percent(old.refaults, new.refaults, new.mem_total, new.ts - old.ts)
-
-
-def thrashing(old: HostReading, new: HostReading, config: GuardConfig) -> bool:
-    """Both thrash rates over their thresholds between ``old`` and ``new``."""
-    if config.thrash_full_percent is None:
-        return False
-    rates = thrash_rates(old, new)
-    return (
-        rates is not None
-        and rates[0] >= config.thrash_full_percent
-        and rates[1] >= config.thrash_refault_percent
-    )
-
-
 def under_pressure(reading: HostReading, config: GuardConfig) -> Trigger | None:
     """Which threshold ``reading`` is over right now: ``"memory"``, ``"psi"`` or None.
 
-    Memory wins when both are. The PSI threshold must also hold for
+    The host's or the nearest limit's (its own ``memory.pressure``). Memory
+    wins when both are. The PSI threshold must also hold for
     ``psi_full_seconds``, and thrashing is a rate over a window:
-    :class:`PressureClock` keeps that time.
+    :class:`~agentscope_systemd._guard._guardclock.PressureClock` keeps that time.
     """
     if memory_low(reading, config):
         return "memory"
-    if psi_high(reading, config):
+    view = reading.limit_view()
+    if psi_high(reading, config) or (view is not None and psi_high(view, config)):
         return "psi"
     return None
-
-
-def _crossing(prev: float, cur: float, threshold: float, t0: float, t1: float) -> float:
-    """When a value falling from ``prev`` (at t0) to ``cur`` (at t1) crossed ``threshold``.
-
-    Linear between the two readings; ``t1`` when it was already under at t0
-    or did not fall.
-    """
-    if prev <= threshold or prev <= cur:
-        return t1 if prev > threshold else t0
-    return t0 + (t1 - t0) * (prev - threshold) / (prev - cur)
-
-
-class PressureClock:
-    """Whether the host *is* under pressure, and since when: the thresholds over time.
-
-    Feed it every reading with :meth:`update`. It returns the trigger once
-    a threshold holds (memory at once; thrashing once its rates held over
-    the last ``thrash_seconds``; PSI after ``psi_full_seconds`` over), and
-    :attr:`crossed_at` the estimated moment the threshold was crossed
-    (interpolated between the last reading over and the first under, so a
-    poll's own delay counts in the reaction time). After a kill call
-    :meth:`restart`: PSI's avg10 decays over seconds and the thrash window
-    still holds the squeeze, so both count again from the kill rather than
-    killing a second process for the same squeeze.
-    """
-
-    def __init__(self, config: GuardConfig) -> None:
-        self.config = config
-        self.crossed_at: float | None = None
-        self._prev: HostReading | None = None
-        self._psi_since: float | None = None
-        self._window: deque[HostReading] = deque()
-
-    def restart(self, now: float) -> None:
-        """Count the PSI and thrash time again from ``now`` (after a kill)."""
-        # Still over at the kill: the stall goes on from now, not from its start.
-        high = self._prev is not None and psi_high(self._prev, self.config)
-        self._psi_since = now if high else None
-        self.crossed_at = None
-        self._window.clear()
-
-    def _short_and_stalling(self, reading: HostReading) -> bool:
-        """MemAvailable at its threshold while the host stalled over the last STALL_SECONDS.
-
-        earlyoom's rule waits for swap to fill as well; a host that swaps
-        with MemAvailable gone stalls while it does (measured: Ubuntu's
-        profile, a swap file as large as memory, 16-65 s from MemAvailable's
-        10 % to SwapFree's 10-20 %, siblings silent for seconds). Stalling is
-        what the guard is there to end: once MemAvailable is at its
-        threshold, PSI full over the thrash threshold, or over
-        SWAP_STALL_PERCENT while swap-out runs at SWAP_OUT_PERCENT, is a
-        shortage whatever SwapFree says.
-        """
-        config = self.config
-        if (
-            config.thrash_full_percent is None
-            or reading.psi_full_total is None
-            or reading.mem_available_percent > config.mem_available_percent
-        ):
-            return False
-        base = None
-        for old in reversed(self._window):
-            if old.ts <= reading.ts - STALL_SECONDS:
-                base = old
-                break
-        stall = None if base is None else _stall_percent(base, reading)
-        if stall is None or base is None:
-            return False
-        if stall >= config.thrash_full_percent:
-            return True
-        if stall < SWAP_STALL_PERCENT or reading.swap_outs is None or base.swap_outs is None:
-            return False
-        span = reading.ts - base.ts
-        out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
-        return out >= SWAP_OUT_PERCENT
-
-    def _gone_and_not_swapping(self, reading: HostReading) -> bool:
-        """MemAvailable at GONE_SHARE of its threshold for STALL_SECONDS, swap not taking pages.
-
-        earlyoom's rule counts free swap as room; a kernel that keeps its
-        anonymous pages in RAM (swap-out under SWAP_OUT_PERCENT of MemTotal a
-        second) leaves that room unused while MemAvailable is all but gone,
-        and the host's page cache, its programs' code included, goes first.
-        Swap that is taking pages is left to the other rules.
-        """
-        floor = self.config.mem_available_percent * GONE_SHARE
-        if reading.swap_total <= 0 or reading.mem_available_percent > floor:
-            return False
-        base = None
-        for old in reversed(self._window):
-            if old.ts <= reading.ts - STALL_SECONDS:
-                base = old
-                break
-        if base is None or base.mem_available_percent > floor:
-            return False
-        if reading.swap_outs is None or base.swap_outs is None:
-            return False
-        span = reading.ts - base.ts
-        out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
-        return out < SWAP_OUT_PERCENT
-
-    def _thrash(self, reading: HostReading) -> bool:
-        """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""
-        window = self._window
-        window.append(reading)
-        span = self.config.thrash_seconds
-        while len(window) > 2 and window[1].ts <= reading.ts - span:
-            window.popleft()
-        old = window[0]
-        return reading.ts - old.ts >= span and thrashing(old, reading, self.config)
-
-    def update(self, reading: HostReading) -> Trigger | None:
-        """The trigger that holds at ``reading``, or None; sets :attr:`crossed_at`."""
-        config, prev = self.config, self._prev
-        self._prev = reading
-        now = reading.ts
-        thrash = self._thrash(reading)
-        stalling = self._short_and_stalling(reading) or self._gone_and_not_swapping(reading)
-        if memory_low(reading, config) or stalling:
-            if self.crossed_at is None:
-                self.crossed_at = now
-                if prev is not None and not memory_low(prev, config) and not stalling:
-                    # The figures of the shortage that holds: the host's or the limit's.
-                    host = host_low(reading, config)
-                    mem = "mem_available_percent" if host else "limit_available_percent"
-                    swap = "swap_free_percent" if host else "limit_swap_free_percent"
-                    self.crossed_at = max(
-                        _crossing(
-                            getattr(prev, mem),
-                            getattr(reading, mem),
-                            config.mem_available_percent,
-                            prev.ts,
-                            now,
-                        ),
-                        _crossing(
-                            getattr(prev, swap),
-                            getattr(reading, swap),
-                            config.swap_free_percent,
-                            prev.ts,
-                            now,
-                        ),
-                    )
-                    self.crossed_at = min(self.crossed_at, now)
-            return "memory"
-        if thrash:
-            if self.crossed_at is None:
-                self.crossed_at = now
-            return "thrash"
-        if psi_high(reading, config):
-            if self._psi_since is None:
-                self._psi_since = now
-            due = self._psi_since + config.psi_full_seconds
-            if now >= due:
-                if self.crossed_at is None:
-                    self.crossed_at = due
-                return "psi"
-            self.crossed_at = None
-            return None
-        self._psi_since = None
-        self.crossed_at = None
-        return None
 
 
 def _room(avail: float, total: float, pct: float) -> float:
@@ -714,12 +550,13 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
     faster), plus the same for swap, kept within
     [``min_interval``, ``max_interval``]; with zram, the sooner of that and
     the same with zram counted as RAM. PSI ``full`` at half its threshold
-    (or the thrash threshold) or more polls at ``min_interval``.
+    (or the thrash threshold) or more, the host's or the nearest limit's,
+    polls at ``min_interval``.
     """
     low, high = config.min_interval, config.max_interval
-    full = reading.psi_full_avg10
+    fulls = [f for f in (reading.psi_full_avg10, reading.limit_psi_full_avg10) if f is not None]
     watch = [p for p in (config.psi_full_percent, config.thrash_full_percent) if p is not None]
-    if full is not None and any(full >= p / 2 for p in watch):
+    if any(full >= p / 2 for full in fulls for p in watch):
         return low
     mem_rate, swap_rate = float(ASSUMED_MEM_FILL), float(ASSUMED_SWAP_FILL)
     if prev is not None and reading.ts > prev.ts:
@@ -829,7 +666,9 @@ def own_limit_stall(
     ``MemoryHigh=48M`` held host PSI full over 60% for 10 s with 64% of
     memory available). So: a scope at its own limit with at least
     :data:`OWN_STALL_SHARE` of the host's full avg10, on a host with at least
-    twice its memory threshold available.
+    twice its memory threshold available. Under a limit above the agents,
+    ``reading`` is :meth:`HostReading.limit_view`: the limit's own PSI and
+    what is available under it.
     """
     host = reading.psi_full_avg10
     if host is None or reading.mem_available_percent < 2 * config.mem_available_percent:
