@@ -187,6 +187,8 @@ export type GuardKillDetail = {
   limit_available_percent?: (number | null);
   call?: (string | null);
   processes?: number;
+  /** the limit's own memory.pressure full avg10 at the kill (null: the host, or no reading) */
+  limit_psi_full_avg10?: (number | null);
 };
 
 /** detail of a launched event: The fleet started the agent's scope and its command exec'd. */
