@@ -72,6 +72,14 @@ def _stall_percent(old: HostReading, new: HostReading) -> float | None:
     return max(100.0 * (new.psi_full_total - old.psi_full_total) / (span * 1e6), 0.0)
 
 
+def _swap_out_percent(old: HostReading, new: HostReading) -> float | None:
+    """Pages swapped out between two readings, % of MemTotal per second (None: no counter)."""
+    span = new.ts - old.ts
+    if span <= 0 or new.swap_outs is None or old.swap_outs is None or not new.mem_total:
+        return None
+    return _paged_percent(old.swap_outs, new.swap_outs, new.mem_total, span)
+
+
 def thrash_rates(old: HostReading, new: HostReading) -> tuple[float, float] | None:
     """(PSI full % of the time, refaults + swap-ins % of MemTotal per second) between two.
 
@@ -159,11 +167,10 @@ class _Stalls:
             return False
         if stall >= config.thrash_full_percent:
             return True
-        if stall < SWAP_STALL_PERCENT or reading.swap_outs is None or base.swap_outs is None:
+        if stall < SWAP_STALL_PERCENT:
             return False
-        span = reading.ts - base.ts
-        out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
-        return out >= SWAP_OUT_PERCENT
+        out = _swap_out_percent(base, reading)
+        return out is not None and out >= SWAP_OUT_PERCENT
 
     def gone_and_not_swapping(self, reading: HostReading) -> bool:
         """MemAvailable at GONE_SHARE of its threshold for STALL_SECONDS, swap not taking pages.
@@ -180,11 +187,8 @@ class _Stalls:
         base = self._second_ago(reading)
         if base is None or base.mem_available_percent > floor:
             return False
-        if reading.swap_outs is None or base.swap_outs is None:
-            return False
-        span = reading.ts - base.ts
-        out = _paged_percent(base.swap_outs, reading.swap_outs, reading.mem_total, span)
-        return out < SWAP_OUT_PERCENT
+        out = _swap_out_percent(base, reading)
+        return out is not None and out < SWAP_OUT_PERCENT
 
     def thrash(self, reading: HostReading) -> bool:
         """Thrashing over the last ``thrash_seconds`` (the oldest reading that old)."""
