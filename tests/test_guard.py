@@ -909,3 +909,17 @@ def test_a_command_line_that_takes_seconds_to_read_does_not_delay_the_kill(
     assert slow_reads == [sleeper.pid]  # asked for, off the guard's path
     assert (kill.pid, kill.comm, kill.cmdline) == (sleeper.pid, "pytest", "pytest")
     assert sleeper.wait(WAIT) == -signal.SIGKILL
+
+
+def test_the_guard_watches_once_started(tree: Tree) -> None:
+    # What a harness starts after Guard.start() is watched from its first
+    # byte: the first reading (and the first charges of whose shortage) come
+    # before start() returns, not a thread start-up later.
+    tree.host(5, 1)
+    guard = Guard(FAST, tree.slice, on_kill=lambda k: None, proc_root=tree.proc)
+    guard.start()
+    try:
+        assert guard.last_reading is not None
+        assert guard.trigger == "memory"
+    finally:
+        guard.stop()

@@ -936,3 +936,31 @@ def test_a_guard_process_standing_by_tells_its_fleets_kill_by_another_guard(
         stop_x()
     assert [(k.pid, k.agent) for k in by_x] == [(sleeper.pid, None)]
     assert [(k.pid, k.agent, k.trigger) for k in by_f] == [(sleeper.pid, "a", "memory")]
+
+
+def test_who_grows_now_decides_not_who_grew_at_start(tree: Tree) -> None:
+    # Agents took 144 MiB at start-up; seconds later a hog elsewhere fills the
+    # host. Over the 10 s window the slice grew more than the hog's parent
+    # (whose page cache was reclaimed as the hog grew); over the last seconds
+    # only the hog grew.
+    set_current(tree.slice, 100)
+    sys_slice = outside(tree, "system.slice", 600)
+    cause = CauseTracker(tree.cg, tree.slice)
+    cause.sample(0.0)
+    set_current(tree.slice, 244)
+    cause.sample(2.0)
+    set_current(sys_slice, 700)
+    cause.sample(4.0)
+    set_current(sys_slice, 720)
+    blame = cause.blame(8.0, 768 << 20, None)
+    assert (blame.fleet, blame.reason, blame.culprit) == (False, "growth", "/system.slice")
+    # Over the last 4 s (the newest sample at least RECENT_WINDOW old): the hog's 20 MiB.
+    assert (blame.culprit_growth, blame.slice_growth, blame.window) == (20 << 20, 0, 4.0)
+    # The same start-up with nothing grown since: the 10 s window still speaks.
+    cause = CauseTracker(tree.cg, tree.slice)
+    set_current(tree.slice, 100)
+    cause.sample(0.0)
+    set_current(tree.slice, 244)
+    cause.sample(2.0)
+    blame = cause.blame(8.0, 768 << 20, None)
+    assert (blame.fleet, blame.reason, blame.slice_growth) == (True, "growth", 144 << 20)

@@ -44,7 +44,7 @@ from .._kernel._cgroup import CGROUP_ROOT, arm_psi_trigger
 from .._kernel._proc import PROC_ROOT
 from .._kernel._proctrees import ProcessTrees, is_mirror, mirrored_agent
 from . import _guardlock
-from ._guardcause import CAUSE_WINDOW, Blame, CauseTracker
+from ._guardcause import Blame, CauseTracker
 from ._guardclock import PressureClock
 from ._guardkill import _kill, _Killed, _say_once, kill_process, prepare_process
 from ._guardlimit import LimitWatch
@@ -81,6 +81,9 @@ log = logging.getLogger("agentscope.guard")
 #: becomes readable) before looking again: one squeeze, one kill, unless
 #: the host is still short once the victim's memory is back.
 VICTIM_WAIT = 1.0
+#: Guard.start waits at most this long for the guard's first reading (a
+#: slow TCG guest takes about a second; a start under a squeeze may take more).
+READY_WAIT = 10.0
 #: A process smaller than this share of MemTotal is not worth a kill: when
 #: nothing in the slice is that large, the memory is held elsewhere and
 #: killing the fleet's small processes one by one would not give it back.
@@ -170,6 +173,9 @@ class _Loop:
         # /proc/self/cgroup): that cgroup against those beside it.
         self.charged = Path(self.limits.chain[0]) if self.trees else slice_path
         self.cause = CauseTracker(cgroup_root, self.charged)
+        # The first charges now: a squeeze under way at the first reading is
+        # then blamed on who grew since, not on size alone (_guardcause).
+        self.cause.sample(time.monotonic())
         # Whose shortage under a limit: the slice against the rest of the
         # limited cgroup (one tracker per limit, the root's is self.cause).
         self.limit_causes: dict[str, CauseTracker] = {}
@@ -309,7 +315,7 @@ class _Loop:
             blame.culprit or "nothing",
             blame.culprit_bytes >> 20,
             blame.culprit_growth >> 20,
-            CAUSE_WINDOW,
+            blame.window,
             blame.slice_bytes >> 20,
             blame.slice_growth >> 20,
         )
@@ -521,6 +527,7 @@ def run_guard(
     lock_dir: Path | Literal["default"] | None = "default",
     on_held: Callable[[GuardHeld], None] | None = None,
     on_relay: Callable[[GuardKill], None] | None = None,
+    on_first: Callable[[], None] | None = None,
 ) -> None:
     """Guard the agents slice ``slice_path`` until ``stop_fd`` is readable.
 
@@ -538,7 +545,8 @@ def run_guard(
     $XDG_RUNTIME_DIR, None: no lock); while another guard holds it, that
     guard's kills of agents it could not name go to ``on_kill`` when
     ``unit_agent`` names them (or, unfiltered, to ``on_relay``). A reading
-    or scan that fails is logged and the loop goes on.
+    or scan that fails is logged and the loop goes on. ``on_first`` is
+    called once, after the first step (read or failed).
     """
     directory = _guardlock.default_lock_dir() if lock_dir == "default" else lock_dir
     lock = SliceLock(slice_path, directory)
@@ -580,6 +588,9 @@ def run_guard(
                 if failures == 1 or failures % 100 == 0:
                     log.error("guard reading failed (%d in a row): %s", failures, exc)
                 timeout, killed = config.max_interval, None
+            if on_first is not None:
+                first, on_first = on_first, None
+                first()
             if lock.note is not None:
                 _say_once(f"lock:{lock.path}", "%s", lock.note)
             elif not lock.held and not standby_said:
@@ -681,6 +692,7 @@ class Guard:
         self.trigger: Trigger | None = None
         self.kills = 0
         self.notes: list[str] = []
+        self._first = threading.Event()
 
     @property
     def running(self) -> bool:
@@ -688,13 +700,20 @@ class Guard:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        """Prepare the process and start the guard thread (once)."""
+        """Prepare the process and start the guard thread (once).
+
+        Blocking: returns once the guard has taken its first reading (at
+        most :data:`READY_WAIT` s), so that what starts next is watched,
+        as :class:`GuardChild` waits for its process.
+        """
         if self._thread is not None:
             raise RuntimeError("this Guard was started before")
         self.notes = prepare_process(self.config, self.proc_root)
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._main, name="agentscope-guard", daemon=True)
         self._thread.start()
+        if not self._first.wait(READY_WAIT) and self._thread.is_alive():
+            log.warning("the guard took no reading in its first %.0f s", READY_WAIT)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread and wait for it (blocking: up to ``timeout`` s)."""
@@ -730,11 +749,14 @@ class Guard:
                 cgroup_root=self.cgroup_root,
                 lock_dir=self._lock_dir,
                 on_held=self._on_held,
+                on_first=self._first.set,
             )
         except Exception:
             # The thread's end would otherwise be silent: say it loudly.
             log.exception("the memory guard stopped on an error; no more guard kills")
             raise
+        finally:
+            self._first.set()  # start() waits no longer for a thread that ended
 
 
 # ---------------------------------------------------------------------------

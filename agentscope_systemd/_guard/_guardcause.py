@@ -16,11 +16,17 @@ The rule (:meth:`CauseTracker.blame`), in order:
    avg10 must be at least half the host's. Host ``full`` is the time when
    every non-idle task waits for memory; a cgroup reclaiming under its own
    limit while the agents idle holds the host's high and the slice's low.
-2. Growth: over the last :data:`CAUSE_WINDOW` seconds, the charge
+2. Growth: over the last :data:`RECENT_WINDOW` seconds, the charge
    (``memory.current`` + ``memory.swap.current``) of the slice and of each
    outside cgroup grew by some amount. When any grew by
    :data:`GROWTH_MIN_SHARE` of MemTotal or more, the slice is the cause only
-   if it grew the most.
+   if it grew the most; when none did, the same over the last
+   :data:`CAUSE_WINDOW` seconds. Who grows *now* made the shortage: agents
+   that took their memory at start-up seconds before a hog elsewhere
+   filled the host are not its cause (on a slow host the 10 s window alone
+   held the agents' 117 MiB start beside the hog's 306 MiB, and once more
+   than the hog's, whose parent's charge shrank as its siblings' page
+   cache was reclaimed).
 3. Otherwise (nothing grew, or no history yet): the slice is the cause only
    if it is larger than every outside cgroup.
 
@@ -48,8 +54,10 @@ from .._kernel._cgroup import (
 
 __all__ = ["Blame", "CauseTracker", "outside_cgroups"]
 
-#: Growth is compared over this many seconds.
+#: Growth is compared over this many seconds when nothing grew in the recent window.
 CAUSE_WINDOW = 10.0
+#: Growth is compared over this many seconds first.
+RECENT_WINDOW = 3.0
 #: The charges are sampled at most this often (and at every decision).
 SAMPLE_EVERY = 1.0
 #: At most this many cgroups outside the slice are read per sample.
@@ -82,6 +90,8 @@ class Blame:
     culprit_bytes: int
     culprit_growth: int
     culprit_full_avg10: float | None = None
+    #: The seconds the growths are over.
+    window: float = 0.0
 
 
 def outside_cgroups(cgroup_root: Path, slice_path: Path) -> list[str] | None:
@@ -173,9 +183,15 @@ class CauseTracker:
         slice_bytes = snap[self.slice]
         outside = {p: c for p, c in snap.items() if p != self.slice}
         has_base = len(self._history) > 1 and now - base_ts > 0
+        # The newest sample at least RECENT_WINDOW old (else the oldest).
+        recent = self._history[0]
+        for sample in list(self._history)[:-1]:
+            if sample[0] > now - RECENT_WINDOW:
+                break
+            recent = sample
 
-        def growth(path: str) -> int:
-            return snap[path] - base.get(path, 0) if has_base else 0
+        def growth(path: str, since: dict[str, int] = base) -> int:
+            return snap[path] - since.get(path, 0) if has_base else 0
 
         slice_growth = growth(self.slice)
         if pressure is not None:
@@ -195,22 +211,25 @@ class CauseTracker:
                         read_charge(name) or 0,
                         growth(top),
                         _full_avg10(name),
+                        window=now - base_ts,
                     )
         if not outside:
             return Blame(True, "size", slice_bytes, slice_growth, None, 0, 0)
-        if has_base:
-            grower = max(outside, key=growth)
-            if max(slice_growth, growth(grower)) >= GROWTH_MIN_SHARE * mem_total:
-                fleet = slice_growth >= growth(grower)
+        for since_ts, since in (recent, (base_ts, base)) if has_base else ():
+            grown = growth(self.slice, since)
+            grown_out = {p: growth(p, since) for p in outside}
+            grower = max(grown_out, key=grown_out.__getitem__)
+            if max(grown, grown_out[grower]) >= GROWTH_MIN_SHARE * mem_total:
                 name = self._name(grower)
                 return Blame(
-                    fleet,
+                    grown >= grown_out[grower],
                     "growth",
                     slice_bytes,
-                    slice_growth,
+                    grown,
                     self._rel(name),
                     read_charge(name) or outside[grower],
-                    growth(grower),
+                    grown_out[grower],
+                    window=now - since_ts,
                 )
         largest = max(outside, key=lambda p: outside[p])
         name = self._name(largest)
@@ -222,6 +241,7 @@ class CauseTracker:
             self._rel(name),
             read_charge(name) or outside[largest],
             growth(largest),
+            window=now - base_ts,
         )
 
     def _rel(self, path: str) -> str:

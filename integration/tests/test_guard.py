@@ -99,6 +99,8 @@ async def guard_kills(monitor: agentscope_systemd.Monitor, want: int, timeout: f
             got.append(event)
             if len(got) == want:
                 deadline = min(deadline, time.monotonic() + 3.0)
+        elif type(event).__name__ == "GuardHeld":  # why a kill came late, in a failure's output
+            print(f"guard held: {event.to_dict()}")
 
 
 async def test_runaway_tool_call_is_killed_by_the_guard_not_the_kernel(
@@ -130,6 +132,9 @@ async def test_runaway_tool_call_is_killed_by_the_guard_not_the_kernel(
         )
         kills = await guard_kills(monitor, 1, 120)
         manager_rss = rss_of(os.getpid())
+    # Before any assertion: a failed test's traceback keeps its frame, and the
+    # ballast with it, for the rest of the suite (the next tests' memory).
+    del ballast
     assert len(kills) == 1, kills  # exactly one event
     (kill,) = kills
     print(f"guard kill: {kill.to_dict()}; manager rss {manager_rss >> 20} MiB")
@@ -153,7 +158,6 @@ async def test_runaway_tool_call_is_killed_by_the_guard_not_the_kernel(
         assert float(beat.read_text().split()[-1]) > after - 1.0
     recorded = await fleet.events(kind="guard_kill")
     assert [(e.agent, e.kind) for e in recorded] == [("runaway", "guard_kill")]
-    del ballast
 
 
 async def test_two_runaways_at_once_both_killed_by_the_cli_monitor(
