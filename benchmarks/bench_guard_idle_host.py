@@ -32,9 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentscope_systemd._guard._guard import Guard, _Loop
+from agentscope_systemd._guard._guard import _Loop
 from agentscope_systemd._guard._guardlock import SliceLock
 from agentscope_systemd._guard._guardpolicy import GuardConfig
+from agentscope_systemd._guard._guardthread import Guard
 from agentscope_systemd._kernel._proc import PROC_ROOT
 from tests import fakefs
 

@@ -29,7 +29,7 @@ from agentscope_systemd import (
 )
 from agentscope_systemd._events import Event
 from agentscope_systemd._guard import _guard, _guardlock, _guardnames
-from agentscope_systemd._guard._guard import Guard, admit, kill_process, run_guard
+from agentscope_systemd._guard._guard import kill_process, run_guard
 from agentscope_systemd._guard._guardcause import CauseTracker
 from agentscope_systemd._guard._guardclock import PressureClock
 from agentscope_systemd._guard._guardpolicy import (
@@ -47,6 +47,7 @@ from agentscope_systemd._guard._guardpolicy import (
 )
 from agentscope_systemd._guard._guardproc import GuardChild
 from agentscope_systemd._guard._guardscan import Scan
+from agentscope_systemd._guard._guardthread import Guard, admit
 from agentscope_systemd._monitor._monitor import Monitor
 from tests.fakefs import (
     PAGE,

@@ -441,7 +441,7 @@ def _guard_alone(
 
     from agentscope_systemd import _names
     from agentscope_systemd._contract import json_line, monitor_event_dict
-    from agentscope_systemd._guard._guard import Guard
+    from agentscope_systemd._guard._guardthread import Guard
     from agentscope_systemd._managers import _scope
 
     from . import _render

@@ -115,7 +115,7 @@ class Monitors:
         """Admission control: wait up to ``wait`` s for (or refuse on) pressure its guards see."""
         guards = [m.guard for m in list(self._monitors) if m.guard is not None]
         if guards:
-            from .._guard._guard import admit
+            from .._guard._guardthread import admit
 
             await admit(guards, wait)
 

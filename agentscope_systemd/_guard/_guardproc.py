@@ -161,7 +161,7 @@ def _reading_of(data: dict[str, Any]) -> HostReading:
 
 
 class GuardChild:
-    """The guard in a child process; the same face as :class:`._guard.Guard`.
+    """The guard in a child process; the same face as :class:`._guardthread.Guard`.
 
     :meth:`start` spawns ``python -m agentscope_systemd._guard._guardproc`` and a thread
     reading its lines; :meth:`stop` closes its stdin and waits. The

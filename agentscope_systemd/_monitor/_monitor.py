@@ -45,8 +45,9 @@ from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 from .. import _numbers
 from .._errors import AgentscopeError
 from .._events import AgentExited, Escaped, Event, Pressure
-from .._guard._guard import Guard, GuardHandle, Protected
+from .._guard._guard import Protected
 from .._guard._guardpolicy import GuardConfig, GuardHeld, GuardKill
+from .._guard._guardthread import Guard, GuardHandle
 from .._kernel._cgroup import CGROUP_ROOT
 from .._kernel._journal import (
     MAX_LINE,
