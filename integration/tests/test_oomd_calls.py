@@ -119,7 +119,9 @@ async def test_oomd_calls_victim_is_the_runaway_call_and_the_agent_lives(
             stderr=DEVNULL,
         )
         where = cgroup_of(agent.pid)  # the agent's leaf, before anything can kill it
-        ended = await wait_until(rc.exists, 150)
+        # 240 s: filling memory and a swap file as large under TCG took up to
+        # 150 s with three VMs on two cores (a CI host that slow lost the run).
+        ended = await wait_until(rc.exists, 240)
         lifetime = time.monotonic() - t0
         if reads_oomds_journal() and await wait_until(lambda: events, 15):
             await asyncio.sleep(3)  # oomd names its victim again a reading later: no event
@@ -127,9 +129,12 @@ async def test_oomd_calls_victim_is_the_runaway_call_and_the_agent_lives(
     leaf, scope = Path("/sys/fs/cgroup" + where), where.rpartition("/")[0]
     kills = oomd_kills_since(since)
     status = rc.read_text().strip() if ended else None
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     print(
         f"{MANAGER}: runaway ended after {lifetime:.1f}s, {status}; "
-        f"oomd: {kills}; events: {[e.to_dict() for e in events]}"
+        f"oomd: {kills}; events: {[e.to_dict() for e in events]}; "
+        f"now MemAvailable {meminfo['MemAvailable'].strip()}, "
+        f"SwapFree {meminfo['SwapFree'].strip()}"
     )
     assert leaf.name == "agent", f"no delegated scope here: the agent is in {leaf}"
     # The agent's own leaf is the one oomd takes last (_calls/_calls.py, _avoid_oomd).
