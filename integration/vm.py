@@ -72,13 +72,13 @@ _ACCEL = {
         # clears pages, and glibc's memset fills memory, with `rep stosb`, which
         # TCG runs a byte at a time: touching 300 MiB took 2.9-4.7 s, against
         # 0.9-2.0 s with `max,-erms,-fsrm` (benchmarks/bed_speed.sh,
-        # docs/benchmarks.md). So under TCG a runaway grows about 3x slower
-        # against the guard's CPU than it would on a real host: the bed is that
-        # much kinder to the guard. Without ERMS one test fails today: in a
-        # container with the kubelet's group OOM, process mode, the group kill
-        # came before the guard (issue #27; docs/benchmarks.md, "The test
-        # bed's speed"). `max` stays until the guard keeps up there.
-        # AGENTSCOPE_VM_TCG_CPU: another model, for such experiments.
+        # docs/benchmarks.md). Neither is kinder to the guard than a real host:
+        # its CPU runs 30-50x slower here (a bare Python's start), while the
+        # tests' runaway (16 MiB, then 20 ms asleep) grows about 8x slower
+        # with ERMS and 3-4x without. Without ERMS one test fails today: in a
+        # container with the kubelet's group OOM, process mode, the group
+        # kill came before the guard (docs/benchmarks.md, "The test bed's
+        # speed"). AGENTSCOPE_VM_TCG_CPU: another model, for such experiments.
         os.environ.get("AGENTSCOPE_VM_TCG_CPU", "max"),
     ],
 }
