@@ -36,7 +36,9 @@ def soft_limit(pid):
 async def main():
     async with AsyncFleet(sys.argv[1]) as fleet:
         agents = await asyncio.gather(*(
-            fleet.launch(f"f{i}", ["sleep", "120"], stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL)
+            # 600 s: the 100 launches took over 120 s on a slow host, and the
+            # first sleeps had ended before they were looked at. Killed below.
+            fleet.launch(f"f{i}", ["sleep", "600"], stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL)
             for i in range(100)
         ))
         out = {
@@ -66,7 +68,7 @@ def test_a_launcher_with_64_descriptors_runs_100_agents() -> None:
         [sys.executable, "-c", textwrap.dedent(_LAUNCHER), f"f{uuid.uuid4().hex[:8]}"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=500,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
