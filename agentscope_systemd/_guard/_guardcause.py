@@ -215,7 +215,9 @@ class CauseTracker:
                     )
         if not outside:
             return Blame(True, "size", slice_bytes, slice_growth, None, 0, 0)
-        for since_ts, since in (recent, (base_ts, base)) if has_base else ():
+        # The recent window, then the whole one (once, when they are the same).
+        windows = [recent] if recent[0] == base_ts else [recent, (base_ts, base)]
+        for since_ts, since in windows if has_base else ():
             grown = growth(self.slice, since)
             grown_out = {p: growth(p, since) for p in outside}
             grower = max(grown_out, key=grown_out.__getitem__)
