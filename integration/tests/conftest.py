@@ -111,12 +111,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 GROW = "import time\nl = []\nwhile True:\n    l.append(b'x' * (4 << 20))\n    time.sleep(0.25)"
 
 
-def memory_back() -> bool:
-    """Whether the VM has half its memory available again (after a squeeze)."""
-    info = {
+def meminfo_kib() -> dict[str, int]:
+    """/proc/meminfo's figures, in KiB."""
+    return {
         k: int(v.split()[0])
         for k, _, v in (x.partition(":") for x in Path("/proc/meminfo").read_text().splitlines())
     }
+
+
+def memory_back() -> bool:
+    """Whether the VM has half its memory available again (after a squeeze)."""
+    info = meminfo_kib()
     return info["MemAvailable"] > info["MemTotal"] // 2
 
 

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import DISTRO, MANAGER, own_fleet
+from conftest import DISTRO, MANAGER, meminfo_kib, own_fleet
 from roothelper import as_root
 from test_calls import cgroup_of
 from test_guard import kernel_oom_kills, wait_until
@@ -129,12 +129,11 @@ async def test_oomd_calls_victim_is_the_runaway_call_and_the_agent_lives(
     leaf, scope = Path("/sys/fs/cgroup" + where), where.rpartition("/")[0]
     kills = oomd_kills_since(since)
     status = rc.read_text().strip() if ended else None
-    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    meminfo = meminfo_kib()
     print(
         f"{MANAGER}: runaway ended after {lifetime:.1f}s, {status}; "
         f"oomd: {kills}; events: {[e.to_dict() for e in events]}; "
-        f"now MemAvailable {meminfo['MemAvailable'].strip()}, "
-        f"SwapFree {meminfo['SwapFree'].strip()}"
+        f"now MemAvailable {meminfo['MemAvailable']} kB, SwapFree {meminfo['SwapFree']} kB"
     )
     assert leaf.name == "agent", f"no delegated scope here: the agent is in {leaf}"
     # The agent's own leaf is the one oomd takes last (_calls/_calls.py, _avoid_oomd).
