@@ -140,6 +140,7 @@ async def call_events(fleet: AsyncFleet, kind: str, want: int = 1) -> list[Any]:
     return await fleet.events(kind=kind)
 
 
+@pytest.mark.heavy("calls-churn")
 async def test_forty_calls_leave_no_cgroup_behind(fleet: AsyncFleet, tmp_path: Path) -> None:
     out = tmp_path / "done"
     pid, unit = await launch_script(
@@ -268,6 +269,7 @@ async def test_fleet_call_runs_in_a_call_of_the_named_agent(
     assert exited.detail["pid"] == call.pid
 
 
+@pytest.mark.heavy("guard")
 async def test_the_guard_kills_a_runaway_call_whole_and_the_agent_lives(
     fleet: AsyncFleet, tmp_path: Path
 ) -> None:

@@ -47,6 +47,7 @@ def fleet() -> str:
     return f"c{uuid.uuid4().hex[:6]}"
 
 
+@pytest.mark.heavy("cli-flow")
 def test_run_ls_stop_and_the_agent_outlives_the_cli(fleet: str, tmp_path: Path) -> None:
     log = tmp_path / "a.log"
     out = ok_json(
@@ -159,6 +160,7 @@ def _imported(stderr: str) -> set[str]:
     }
 
 
+@pytest.mark.heavy("cli-flow")
 def test_exec_fast_path_records_the_agent(fleet: str, tmp_path: Path) -> None:
     # A first agent makes the slice and the registry exist: the ordinary case.
     ok_json("--fleet", fleet, "run", "first", "--", "sleep", "300")

@@ -132,6 +132,7 @@ async def guard_kills(monitor: agentscope_systemd.Monitor, want: int, timeout: f
             pending.cancel()
 
 
+@pytest.mark.heavy("guard")
 async def test_runaway_tool_call_is_killed_by_the_guard_not_the_kernel(
     fleet: AsyncFleet, work: Path
 ) -> None:
@@ -189,6 +190,7 @@ async def test_runaway_tool_call_is_killed_by_the_guard_not_the_kernel(
     assert [(e.agent, e.kind) for e in recorded] == [("runaway", "guard_kill")]
 
 
+@pytest.mark.heavy("guard")
 async def test_two_runaways_at_once_both_killed_by_the_cli_monitor(
     fleet: AsyncFleet, work: Path
 ) -> None:
@@ -226,6 +228,7 @@ async def test_two_runaways_at_once_both_killed_by_the_cli_monitor(
         assert agents[name].alive()
 
 
+@pytest.mark.heavy("guard")
 async def test_main_process_runaway_is_killed_when_no_descendant_qualifies(
     fleet: AsyncFleet,
 ) -> None:

@@ -229,6 +229,7 @@ def installed() -> Iterator[Installed]:
     assert sc("is-active", inst.unit, check=False).stdout.strip() == "inactive"
 
 
+@pytest.mark.heavy("install")
 def test_install_monitor_service_restarts_and_uninstall(installed: Installed) -> None:
     # The files: generated (system) or written (user), and the wants link.
     if USER:

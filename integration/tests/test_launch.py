@@ -95,7 +95,7 @@ async def test_agent_in_own_scope_with_policies(
     assert Path(f"/proc/{agent.pid}/exe").resolve().name == "sleep"
 
 
-@pytest.mark.heavy("scale")
+@pytest.mark.heavy("scale-launch")
 async def test_fork_race_50_launches(fleet: AsyncFleet) -> None:
     script = "(cat /proc/self/cgroup); cat /proc/self/cgroup"
     for i in range(50):
@@ -359,7 +359,7 @@ async def test_user_manager_through_its_private_socket_alone(tmp_path: Path) -> 
         shutil.rmtree(runtime, ignore_errors=True)
 
 
-@pytest.mark.heavy("scale")
+@pytest.mark.heavy("scale-launch")
 async def test_100_concurrent_launches(fleet: AsyncFleet) -> None:
     agents = await asyncio.gather(*(fleet.launch(f"c{i}", ["sleep", "120"]) for i in range(100)))
     units = {a.unit for a in agents}

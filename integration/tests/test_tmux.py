@@ -306,6 +306,7 @@ async def test_bad_input_leaves_no_scope_or_window(
     assert not units(f"agentscope-{name}?-*")
 
 
+@pytest.mark.heavy("tmux-cli")
 async def test_cli_run_tmux_and_logs(name: str) -> None:
     # Two CLI runs only: each costs an interpreter start (seconds under TCG).
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
