@@ -44,6 +44,7 @@ _MONITOR = {
     "agentscope_systemd._monitor._killcount",
     "agentscope_systemd._guard._guard",
     "agentscope_systemd._guard._guardthread",
+    "agentscope_systemd._guard._guardbase",
     "agentscope_systemd._guard._guardpolicy",
     "agentscope_systemd._guard._guardscan",
     "agentscope_systemd._monitor._report",

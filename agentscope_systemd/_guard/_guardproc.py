@@ -45,6 +45,7 @@ from .._kernel._cgroup import CGROUP_ROOT
 from .._kernel._proc import PROC_ROOT
 from . import _guardlock
 from ._guard import prepare_process, run_guard
+from ._guardbase import GuardBase
 from ._guardpolicy import GuardConfig, GuardHeld, GuardKill, HostReading, Trigger
 
 __all__ = ["GuardChild", "main"]
@@ -160,7 +161,7 @@ def _reading_of(data: dict[str, Any]) -> HostReading:
     return HostReading(**{k: v for k, v in data.items() if k in names})
 
 
-class GuardChild:
+class GuardChild(GuardBase):
     """The guard in a child process; the same face as :class:`._guardthread.Guard`.
 
     :meth:`start` spawns ``python -m agentscope_systemd._guard._guardproc`` and a thread
@@ -169,33 +170,10 @@ class GuardChild:
     always protected).
     """
 
-    def __init__(
-        self,
-        config: GuardConfig,
-        slice_path: Path,
-        *,
-        on_kill: Callable[[GuardKill], None],
-        unit_agent: Callable[[str], str | None] = lambda unit: None,
-        protected: Callable[[], tuple[Any, Any]] = lambda: ((), ()),
-        proc_root: Path = PROC_ROOT,
-        cgroup_root: Path = CGROUP_ROOT,
-        on_held: Callable[[GuardHeld], None] | None = None,
-    ) -> None:
-        self.config = config
-        self.slice_path = Path(slice_path)
-        self.proc_root = Path(proc_root)
-        self.cgroup_root = Path(cgroup_root)
-        self._on_held = on_held
-        self._on_kill = on_kill
-        self._unit_agent = unit_agent
-        self._protected = protected
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
-        self._ready = threading.Event()
-        self.last_reading: HostReading | None = None
-        self.trigger: Trigger | None = None
-        self.kills = 0
-        self.notes: list[str] = []
+    # Set by start(): the child, its line reader, and "the child said it guards".
+    _proc: subprocess.Popen[bytes] | None = None
+    _reader: threading.Thread | None = None
+    _ready: threading.Event
 
     @property
     def pid(self) -> int | None:
@@ -211,6 +189,7 @@ class GuardChild:
         """Spawn the child and wait until it is guarding (or READY_TIMEOUT passed)."""
         if self._proc is not None:
             raise RuntimeError("this GuardChild was started before")
+        self._ready = threading.Event()
         pids, units = self._protected()
         lock_dir = _guardlock.default_lock_dir()
         # The directory holding the package first, then the parent's absolute
@@ -280,9 +259,7 @@ class GuardChild:
         try:
             msg = json.loads(raw)
             if "kill" in msg:
-                kill = _kill_of(msg["kill"], self._unit_agent)
-                self.kills += 1
-                self._on_kill(kill)
+                self._killed(_kill_of(msg["kill"], self._unit_agent))
             elif "relayed" in msg:
                 kill = _kill_of(msg["relayed"], self._unit_agent)
                 if kill.agent is not None:  # another guard's kill of one of ours
@@ -293,8 +270,7 @@ class GuardChild:
                         GuardHeld(**{k: v for k, v in msg["held"].items() if k != "kind"})
                     )
             elif "trigger" in msg:
-                self.last_reading = _reading_of(msg["reading"])
-                self.trigger = msg["trigger"]
+                self._seen(_reading_of(msg["reading"]), msg["trigger"])
             elif "notes" in msg:
                 self.notes = [str(n) for n in msg["notes"]]
                 self._ready.set()

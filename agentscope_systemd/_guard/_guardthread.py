@@ -20,6 +20,7 @@ from .._errors import HostUnderPressure
 from .._kernel._cgroup import CGROUP_ROOT
 from .._kernel._proc import PROC_ROOT
 from ._guard import Protected, run_guard
+from ._guardbase import GuardBase
 from ._guardkill import prepare_process
 from ._guardpolicy import GuardConfig, GuardHeld, GuardKill, HostReading, Trigger
 
@@ -36,7 +37,7 @@ READY_WAIT = 10.0
 # The guard thread
 
 
-class Guard:
+class Guard(GuardBase):
     """:func:`run_guard` in a daemon thread of this process (what a Monitor starts).
 
     :meth:`start` prepares the process (mlock, oom_score_adj, as the config
@@ -59,22 +60,20 @@ class Guard:
         lock_dir: Path | Literal["default"] | None = "default",
         on_held: Callable[[GuardHeld], None] | None = None,
     ) -> None:
-        self.config = config
-        self.slice_path = Path(slice_path)
-        self.proc_root = Path(proc_root)
-        self.cgroup_root = Path(cgroup_root)
-        self._on_kill = on_kill
-        self._on_held = on_held
-        self._unit_agent = unit_agent
-        self._protected = protected
+        super().__init__(
+            config,
+            slice_path,
+            on_kill=on_kill,
+            unit_agent=unit_agent,
+            protected=protected,
+            proc_root=proc_root,
+            cgroup_root=cgroup_root,
+            on_held=on_held,
+        )
         self._psi_trigger = psi_trigger
         self._lock_dir = lock_dir
         self._thread: threading.Thread | None = None
         self._stop_r = self._stop_w = -1
-        self.last_reading: HostReading | None = None
-        self.trigger: Trigger | None = None
-        self.kills = 0
-        self.notes: list[str] = []
         self._first = threading.Event()
 
     @property
@@ -109,13 +108,6 @@ class Guard:
         if not self._thread.is_alive():
             os.close(self._stop_r)
             self._stop_r = -1
-
-    def _seen(self, reading: HostReading, trigger: Trigger | None) -> None:
-        self.last_reading, self.trigger = reading, trigger
-
-    def _killed(self, event: GuardKill) -> None:
-        self.kills += 1
-        self._on_kill(event)
 
     def _main(self) -> None:
         try:
