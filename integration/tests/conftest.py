@@ -49,11 +49,13 @@ EVERYWHERE = os.environ.get("AGENTSCOPE_TEST_EVERYWHERE") == "1"
 # under both managers, on different distros:
 # - under memory pressure, against a kernel: the guard's tests (45-170 s)
 #   on 6.1 under both managers and on sid's kernel (trixie's 6.12 and sid's
-#   carry the host profiles, the shared-host tests and the containers, each
-#   the guard too); the throttle test once on each distro;
-# - the library at scale (150-300 s, 160 s) and the calls' churn (40-89 s),
-#   its CLI's flows (55-137 s), its facade, HTTP face, docs examples, demo,
-#   limits and tmux adoption: twice each;
+#   have the guard in the host profiles and the shared-host tests too,
+#   trixie's also in the containers); the throttle test once on each distro;
+# - the library at scale: the 100-agent tests (150-300 s) in one suite, the
+#   launch races (160 s) in another;
+# - the calls' churn (40-89 s), the CLI's flows (55-137 s), the facade, the
+#   HTTP face, the docs' examples, the demo, the limits and tmux's CLI and
+#   adoption: twice each;
 # - the monitor's install (85-117 s): once on each distro, each manager on
 #   two, since the units it writes are read by every systemd version;
 # - the host profiles and the shared-host tests need systemd-oomd (trixie
