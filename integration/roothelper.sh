@@ -23,6 +23,9 @@
 #                         debian: none of it (Debian's default: no swap, no oomd).
 #   oomd start|stop       the profile's systemd-oomd, for a benchmark round without it
 #   oomd log SINCE        its journal since SINCE (seconds since the epoch)
+#   swap empty            every swapped page back in RAM (swapoff, then swapon of the
+#                         same devices at their priorities): a benchmark's rounds each
+#                         start as its first did, not with the last round's pages out
 #                         The distributions' drop-ins go where they put them, /usr/lib.
 set -u
 . /payload/env 2>/dev/null || true
@@ -72,6 +75,20 @@ oomd)
         journalctl -u systemd-oomd.service -o short-unix --no-pager --since "@$3" ;;
     *) echo "oomd: start, stop or log"; exit 2 ;;
     esac
+    ;;
+swap)
+    [ "${2:-}" = empty ] || { echo "swap: empty"; exit 2; }
+    on=$(swapon --show=NAME,PRIO --noheadings --raw)
+    [ -n "$on" ] || { echo "no swap"; exit 0; }
+    # As at the profile's end: swapoff needs the swapped pages' room in RAM.
+    for _ in $(seq 60); do
+        awk '/^MemAvailable:/ {a=$2} /^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2}
+             END {exit !(a > t - f + 65536)}' /proc/meminfo && break
+        sleep 1
+    done
+    swapoff -a || { echo "swapoff failed"; exit 1; }
+    echo "$on" | while read -r name prio; do swapon -p "$prio" "$name" || exit 1; done
+    echo "swap emptied: $(swapon --show=NAME,USED --noheadings | tr -s ' \n' ' ')"
     ;;
 profile)
     lib=/usr/lib/systemd

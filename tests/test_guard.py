@@ -382,10 +382,14 @@ def test_config_out_of_range_names_the_field_and_range(
 
 def test_the_poll_interval_shrinks_as_memory_falls() -> None:
     config = GuardConfig()
-    roomy = next_interval(reading(80, 80), None, config)
+    roomy = next_interval(reading(99, 80), None, config)
     near = next_interval(reading(10.5, 5), None, config)
     assert roomy == config.max_interval
     assert near == config.min_interval
+    # Free swap does not put the next reading off: at MemAvailable's
+    # threshold the rules for memory gone act whatever SwapFree says.
+    assert next_interval(reading(10.5, 100), None, config) == config.min_interval
+    assert next_interval(reading(8, 100), None, config) == config.min_interval
     middle = next_interval(reading(12, 5), None, config)  # 164 MiB over at 6000 MiB/s
     assert config.min_interval <= middle < roomy
     # A fill faster than earlyoom's assumed rate polls sooner still.

@@ -336,10 +336,12 @@ def test_memory_gone_and_swapping_out_with_stalls_is_a_shortage() -> None:
     easy = PressureClock(config)
     easy.update(host(0.0, 0.0, 0))
     assert easy.update(host(1.0, 0.05, per_s)) is None
-    # The same stall with nothing going out to swap (reclaim of page cache).
+    # The same stall with nothing going out to swap (reclaim of page cache,
+    # programs' code included): swap that takes nothing is no room, so the
+    # rule for swap left unused holds (the next test).
     cache = PressureClock(config)
     cache.update(host(0.0, 0.0, 0))
-    assert cache.update(host(1.0, 0.15, 0)) is None
+    assert cache.update(host(1.0, 0.15, 0)) == "memory"
     # With memory to spare it is not this rule's.
     spare = PressureClock(config)
     spare.update(host(0.0, 0.0, 0, avail=30))
@@ -347,10 +349,10 @@ def test_memory_gone_and_swapping_out_with_stalls_is_a_shortage() -> None:
 
 
 def test_memory_gone_with_swap_unused_is_a_shortage() -> None:
-    # Ubuntu's profile as measured: MemAvailable at 3 % for seconds, the swap
-    # file 97 % free and nothing going out to it, PSI at zero, every sibling
-    # silent. Free swap the kernel does not use is no room: the guard acts
-    # once MemAvailable has been at half its threshold for a second.
+    # Ubuntu's profile as measured: MemAvailable falling through 10 % to 3 %,
+    # the swap file empty and nothing going out to it, PSI at zero, every
+    # sibling silent. Free swap the kernel does not use is no room: the guard
+    # acts once MemAvailable has been at its threshold for a second.
     config = GuardConfig()
     per_s = int(0.02 * (8 << 30) / PAGE)  # 2 % of MemTotal a second
 
@@ -358,22 +360,23 @@ def test_memory_gone_with_swap_unused_is_a_shortage() -> None:
         return replace(reading(avail, swap, psi_full=0.0, ts=ts), psi_full_total=0, swap_outs=out)
 
     clock = PressureClock(config)
-    assert clock.update(host(0.0, 4.0)) is None  # no second of it yet
-    assert clock.update(host(0.5, 3.5)) is None
-    assert clock.update(host(1.0, 3.0)) == "memory"
+    assert clock.update(host(0.0, 9.5)) is None  # no second of it yet
+    assert clock.update(host(0.5, 8.0)) is None
+    assert clock.update(host(1.0, 6.0)) == "memory"
     assert clock.crossed_at == 1.0
-    # Above half the threshold (6 %): earlyoom's rule and the stall rule decide.
+    # Above the threshold: nothing, however long.
     near = PressureClock(config)
-    near.update(host(0.0, 6.0))
-    assert near.update(host(1.0, 6.0)) is None
-    # Half the threshold only now, not a second ago: not yet.
+    near.update(host(0.0, 10.5))
+    assert near.update(host(1.0, 10.5)) is None
+    # At the threshold only now, not a second ago: not yet.
     falling = PressureClock(config)
-    falling.update(host(0.0, 8.0))
-    assert falling.update(host(1.0, 4.0)) is None
-    # Swap taking pages at 2 % of MemTotal a second: it does its job.
+    falling.update(host(0.0, 12.0))
+    assert falling.update(host(1.0, 9.0)) is None
+    # Swap taking pages at 2 % of MemTotal a second: it does its job (the
+    # stall rule decides whether the host pays for it).
     swapping = PressureClock(config)
-    swapping.update(host(0.0, 4.0, out=0))
-    assert swapping.update(host(1.0, 3.0, out=per_s)) is None
+    swapping.update(host(0.0, 9.0, out=0))
+    assert swapping.update(host(1.0, 7.0, out=per_s)) is None
     # No swap at all: earlyoom's rule already held at 10 %.
     swapless = replace(host(0.0, 9.0), swap_total=0, swap_free=0)
     assert PressureClock(config).update(swapless) == "memory"

@@ -11,6 +11,18 @@ exec happened, or raises the exec's error.
 
 Popen blocks its thread until the exec, so it runs in a thread of its own
 while the event loop talks to systemd.
+
+Why the gate is Python in ``preexec_fn`` and not a trampoline (issue #31,
+tried 2026-12-03): the gate makes raw ``os`` calls only and takes no
+Python-level lock, which is what a forked copy of a threaded process can
+safely do. An exec of ``/bin/sh`` as the gate would lose what the launch
+promises: dash reaches no inherited descriptor above 9 (``pass_fds`` keeps
+the launcher's numbers), drops environment entries whose names are not
+shell identifiers and exports ``PWD``; bash, Fedora's ``/bin/sh``, exports
+``SHLVL``; ``env -i NAME=VALUE ...`` would put the agent's environment in a
+command line every user can read; and sh runs a file with no ``#!`` line
+as a script where ``execve`` refuses it. A gate that keeps every
+behaviour needs a compiled helper.
 """
 
 from __future__ import annotations

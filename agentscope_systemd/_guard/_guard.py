@@ -94,20 +94,20 @@ KILLED_KEPT = 256
 
 
 def _near(reading: HostReading, config: GuardConfig) -> bool:
-    """Within :data:`NEAR_FACTOR` of the memory threshold (RAM and swap, zram as RAM, a limit)."""
+    """Within :data:`NEAR_FACTOR` of the memory threshold (the host's or a limit's).
+
+    MemAvailable alone is enough on the host, whatever SwapFree says: a
+    swapless host counts as 0 % free, and on a host with swap the rules for
+    memory gone (swap not taking it, or the host stalling while it does:
+    :mod:`._guardclock`) act at MemAvailable's threshold too.
+    """
     mem, swap = NEAR_FACTOR * config.mem_available_percent, NEAR_FACTOR * config.swap_free_percent
-    if reading.mem_available_percent <= mem and reading.swap_free_percent <= swap:
-        return True
-    if (
+    # zram counted as RAM (``available_percent``) never shows less than
+    # MemAvailable alone: the first test covers it.
+    return reading.mem_available_percent <= mem or bool(
         reading.limit_bytes
         and reading.limit_available_percent <= mem
         and reading.limit_swap_free_percent <= swap
-    ):
-        return True
-    return (
-        reading.zram_swap_total > 0
-        and reading.available_percent <= mem
-        and reading.disk_swap_free_percent <= swap
     )
 
 

@@ -28,7 +28,6 @@ from ._guardpolicy import (
 )
 
 __all__ = [
-    "GONE_SHARE",
     "STALL_SECONDS",
     "SWAP_OUT_PERCENT",
     "SWAP_STALL_PERCENT",
@@ -48,15 +47,16 @@ __all__ = [
 STALL_SECONDS: Final = 1.0
 SWAP_STALL_PERCENT: Final = 10.0
 SWAP_OUT_PERCENT: Final = 1.0
-#: "Memory gone and swap not taking it": MemAvailable at this share of its
-#: threshold (5 % by default) for STALL_SECONDS, while pages went out to swap
-#: at less than SWAP_OUT_PERCENT of MemTotal a second. Measured in
-#: bench_squeeze.py (trixie, 768 MB, TCG, Ubuntu's profile, 2026-12-03):
-#: MemAvailable sat at 1.3-3.4 % for 8-12 s with swap 97 % free, nothing
-#: going out to it and PSI at zero, while the manager's loop stalled 1.9-4.2 s
-#: and every sibling fell silent; only the swap storm that followed made
-#: the stall rule act. Free swap that the kernel does not use is no room.
-GONE_SHARE: Final = 0.5
+#: "Memory gone and swap not taking it" (:meth:`_Stalls.gone_and_not_swapping`):
+#: MemAvailable at its threshold for STALL_SECONDS while pages went out to
+#: swap at less than SWAP_OUT_PERCENT of MemTotal a second. Measured in
+#: bench_squeeze.py (trixie, 768 MB, TCG, Ubuntu's profile, 2026-12-03 and
+#: -04): with the swap file empty the kernel reclaimed page cache, programs'
+#: code included, from MemAvailable's 10 % down to 3-4 % with nothing going
+#: out to swap and PSI at zero, while every sibling fell silent for over a
+#: second; at half the threshold (this rule's first figure) the guard acted
+#: 3.9-7.5 s after the crossing and siblings were silent 2.2-2.6 s. Free swap
+#: that the kernel does not use is no room.
 
 
 def _paged_percent(old: int, new: int, mem_total: int, span: float) -> float:
@@ -173,15 +173,16 @@ class _Stalls:
         return out is not None and out >= SWAP_OUT_PERCENT
 
     def gone_and_not_swapping(self, reading: HostReading) -> bool:
-        """MemAvailable at GONE_SHARE of its threshold for STALL_SECONDS, swap not taking pages.
+        """MemAvailable at its threshold for STALL_SECONDS, swap not taking pages.
 
         earlyoom's rule counts free swap as room; a kernel that keeps its
         anonymous pages in RAM (swap-out under SWAP_OUT_PERCENT of MemTotal a
-        second) leaves that room unused while MemAvailable is all but gone,
-        and the host's page cache, its programs' code included, goes first.
-        Swap that is taking pages is left to the other rules.
+        second) leaves that room unused while MemAvailable is gone, and the
+        host's page cache, its programs' code included, goes first: the host
+        is then a swapless one, whose rule is MemAvailable alone. Swap that
+        is taking pages is left to the stall rule (:meth:`short_and_stalling`).
         """
-        floor = self.config.mem_available_percent * GONE_SHARE
+        floor = self.config.mem_available_percent
         if reading.swap_total <= 0 or reading.mem_available_percent > floor:
             return False
         base = self._second_ago(reading)

@@ -547,33 +547,29 @@ def next_interval(reading: HostReading, prev: HostReading | None, config: GuardC
 
     As earlyoom: the time RAM would take to fill down to its threshold at
     :data:`ASSUMED_MEM_FILL` (or at the rate measured since ``prev``, when
-    faster), plus the same for swap, kept within
-    [``min_interval``, ``max_interval``]; with zram, the sooner of that and
-    the same with zram counted as RAM. PSI ``full`` at half its threshold
-    (or the thrash threshold) or more, the host's or the nearest limit's,
-    polls at ``min_interval``.
+    faster), kept within [``min_interval``, ``max_interval``]. Free swap
+    adds nothing to that time: at MemAvailable's threshold the rules for
+    memory gone (swap not taking pages, or the host stalling while it does;
+    :mod:`._guardclock`) start counting, whatever SwapFree says (measured:
+    a swap file's room kept the guard polling every 0.7-1 s near the
+    crossing, and it acted 2 s after it); under it the host is short and
+    the guard reads at ``min_interval``. PSI ``full`` at half
+    its threshold (or the thrash threshold) or more, the host's or the
+    nearest limit's, polls at ``min_interval``.
     """
     low, high = config.min_interval, config.max_interval
     fulls = [f for f in (reading.psi_full_avg10, reading.limit_psi_full_avg10) if f is not None]
     watch = [p for p in (config.psi_full_percent, config.thrash_full_percent) if p is not None]
     if any(full >= p / 2 for full in fulls for p in watch):
         return low
-    mem_rate, swap_rate = float(ASSUMED_MEM_FILL), float(ASSUMED_SWAP_FILL)
+    mem_rate = float(ASSUMED_MEM_FILL)
     if prev is not None and reading.ts > prev.ts:
-        span = reading.ts - prev.ts
-        mem_rate = max(mem_rate, (prev.mem_available - reading.mem_available) / span)
-        swap_rate = max(swap_rate, (prev.swap_free - reading.swap_free) / span)
-    total, mem_pct = reading.mem_total, config.mem_available_percent
-    swap_room = _room(reading.swap_free, reading.swap_total, config.swap_free_percent)
-    seconds = max(_room(reading.mem_available, total, mem_pct), 0.0) / mem_rate
-    seconds += max(swap_room, 0.0) / swap_rate
-    if reading.zram_swap_total:
-        disk_total = reading.swap_total - reading.zram_swap_total
-        disk_free = reading.swap_free - reading.zram_swap_free
-        avail = reading.mem_available + reading.zram_credit
-        zram_seconds = max(_room(avail, total, mem_pct), 0.0) / mem_rate
-        zram_seconds += max(_room(disk_free, disk_total, config.swap_free_percent), 0) / swap_rate
-        seconds = min(seconds, zram_seconds)
+        fell = prev.mem_available - reading.mem_available
+        mem_rate = max(mem_rate, fell / (reading.ts - prev.ts))
+    mem_pct = config.mem_available_percent
+    # zram counted as RAM is never less than MemAvailable: its room to the
+    # threshold comes no sooner than RAM's.
+    seconds = max(_room(reading.mem_available, reading.mem_total, mem_pct), 0.0) / mem_rate
     interval = min(max(seconds, low), high)
     if reading.limit_bytes:
         # The nearest limit's headroom, at the same fill rate (or the rate measured under it).
