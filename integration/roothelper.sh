@@ -30,6 +30,15 @@
 set -u
 . /payload/env 2>/dev/null || true
 lru=/sys/kernel/mm/lru_gen
+# swapoff pulls every swapped page back into RAM: with less memory available
+# than swap used it would run the VM out of memory. Wait (up to 60 s) for room.
+swap_room() {
+    for _ in $(seq 60); do
+        awk '/^MemAvailable:/ {a=$2} /^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2}
+             END {exit !(a > t - f + 65536)}' /proc/meminfo && return 0
+        sleep 1
+    done
+}
 case "${1:-}" in
 lru_gen)
     case "${2:-}" in y|n|0x[0-9a-f][0-9a-f][0-9a-f][0-9a-f]) ;; *) echo "bad mask: ${2:-}"; exit 2 ;; esac
@@ -80,12 +89,7 @@ swap)
     [ "${2:-}" = empty ] || { echo "swap: empty"; exit 2; }
     on=$(swapon --show=NAME,PRIO --noheadings --raw)
     [ -n "$on" ] || { echo "no swap"; exit 0; }
-    # As at the profile's end: swapoff needs the swapped pages' room in RAM.
-    for _ in $(seq 60); do
-        awk '/^MemAvailable:/ {a=$2} /^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2}
-             END {exit !(a > t - f + 65536)}' /proc/meminfo && break
-        sleep 1
-    done
+    swap_room
     swapoff -a || { echo "swapoff failed"; exit 1; }
     echo "$on" | while read -r name prio; do swapon -p "$prio" "$name" || exit 1; done
     echo "swap emptied: $(swapon --show=NAME,USED --noheadings | tr -s ' \n' ' ')"
@@ -142,13 +146,7 @@ profile)
             "$lib/system/user@.service.d/10-oomd-user-service-defaults.conf" \
             "$lib/system/system.slice.d/10-oomd-per-slice-defaults.conf" \
             "$lib/user/slice.d/10-oomd-per-slice-defaults.conf"
-        # swapoff pulls every swapped page back into RAM: with less memory
-        # available than swap used it would run the VM out of memory.
-        for _ in $(seq 60); do
-            awk '/^MemAvailable:/ {a=$2} /^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2}
-                 END {exit !(a > t - f + 65536)}' /proc/meminfo && break
-            sleep 1
-        done
+        swap_room
         swapoff -a || { echo "swapoff failed: $(grep -E 'MemAvailable|Swap' /proc/meminfo | tr -s ' \n' ' ')"; exit 1; }
         rm -f /swapfile
         # udev may still hold a device it just saw go: a moment, then once more.
