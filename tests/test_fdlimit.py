@@ -230,16 +230,19 @@ async def _costs(tmp_path: Path, size: int) -> dict[str, tuple[int, int]]:
     bus = FakeSystemd(tmp_path / "cgroup")
     costs: dict[str, tuple[int, int]] = {}
     launched: list[Agent] = []
+    # The agents sleep 600 s, not 60: on a loaded host (the host tests at
+    # nice 19 beside a VM) 200 launches took over a minute, and the first
+    # agents had exited before they were listed (72 of 200).
     async with make_fleet(tmp_path, bus) as fleet:
         for at in range(0, size - 1, 20):
             launched += await asyncio.gather(
                 *(
-                    fleet.launch(f"a{i}", ["sleep", "60"], stdin=DEVNULL, stdout=DEVNULL)
+                    fleet.launch(f"a{i}", ["sleep", "600"], stdin=DEVNULL, stdout=DEVNULL)
                     for i in range(at, min(at + 20, size - 1))
                 )
             )
         last, calls, opens = await _count(
-            bus, lambda: fleet.launch("last", ["sleep", "60"], stdin=DEVNULL, stdout=DEVNULL)
+            bus, lambda: fleet.launch("last", ["sleep", "600"], stdin=DEVNULL, stdout=DEVNULL)
         )
         launched.append(last)
         costs["launch"] = calls, opens
