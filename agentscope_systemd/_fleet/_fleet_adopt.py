@@ -18,6 +18,7 @@ from .. import _names, _numbers
 from .._errors import InvalidConfig, LaunchError
 from .._kernel import _fdlimit
 from .._kernel._proc import ProcStat, read_cgroup, read_stat
+from .._managers._manager import ScopeRequest
 from .._managers._scopefiles import write_oom_score_adj
 from .._monitor._escape import move_into
 from .._registry import _claim
@@ -93,7 +94,7 @@ class Adopter:
             reap_after=grace,
         )
         try:
-            issues = await self._manager.start_scope(unit, name, pids, controls)
+            issues = await self._manager.start_scope(ScopeRequest(unit, name, pids, controls))
         except BaseException:
             await self._store.call(self._store.registry.delete, unit)
             raise

@@ -24,6 +24,7 @@ from .. import _names
 from .._errors import AgentExists, LaunchError, RegistryError
 from .._kernel import _fdlimit
 from .._kernel._proc import read_stat
+from .._managers._manager import ScopeRequest
 from .._registry import _claim
 from .._registry._registry import Registry
 from ._fleet_tmux import TmuxChild
@@ -174,7 +175,9 @@ class Launcher:
                 registry, name, unit, child.pid, argv, cwd, reap_after
             )
             recorded = True
-            issues = await self._manager.start_scope(unit, name, [child.pid], controls)
+            issues = await self._manager.start_scope(
+                ScopeRequest(unit, name, [child.pid], controls)
+            )
         except BaseException as exc:
             await child.abort()
             if recorded:
