@@ -1,7 +1,8 @@
-"""JSON-ready dicts of the library's frozen dataclasses, for ``to_dict``."""
+"""JSON-ready dicts of the library's frozen dataclasses, for ``to_dict``; JSON objects read back."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import PurePath
@@ -69,3 +70,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, PurePath):
         return str(value)
     return value
+
+
+def json_object(raw: str | bytes) -> dict[str, Any] | None:
+    """The JSON object ``raw`` holds; None for anything else (not JSON, or not an object).
+
+    The first check of every record the library reads back from a file or
+    a pipe (a journal entry, a call's event, a guard's kill line, a scope's
+    record); each reader then checks the fields it takes.
+    """
+    try:
+        doc = json.loads(raw)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    return doc if isinstance(doc, dict) else None
