@@ -10,6 +10,7 @@ process tree's PIDs; children forked meanwhile are moved after it
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -79,9 +80,9 @@ class Adopter:
         assert self._store.registry is not None
         stat, argv, cwd = await asyncio.to_thread(_identity, root)
         _fdlimit.make_room(len(pids) + _fdlimit.LAUNCH_FDS)  # a pidfd each for systemd
-        await self._store.call(
-            _claim.claim,
-            self._store.registry,
+        registry = self._store.registry
+        record = functools.partial(
+            registry.record_launch,
             self.name,
             name,
             unit,
@@ -89,9 +90,11 @@ class Adopter:
             stat.start_time if stat else 0,
             argv,
             cwd,
-            slice_dir=await self._manager.slice_cgroup(),
-            close=self._store.close_row,
             reap_after=grace,
+        )
+        slice_dir = await self._manager.slice_cgroup()
+        await self._store.call(
+            _claim.claim, registry, record, slice_dir=slice_dir, close=self._store.close_row
         )
         try:
             issues = await self._manager.start_scope(ScopeRequest(unit, name, pids, controls))

@@ -14,6 +14,7 @@ A step added to every launch (a leaf cgroup for tool calls, say) goes in
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import subprocess
@@ -217,9 +218,8 @@ class Launcher:
         """
         stat = await asyncio.to_thread(read_stat, pid)
         start = stat.start_time if stat else 0
-        await self._store.call(
-            _claim.claim,
-            registry,
+        record = functools.partial(
+            registry.record_launch,
             self.name,
             name,
             unit,
@@ -227,9 +227,11 @@ class Launcher:
             start,
             list(argv),
             cwd or os.getcwd(),
-            slice_dir=await self._manager.slice_cgroup(),
-            close=self._store.close_row,
             reap_after=reap_after,
+        )
+        slice_dir = await self._manager.slice_cgroup()
+        await self._store.call(
+            _claim.claim, registry, record, slice_dir=slice_dir, close=self._store.close_row
         )
         return start
 
