@@ -90,7 +90,7 @@ class Launcher:
             await self.refuse_running(name)
         else:
             # The registry's open row is checked when the launch is recorded
-            # (_record_launch): no trip to the registry before the fork.
+            # (record_launch): no trip to the registry before the fork.
             self.refuse_known(name)
         await self.clear_slice_limits_once()
         # Registry writes of this fleet still in flight (an exit just seen)
@@ -172,8 +172,8 @@ class Launcher:
                     raise _fdlimit.no_room(argv[0], exc) from exc
         recorded = False
         try:
-            start = await self._record_launch(
-                registry, name, unit, child.pid, argv, cwd, reap_after
+            start = await self.record_launch(
+                registry, name, unit, child.pid, argv, cwd or os.getcwd(), reap_after
             )
             recorded = True
             issues = await self._manager.start_scope(
@@ -198,17 +198,20 @@ class Launcher:
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
         return popen, child.pid, start, issues
 
-    async def _record_launch(
+    async def record_launch(
         self,
         registry: Registry,
         name: str,
         unit: str,
         pid: int,
         argv: Sequence[str],
-        cwd: str | None,
+        cwd: str,
         reap_after: float | None,
     ) -> int:
         """Record the launch (state starting) before its scope exists; the start time recorded.
+
+        Every launch path that starts a scope records through here: a
+        library or tmux launch, and an adopt.
 
         The name is claimed by the one rule of every launch path
         (:func:`._claim.claim`): another launch of the same name, in this
@@ -226,7 +229,7 @@ class Launcher:
             pid,
             start,
             list(argv),
-            cwd or os.getcwd(),
+            cwd,
             reap_after=reap_after,
         )
         slice_dir = await self._manager.slice_cgroup()
