@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from ._dicts import as_dict
+from ._dicts import Kinded
 from ._guard._guardevents import GuardHeld, GuardKill
 
 if TYPE_CHECKING:  # fields' types only: a fleet that reads its history runs no monitor
@@ -43,7 +43,7 @@ _Source = Literal["cgroup", "reaped", "kmsg", "journal"]
 
 
 @dataclass(frozen=True, slots=True)
-class OomKill:
+class OomKill(Kinded):
     """The OOM killer killed a process in the agents slice.
 
     ``source`` says how the victim is known: ``"kmsg"`` or ``"journal"``
@@ -70,13 +70,9 @@ class OomKill:
     source: _Source
     recovered: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
-
 
 @dataclass(frozen=True, slots=True)
-class Throttled:
+class Throttled(Kinded):
     """A MemoryHigh is throttling agents: their allocations sleep in the kernel.
 
     ``unit`` is the cgroup whose ``high`` counter rose by
@@ -95,13 +91,9 @@ class Throttled:
     limit_unit: str | None
     fix: str | None
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
-
 
 @dataclass(frozen=True, slots=True)
-class Pressure:
+class Pressure(Kinded):
     """Memory pressure crossed a threshold during a window.
 
     ``report`` was taken when the window opened (the first sample over a
@@ -113,13 +105,9 @@ class Pressure:
     report: MemoryReport
     window: PressureEvent | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
-
 
 @dataclass(frozen=True, slots=True)
-class AgentExited:
+class AgentExited(Kinded):
     """The fleet reaped an agent's launched child; ``status`` as Popen.returncode (-9: SIGKILL)."""
 
     kind: ClassVar[str] = "exited"
@@ -129,13 +117,9 @@ class AgentExited:
     pid: int
     status: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
-
 
 @dataclass(frozen=True, slots=True)
-class LimitFound:
+class LimitFound(Kinded):
     """A MemoryHigh or MemoryMax on the agents slice or an ancestor (reported once per value)."""
 
     kind: ClassVar[str] = "limit_found"
@@ -155,7 +139,7 @@ class LimitFound:
 
 
 @dataclass(frozen=True, slots=True)
-class Escaped:
+class Escaped(Kinded):
     """A descendant of an agent lives outside the agents slice (reported once per process).
 
     ``unit`` is the agent's scope, ``cgroup`` where the process lives now and
@@ -179,13 +163,9 @@ class Escaped:
     reclaimed: bool | None = None
     reclaim_error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
-
 
 @dataclass(frozen=True, slots=True)
-class OomdKill:
+class OomdKill(Kinded):
     """systemd-oomd killed an agent's whole scope (every process in it, with SIGKILL).
 
     ``unit`` is the agent's scope, ``agent`` its agent (None: a scope of the
@@ -211,10 +191,6 @@ class OomdKill:
     duration: str | None
     source: Literal["journal"] = "journal"
     call: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
 
 
 Event = (

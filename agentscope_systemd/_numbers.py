@@ -26,6 +26,10 @@ import os
 
 from ._errors import InvalidConfig
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: collections costs an import
+    from collections.abc import Callable
+
 __all__ = [
     "MAX_DIGITS",
     "MAX_SIZE",
@@ -88,6 +92,26 @@ def _decimal(text: str) -> bool:
     )
 
 
+def _from_text(
+    field: str,
+    value: object,
+    what: str,
+    spelt: Callable[[str], bool],
+    read: Callable[[str], object],
+) -> object:
+    """``value`` as given, or the number its text stands for (blanks around it stripped).
+
+    The one rule of :func:`whole` and :func:`real` for a text: ``spelt``
+    says whether it is spelt as the field takes it, ``read`` converts it.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip(_BLANKS)
+    if not spelt(text):
+        raise _not_a_number(field, value, what)
+    return read(text)
+
+
 def _real_text(text: str) -> bool:
     """A decimal with an optional sign and a short exponent (``-1.5e3``)."""
     body = text[1:] if text[:1] in "+-" else text
@@ -114,12 +138,7 @@ def whole(field: str, value: object, *, low: int, high: int, allowed: str | None
         InvalidConfig: not a whole number, or outside ``low..high``.
     """
     what = allowed or f"a whole number (ASCII digits) from {low} to {high}"
-    number: object = value
-    if isinstance(value, str):
-        text = value.strip(_BLANKS)
-        if not _whole_text(text):
-            raise _not_a_number(field, value, what)
-        number = int(text)
+    number = _from_text(field, value, what, _whole_text, int)
     if not isinstance(number, int) or isinstance(number, bool):
         raise _not_a_number(field, value, what)
     if not low <= number <= high:
@@ -147,12 +166,7 @@ def real(
     """
     span = f"above {low:g} and at most {high:g}" if above_low else f"from {low:g} to {high:g}"
     what = allowed or f"a finite number {span}"
-    number: object = value
-    if isinstance(value, str):
-        text = value.strip(_BLANKS)
-        if not _real_text(text):
-            raise _not_a_number(field, value, what)
-        number = float(text)
+    number = _from_text(field, value, what, _real_text, float)
     if isinstance(number, bool) or not isinstance(number, int | float):
         raise _not_a_number(field, value, what)
     try:
@@ -238,6 +252,13 @@ def physical_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def _past(text: str, pos: int, chars: str | frozenset[str]) -> int:
+    """Where the run of ``chars`` that starts at ``pos`` of ``text`` ends."""
+    while pos < len(text) and text[pos] in chars:
+        pos += 1
+    return pos
+
+
 def _span_text(seconds: float) -> str:
     """``seconds`` as the largest systemd unit that holds it whole: ``1d``, ``100ms``, ``90s``."""
     if seconds == _MAX_DURATION:
@@ -275,17 +296,11 @@ def duration(
     stripped = value.strip(_BLANKS)
     total, pos, end = 0.0, 0, len(stripped)
     while pos < end:
-        while pos < end and stripped[pos] in " \t":
-            pos += 1
-        start = pos
-        while pos < end and stripped[pos] in _NUMBER_CHARS:
-            pos += 1
+        start = _past(stripped, pos, " \t")
+        pos = _past(stripped, start, _NUMBER_CHARS)
         num = stripped[start:pos]
-        while pos < end and stripped[pos] in " \t":
-            pos += 1
-        unit_start = pos
-        while pos < end and stripped[pos] in _UNIT_CHARS:
-            pos += 1
+        unit_start = _past(stripped, pos, " \t")
+        pos = _past(stripped, unit_start, _UNIT_CHARS)
         unit = stripped[unit_start:pos]
         if not _decimal(num) or len(num) > MAX_DIGITS:
             raise InvalidConfig(field, value, what, problem="is not a time span")

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from ._dicts import as_dict
+from ._dicts import Record
 from ._errors import AgentscopeError
 
 __all__ = [
@@ -68,7 +68,7 @@ DEFAULT_INTERVAL = 0.25
 
 
 @dataclass(frozen=True)
-class Stretch:
+class Stretch(Record):
     """Time one function held the event loop during a window's stalls.
 
     ``function`` reads ``"module:qualname (file:line)"`` where ``line`` is the
@@ -81,13 +81,9 @@ class Stretch:
     seconds: float
     samples: int
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict of the stretch."""
-        return as_dict(self)
-
 
 @dataclass(frozen=True)
-class StallReport:
+class StallReport(Record):
     """The worst event-loop stall of one window, and what held the loop.
 
     ``window_start`` and ``window_end`` are Unix times (seconds). A report is
@@ -102,10 +98,6 @@ class StallReport:
     worst_lag: float
     stall_count: int
     stretches: tuple[Stretch, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict of the report (for an event registry)."""
-        return as_dict(self)
 
     def describe(self) -> str:
         """Return a one-line human summary, as logged by the watchdog."""

@@ -1408,6 +1408,7 @@ EXEC_IMPORTS = {
     "agentscope_systemd._cli._errors",
     "agentscope_systemd._cli._exec",
     "agentscope_systemd._cli._options",
+    "agentscope_systemd._cli._words",  # how the fast paths read their words: no imports
     "agentscope_systemd._cli.main",
 }
 

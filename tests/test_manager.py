@@ -25,7 +25,7 @@ import pytest
 from agentscope_systemd import AgentExists, AgentNotFound
 from agentscope_systemd._errors import BusError
 from agentscope_systemd._fleet._fleet import AsyncFleet
-from agentscope_systemd._managers._manager import Controls, ListedScope, ScopeManager
+from agentscope_systemd._managers._manager import ListedScope, ScopeManager, ScopeRequest
 from agentscope_systemd._names import describe, parse_description
 from agentscope_systemd._registry._registry import Registry
 from tests.fakesystemd import end_children
@@ -98,18 +98,13 @@ class MemoryManager:
             raise BusError(member, "org.freedesktop.systemd1.NoSuchUnit", f"no unit {unit}")
         return scope
 
-    async def start_scope(
-        self,
-        unit: str,
-        name: str,
-        pids: Sequence[int],
-        controls: Controls | None = None,
-        description: str | None = None,
-    ) -> list[dict[str, Any]]:
+    async def start_scope(self, scope: ScopeRequest) -> list[dict[str, Any]]:
+        unit = scope.unit
         self.asked.append(("start", unit))
         if unit in self.scopes:
             raise BusError("start", "org.freedesktop.systemd1.UnitExists", f"{unit} exists")
-        self.scopes[unit] = MemoryScope(unit, description or describe(self.fleet, name), [*pids])
+        described = scope.description or describe(self.fleet, scope.name)
+        self.scopes[unit] = MemoryScope(unit, described, [*scope.pids])
         return []
 
     async def stop_unit(self, unit: str, timeout: float) -> str:

@@ -208,17 +208,14 @@ class CallWatch:
 
 def _parse(data: bytes) -> tuple[str, float, dict[str, object]] | None:
     """(kind, ts, detail) of one file, checked and bounded; None: not a call event."""
-    import json
     import math
 
     from .. import _names
+    from .._dicts import json_object
     from .._errors import InvalidName
 
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict):
+    doc = json_object(data)
+    if doc is None:
         return None
     kind, ts, detail = doc.get("kind"), doc.get("ts"), doc.get("detail")
     if kind not in _KINDS or not isinstance(detail, dict):

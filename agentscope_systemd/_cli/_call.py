@@ -21,6 +21,7 @@ import sys
 
 from ._errors import BadInput
 from ._exec import resolve_command
+from ._words import Words
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
@@ -92,23 +93,14 @@ def parse_call_args(args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
         CallHelp: ``-h``/``--help`` before the command.
         BadInput: bad usage.
     """
-    args = list(args)
+    words = Words(args)
     values: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            i += 1
-            break
-        if arg in ("-h", "--help"):
-            raise CallHelp
-        option, eq, value = arg.partition("=")
+    for arg in words.options(CallHelp):
+        option = arg.partition("=")[0]
         if option in VALUED:
-            if not eq:
-                if i + 1 >= len(args):
-                    raise BadInput(f"{option} needs a value; usage: {USAGE}")
-                i += 1
-                value = args[i]
+            value = words.value(option)
+            if value is None:
+                raise BadInput(f"{option} needs a value; usage: {USAGE}")
             if VALUED[option] in values:
                 raise BadInput(f"{option} is given twice")
             values[VALUED[option]] = value
@@ -116,8 +108,7 @@ def parse_call_args(args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
             raise BadInput(f"unknown option {arg}; usage: {USAGE}")
         else:
             break  # the command, given without "--"
-        i += 1
-    cmd = args[i:]
+    cmd = words.rest()
     if not cmd:
         raise BadInput(f"no command to run; usage: {USAGE}")
     return values, cmd

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _fleet
@@ -38,23 +38,14 @@ def options(ctx: typer.Context) -> Options:
     return obj if isinstance(obj, Options) else Options()
 
 
-@contextlib.contextmanager
-def fleet_of(ctx: typer.Context) -> Iterator[FleetLike]:
-    fleet = _fleet.open_fleet(options(ctx))
-    try:
-        yield fleet
-    finally:
-        fleet.close()
+def fleet_of(ctx: typer.Context) -> contextlib.closing[FleetLike]:
+    """The fleet the global options name, open, closed on the way out."""
+    return contextlib.closing(_fleet.open_fleet(options(ctx)))
 
 
-@contextlib.contextmanager
-def history_of(ctx: typer.Context) -> Iterator[HistoryLike]:
+def history_of(ctx: typer.Context) -> contextlib.closing[HistoryLike]:
     """The fleet's recorded history (the registry file alone: no bus), closed on the way out."""
-    history = _fleet.open_history(options(ctx))
-    try:
-        yield history
-    finally:
-        history.close()
+    return contextlib.closing(_fleet.open_history(options(ctx)))
 
 
 def emit_json(shape: str, data: Mapping[str, Any]) -> None:

@@ -26,6 +26,7 @@ from . import _fleet
 from ._errors import BadInput, Failed, Interrupted
 from ._options import Options
 from ._parse import duration_option, parse_since, whole_option
+from ._words import option_value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: typing and collections cost imports
@@ -91,24 +92,23 @@ def direct_args(opts: Options, command: str, args: Sequence[str]) -> dict[str, A
     i = 0
     while i < len(args):
         arg = args[i]
-        key, eq, value = arg.partition("=")
+        key = arg.partition("=")[0]
         field = names.get(key)
         if not arg.startswith("-") and command in _ARGUMENT:
-            field, key, eq, value = _ARGUMENT[command], "", "=", arg
+            field, key = _ARGUMENT[command], ""
         if field is None or field in values:
             return None
         if key in _FLAGS:
-            if eq:
+            if arg != key:  # a flag takes no value
                 return None
             values[field] = True
+        elif not key:
+            values[field] = arg
         else:
-            if not eq:
-                # click takes the next word as the value, whatever it looks like
-                if i + 1 >= len(args):
-                    return None
-                i += 1
-                value = args[i]
-            values[field] = value
+            taken = option_value(args, i)
+            if taken is None:
+                return None
+            _, values[field], i = taken
         i += 1
     if command == "events":
         return _events_values(values)

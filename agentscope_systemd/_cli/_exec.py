@@ -23,6 +23,7 @@ import sys
 
 from ._errors import BadInput, CannotRun, CommandNotFound
 from ._options import Options
+from ._words import Words
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
@@ -144,29 +145,18 @@ def parse_exec_args(args: Sequence[str]) -> ExecArgs:
     Raises:
         BadInput: bad usage.
     """
-    args = list(args)
+    words = Words(args)
     name: str | None = None
     values: dict[str, str] = {}
     properties: list[str] = []
     quiet = False
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            i += 1
-            break
-        if arg in ("-h", "--help"):
-            raise ExecHelp
+    for arg in words.options(ExecHelp):
         if arg in ("-q", "--quiet"):
             quiet = True
         elif (arg.partition("=")[0] in VALUED and arg.startswith("--")) or arg == "-p":
             option = arg.partition("=")[0]
-            if "=" in arg and arg.startswith("--"):
-                value = arg.partition("=")[2]
-            elif i + 1 < len(args):
-                i += 1
-                value = args[i]
-            else:
+            value = words.value(option)
+            if value is None:
                 raise _usage(f"{option} needs a value")
             if VALUED[option] == "properties":
                 properties.append(value)
@@ -178,10 +168,9 @@ def parse_exec_args(args: Sequence[str]) -> ExecArgs:
             name = arg
         else:
             break  # the command, given without "--"
-        i += 1
     if name is None:
         raise _usage("the agent NAME is missing")
-    ns = ExecArgs(name, args[i:], values.pop("memory_max", None), quiet)
+    ns = ExecArgs(name, words.rest(), values.pop("memory_max", None), quiet)
     for field, value in values.items():
         setattr(ns, field, value)
     ns.properties = properties

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from ._options import MANAGER_FLAGS, Options, choose_manager
+from ._words import option_value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: collections and typing cost imports
@@ -125,14 +126,12 @@ def split_globals(args: Sequence[str]) -> tuple[Options, str | None, list[str]] 
     i = 0
     while i < len(args):
         arg = args[i]
-        key, eq, value = arg.partition("=")
+        key = arg.partition("=")[0]
         if key in _VALUED:
-            if not eq:
-                if i + 1 >= len(args):
-                    return None
-                i += 1
-                value = args[i]
-            values[key] = value
+            taken = option_value(args, i)
+            if taken is None:
+                return None
+            _, values[key], i = taken
         elif arg in _FLAGS:
             flags.add(arg)
         elif arg.startswith("-"):

@@ -99,24 +99,37 @@ class BlockingCall:
         return self.popen.wait(timeout)
 
 
-class _Live(Generic[T]):
-    """An attribute of a :class:`BlockingAgent` that reads its :class:`Agent`'s, live."""
+class _Live(property, Generic[T]):
+    """A facade's read-only attribute that reads its core object's of the same name, live.
+
+    The one rule of every attribute the blocking objects pass through:
+    ``core`` is the facade's attribute holding the core object (a
+    :class:`BlockingAgent`'s :class:`Agent`, a :class:`Fleet`'s
+    :class:`AsyncFleet`, a :class:`BlockingMonitor`'s :class:`Monitor`),
+    ``of`` the core class its docstring refers to. The loop thread updates
+    the core object; a read takes no trip to the loop.
+    """
+
+    def __init__(self, core: str, of: str) -> None:
+        super().__init__()
+        self._core, self._of = core, of
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
+        self.__doc__ = f"See :attr:`{self._of}.{name}`."
 
     @overload
-    def __get__(self, agent: None, owner: type) -> _Live[T]: ...
+    def __get__(self, facade: None, owner: type | None = None, /) -> _Live[T]: ...
     @overload
-    def __get__(self, agent: BlockingAgent, owner: type) -> T: ...
-    def __get__(self, agent: BlockingAgent | None, owner: type) -> _Live[T] | T:
-        if agent is None:
+    def __get__(self, facade: object, owner: type | None = None, /) -> T: ...
+    def __get__(self, facade: object, owner: type | None = None, /) -> _Live[T] | T:
+        if facade is None:
             return self
-        value: T = getattr(agent._agent, self._name)
+        value: T = getattr(getattr(facade, self._core), self._name)
         return value
 
-    def __set__(self, agent: BlockingAgent, value: object) -> NoReturn:
-        raise AttributeError(f"{self._name} is read-only: the agent's own, read live")
+    def __set__(self, facade: object, value: object, /) -> NoReturn:
+        raise AttributeError(f"{self._name} is read-only: the {self._of}'s own, read live")
 
 
 class BlockingAgent:
@@ -141,21 +154,18 @@ class BlockingAgent:
     def __repr__(self) -> str:
         return f"<BlockingAgent {self.name} pid={self.pid} unit={self.unit}>"
 
-    @property
-    def cgroup(self) -> str | None:
-        return self._agent.cgroup
-
     # The agent's figures, read live from the core's Agent (the loop updates them).
-    state: _Live[str] = _Live()
-    started: _Live[float] = _Live()
-    memory_current: _Live[int | None] = _Live()
-    memory_peak: _Live[int | None] = _Live()
-    oom_kills: _Live[int] = _Live()
-    leftovers: _Live[int] = _Live()
-    calls: _Live[int] = _Live()
-    reap_after: _Live[float | None] = _Live()
-    property_issues: _Live[list[dict[str, Any]]] = _Live()
-    returncode: _Live[int | None] = _Live()
+    cgroup: _Live[str | None] = _Live("_agent", "Agent")
+    state: _Live[str] = _Live("_agent", "Agent")
+    started: _Live[float] = _Live("_agent", "Agent")
+    memory_current: _Live[int | None] = _Live("_agent", "Agent")
+    memory_peak: _Live[int | None] = _Live("_agent", "Agent")
+    oom_kills: _Live[int] = _Live("_agent", "Agent")
+    leftovers: _Live[int] = _Live("_agent", "Agent")
+    calls: _Live[int] = _Live("_agent", "Agent")
+    reap_after: _Live[float | None] = _Live("_agent", "Agent")
+    property_issues: _Live[list[dict[str, Any]]] = _Live("_agent", "Agent")
+    returncode: _Live[int | None] = _Live("_agent", "Agent")
 
     def to_dict(self) -> dict[str, Any]:
         return self._agent.to_dict()
@@ -187,15 +197,8 @@ class BlockingMonitor:
         self._monitor = monitor
         self._iter: AsyncIterator[MonitorEvent] | None = None
 
-    @property
-    def failures(self) -> int:
-        """Samples that failed since the start (see :attr:`Monitor.failures`)."""
-        return self._monitor.failures
-
-    @property
-    def consecutive_failures(self) -> int:
-        """Samples that failed in a row; 0 after a good one."""
-        return self._monitor.consecutive_failures
+    failures: _Live[int] = _Live("_monitor", "Monitor")
+    consecutive_failures: _Live[int] = _Live("_monitor", "Monitor")
 
     def guard_running(self) -> bool:
         """The monitor's memory guard runs (False without one, or once it stopped)."""
@@ -338,25 +341,11 @@ class Fleet:
         self.manager = self._fleet.manager
         self.slice = self._fleet.slice
 
-    @property
-    def systemd_version(self) -> str:
-        """See :attr:`AsyncFleet.systemd_version`."""
-        return self._fleet.systemd_version
-
-    @property
-    def bus_address(self) -> str:
-        """See :attr:`AsyncFleet.bus_address`."""
-        return self._fleet.bus_address
-
-    @property
-    def mode(self) -> str:
-        """See :attr:`AsyncFleet.mode`."""
-        return self._fleet.mode
-
-    @property
-    def mode_reason(self) -> str:
-        """See :attr:`AsyncFleet.mode_reason`."""
-        return self._fleet.mode_reason
+    # The core's properties, read through (no trip to the loop).
+    systemd_version: _Live[str] = _Live("_fleet", "AsyncFleet")
+    bus_address: _Live[str] = _Live("_fleet", "AsyncFleet")
+    mode: _Live[str] = _Live("_fleet", "AsyncFleet")
+    mode_reason: _Live[str] = _Live("_fleet", "AsyncFleet")
 
     def __enter__(self) -> Fleet:
         return self

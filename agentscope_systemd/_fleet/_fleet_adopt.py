@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 from .. import _names, _numbers
 from .._errors import InvalidConfig, LaunchError
 from .._kernel import _fdlimit
-from .._kernel._proc import ProcStat, read_cgroup, read_stat
+from .._kernel._proc import read_cgroup, read_stat
+from .._managers._manager import ScopeRequest
 from .._managers._scopefiles import write_oom_score_adj
 from .._monitor._escape import move_into
-from .._registry import _claim
 from ._agent import Agent
 
 # psutil walks a process tree to adopt it, and only then: opening a fleet to
@@ -76,26 +76,14 @@ class Adopter:
         await self._launcher.clear_slice_limits_once()
         unit = _names.scope_unit_name(self.name, name)
         assert self._store.registry is not None
-        stat, argv, cwd = await asyncio.to_thread(_identity, root)
+        argv, cwd = await asyncio.to_thread(_identity, root)
         _fdlimit.make_room(len(pids) + _fdlimit.LAUNCH_FDS)  # a pidfd each for systemd
-        await self._store.call(
-            _claim.claim,
-            self._store.registry,
-            self.name,
-            name,
-            unit,
-            pid,
-            stat.start_time if stat else 0,
-            argv,
-            cwd,
-            slice_dir=await self._manager.slice_cgroup(),
-            close=self._store.close_row,
-            reap_after=grace,
-        )
+        registry = self._store.registry
+        start = await self._launcher.record_launch(registry, name, unit, pid, argv, cwd, grace)
         try:
-            issues = await self._manager.start_scope(unit, name, pids, controls)
+            issues = await self._manager.start_scope(ScopeRequest(unit, name, pids, controls))
         except BaseException:
-            await self._store.call(self._store.registry.delete, unit)
+            await self._store.call(registry.delete, unit)
             raise
         await self._store.call(self._store.mark_running, unit, adopted={"pid": pid, "pids": pids})
         # Children forked while the scope was being made: move them too.
@@ -126,7 +114,7 @@ class Adopter:
                 )
         adj = self.agent_oom_score_adj
         await asyncio.to_thread(lambda: [write_oom_score_adj(p, adj) for p in [*pids, *late]])
-        agent = self._roster.new(name, unit, pid, None, stat.start_time if stat else 0)
+        agent = self._roster.new(name, unit, pid, None, start)
         agent.reap_after = grace
         agent.property_issues = issues
         self._roster.agents[name] = agent
@@ -211,12 +199,11 @@ def _process_tree(pid: int) -> tuple[psutil.Process, list[int]]:
     return root, [pid, *(c.pid for c in root.children(recursive=True))]
 
 
-def _identity(root: psutil.Process) -> tuple[ProcStat | None, list[str], str]:
-    """Its stat, argv and cwd (another user's argv and cwd may be hidden from us)."""
+def _identity(root: psutil.Process) -> tuple[list[str], str]:
+    """Its argv and cwd (another user's argv and cwd may be hidden from us)."""
     import psutil
 
     try:
-        argv, cwd = root.cmdline(), root.cwd()
+        return root.cmdline(), root.cwd()
     except psutil.Error:
-        argv, cwd = [], ""
-    return read_stat(root.pid), argv, cwd
+        return [], ""

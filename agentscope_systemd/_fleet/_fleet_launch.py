@@ -14,6 +14,7 @@ A step added to every launch (a leaf cgroup for tool calls, say) goes in
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import subprocess
@@ -24,6 +25,7 @@ from .. import _names
 from .._errors import AgentExists, LaunchError, RegistryError
 from .._kernel import _fdlimit
 from .._kernel._proc import read_stat
+from .._managers._manager import ScopeRequest
 from .._registry import _claim
 from .._registry._registry import Registry
 from ._fleet_tmux import TmuxChild
@@ -88,7 +90,7 @@ class Launcher:
             await self.refuse_running(name)
         else:
             # The registry's open row is checked when the launch is recorded
-            # (_record_launch): no trip to the registry before the fork.
+            # (record_launch): no trip to the registry before the fork.
             self.refuse_known(name)
         await self.clear_slice_limits_once()
         # Registry writes of this fleet still in flight (an exit just seen)
@@ -170,11 +172,13 @@ class Launcher:
                     raise _fdlimit.no_room(argv[0], exc) from exc
         recorded = False
         try:
-            start = await self._record_launch(
-                registry, name, unit, child.pid, argv, cwd, reap_after
+            start = await self.record_launch(
+                registry, name, unit, child.pid, argv, cwd or os.getcwd(), reap_after
             )
             recorded = True
-            issues = await self._manager.start_scope(unit, name, [child.pid], controls)
+            issues = await self._manager.start_scope(
+                ScopeRequest(unit, name, [child.pid], controls)
+            )
         except BaseException as exc:
             await child.abort()
             if recorded:
@@ -194,17 +198,20 @@ class Launcher:
             raise LaunchError(f"cannot exec {argv[0]!r}: {exc}") from exc
         return popen, child.pid, start, issues
 
-    async def _record_launch(
+    async def record_launch(
         self,
         registry: Registry,
         name: str,
         unit: str,
         pid: int,
         argv: Sequence[str],
-        cwd: str | None,
+        cwd: str,
         reap_after: float | None,
     ) -> int:
         """Record the launch (state starting) before its scope exists; the start time recorded.
+
+        Every launch path that starts a scope records through here: a
+        library or tmux launch, and an adopt.
 
         The name is claimed by the one rule of every launch path
         (:func:`._claim.claim`): another launch of the same name, in this
@@ -214,19 +221,20 @@ class Launcher:
         """
         stat = await asyncio.to_thread(read_stat, pid)
         start = stat.start_time if stat else 0
-        await self._store.call(
-            _claim.claim,
-            registry,
+        record = functools.partial(
+            registry.record_launch,
             self.name,
             name,
             unit,
             pid,
             start,
             list(argv),
-            cwd or os.getcwd(),
-            slice_dir=await self._manager.slice_cgroup(),
-            close=self._store.close_row,
+            cwd,
             reap_after=reap_after,
+        )
+        slice_dir = await self._manager.slice_cgroup()
+        await self._store.call(
+            _claim.claim, registry, record, slice_dir=slice_dir, close=self._store.close_row
         )
         return start
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from typing import TYPE_CHECKING
 
@@ -155,9 +156,9 @@ class Reconciler:
                 continue
             pid = min(scope.pids)
             try:
-                rec = await self._store.call(
-                    _claim.claim,
-                    self._store.registry,
+                registry = self._store.open_registry
+                record = functools.partial(
+                    registry.record_launch,
                     self.name,
                     name,
                     scope.unit,
@@ -166,8 +167,9 @@ class Reconciler:
                     [],
                     "",
                     "running",
-                    slice_dir=slice_dir,
-                    close=self._store.close_row,
+                )
+                rec = await self._store.call(
+                    _claim.claim, registry, record, slice_dir=slice_dir, close=self._store.close_row
                 )
             except (AgentExists, RegistryError) as exc:
                 # Its row was closed meanwhile, or the name is taken by another

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import BusError, TmuxError
 from .._managers import _wire
+from .._managers._manager import ScopeRequest
 from .._registry._registry import AgentRecord
 from . import _tmux
 from ._spawn import spawn_gated
@@ -125,7 +126,9 @@ class Terminals:
             )
             try:
                 description = _tmux.tmux_description(self.fleet)
-                await self._manager.start_scope(unit, "tmux", [child.pid], None, description)
+                await self._manager.start_scope(
+                    ScopeRequest(unit, "tmux", [child.pid], None, description)
+                )
             except BaseException:
                 await child.abort()
                 raise

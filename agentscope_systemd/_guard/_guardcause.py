@@ -215,6 +215,25 @@ class CauseTracker:
                     )
         if not outside:
             return Blame(True, "size", slice_bytes, slice_growth, None, 0, 0)
+
+        def against(
+            path: str, fleet: bool, reason: Reason, grown: int, its: int, since_ts: float
+        ) -> Blame:
+            # The outside cgroup at ``path`` named the culprit, its charge read
+            # now (else as sampled); ``fleet``: the slice is the cause after all.
+            name = self._name(path)
+            charge = read_charge(name) or outside[path]
+            return Blame(
+                fleet,
+                reason,
+                slice_bytes,
+                grown,
+                self._rel(name),
+                charge,
+                its,
+                window=now - since_ts,
+            )
+
         # The recent window, then the whole one (once, when they are the same).
         windows = [recent] if recent[0] == base_ts else [recent, (base_ts, base)]
         for since_ts, since in windows if has_base else ():
@@ -222,29 +241,11 @@ class CauseTracker:
             grown_out = {p: growth(p, since) for p in outside}
             grower = max(grown_out, key=grown_out.__getitem__)
             if max(grown, grown_out[grower]) >= GROWTH_MIN_SHARE * mem_total:
-                name = self._name(grower)
-                return Blame(
-                    grown >= grown_out[grower],
-                    "growth",
-                    slice_bytes,
-                    grown,
-                    self._rel(name),
-                    read_charge(name) or outside[grower],
-                    grown_out[grower],
-                    window=now - since_ts,
-                )
+                mine = grown >= grown_out[grower]
+                return against(grower, mine, "growth", grown, grown_out[grower], since_ts)
         largest = max(outside, key=lambda p: outside[p])
-        name = self._name(largest)
-        return Blame(
-            slice_bytes >= outside[largest],
-            "size",
-            slice_bytes,
-            slice_growth,
-            self._rel(name),
-            read_charge(name) or outside[largest],
-            growth(largest),
-            window=now - base_ts,
-        )
+        mine = slice_bytes >= outside[largest]
+        return against(largest, mine, "size", slice_growth, growth(largest), base_ts)
 
     def _rel(self, path: str) -> str:
         root = self.names

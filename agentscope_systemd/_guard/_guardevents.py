@@ -7,9 +7,9 @@ kind in docs/json.md); :mod:`agentscope_systemd._guard._guardpolicy` re-exports 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from .._dicts import as_dict
+from .._dicts import Kinded
 
 __all__ = ["CMDLINE_LEN", "GuardHeld", "GuardKill", "Trigger"]
 
@@ -20,7 +20,7 @@ CMDLINE_LEN = 200
 
 
 @dataclass(frozen=True, slots=True)
-class GuardKill:
+class GuardKill(Kinded):
     """The guard killed a process of an agent before the kernel had to.
 
     ``rss`` and ``swap`` are its sizes (bytes) at the kill; ``trigger`` the
@@ -64,13 +64,9 @@ class GuardKill:
     processes: int = 1
     limit_psi_full_avg10: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}
-
 
 @dataclass(frozen=True, slots=True)
-class GuardHeld:
+class GuardHeld(Kinded):
     """The guard saw the host short but held its hand: the agents slice is not the cause.
 
     Said once per squeeze. ``culprit`` is the cgroup outside the agents
@@ -102,7 +98,3 @@ class GuardHeld:
     def agent(self) -> None:
         """No agent: the cause is outside the fleet."""
         return None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the event, with its ``kind``."""
-        return {"kind": self.kind, **as_dict(self)}

@@ -31,6 +31,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._dicts import json_object
+
 __all__ = ["SliceLock", "default_lock_dir", "lock_name"]
 
 #: A standby guard tries the lock again after this many seconds.
@@ -161,12 +163,4 @@ class SliceLock:
             os.close(fd)
         complete = data[: data.rfind(b"\n") + 1]
         self._kills_at += len(complete)
-        found = []
-        for line in complete.splitlines():
-            try:
-                item = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(item, dict):
-                found.append(item)
-        return found
+        return [item for line in complete.splitlines() if (item := json_object(line)) is not None]

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .._dicts import as_dict
+from .._dicts import Record
 from .._managers import _scope
 
 _log = logging.getLogger("agentscope")
@@ -194,7 +194,7 @@ def _key_values(data: bytes, what: str) -> dict[str, int]:
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryEvents:
+class MemoryEvents(Record):
     """The counters of a cgroup's ``memory.events`` (hierarchical).
 
     ``high`` counts throttling episodes (over memory.high), ``max`` hits of
@@ -209,10 +209,6 @@ class MemoryEvents:
     oom: int
     oom_kill: int
     oom_group_kill: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def parse_memory_events(data: bytes) -> MemoryEvents:
@@ -248,7 +244,7 @@ _parse_memory_events_cached = functools.lru_cache(maxsize=1024)(parse_memory_eve
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryStat:
+class MemoryStat(Record):
     """``memory.stat`` in bytes (and counts, for the event fields).
 
     ``anon`` and ``file`` are the figures the monitor reports; ``fields``
@@ -258,10 +254,6 @@ class MemoryStat:
     anon: int
     file: int
     fields: Mapping[str, int] = field(default_factory=dict, compare=False, hash=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def parse_memory_stat(data: bytes) -> MemoryStat:
@@ -279,7 +271,7 @@ def parse_memory_stat(data: bytes) -> MemoryStat:
 
 
 @dataclass(frozen=True, slots=True)
-class PressureLine:
+class PressureLine(Record):
     """One line of a PSI file: percentages of wall time stalled, and ``total`` in µs."""
 
     avg10: float
@@ -287,13 +279,9 @@ class PressureLine:
     avg300: float
     total: int
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
-
 
 @dataclass(frozen=True, slots=True)
-class Pressure:
+class Pressure(Record):
     """A PSI file: ``some`` (at least one task stalled) and ``full`` (all stalled).
 
     ``full`` is None where the file has no ``full`` line.
@@ -301,10 +289,6 @@ class Pressure:
 
     some: PressureLine
     full: PressureLine | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def _parse_pressure_line(rest: bytes) -> PressureLine:
@@ -360,7 +344,7 @@ def parse_limit(data: bytes) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
-class CgroupMemory:
+class CgroupMemory(Record):
     """A cgroup's memory figures at one moment (bytes).
 
     ``peak`` is None on kernels before 5.19 (no ``memory.peak``), ``pressure``
@@ -375,10 +359,6 @@ class CgroupMemory:
     file: int
     pids: tuple[int, ...]
     pressure: Pressure | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def read_subtree_procs(path: str | Path) -> bytes | None:

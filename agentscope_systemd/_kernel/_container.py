@@ -26,9 +26,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .._dicts import as_dict
+from .._dicts import Record
 from ._cgroup import (
     _GONE_OR_DENIED,
     CGROUP_ROOT,
@@ -65,7 +64,7 @@ def pid1_comm(proc_root: Path | None = None) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class ContainerView:
+class ContainerView(Record):
     """What this process runs in, as far as files tell.
 
     ``pid1`` is PID 1's name; ``kind`` the container's kind (``docker``,
@@ -97,10 +96,6 @@ class ContainerView:
     def describe(self) -> str:
         """One clause: what this looks like and why, e.g. ``a container (docker: /.dockerenv)``."""
         return _looks_like(self.kind, self.evidence)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields."""
-        return as_dict(self)
 
 
 def _looks_like(kind: str | None, evidence: tuple[str, ...]) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import grp
-import json
 import os
 import re
 import select
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from .._dicts import json_object
 from ._proc import PROC_ROOT
 
 __all__ = [
@@ -263,11 +263,8 @@ def parse_journal_entry(raw: bytes) -> KernelLine | None:
     """
     if len(raw) > MAX_LINE:
         return None
-    try:
-        entry = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(entry, dict):
+    entry = json_object(raw)
+    if entry is None:
         return None
     cursor, boot, message = entry.get("__CURSOR"), entry.get("_BOOT_ID"), entry.get("MESSAGE")
     if not isinstance(cursor, str) or not valid_cursor(cursor):

@@ -15,10 +15,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 from .. import _numbers
-from .._dicts import as_dict
+from .._dicts import Record
 from ._cgroup import _GONE_OR_DENIED, _GONE_OR_UNSUPPORTED, Pressure, _read_kernel_file
 from ._cgroup import parse_pressure as _parse_pressure
 from ._statline import split_stat
@@ -51,7 +50,7 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True, slots=True)
-class ProcStat:
+class ProcStat(Record):
     """The fields of ``/proc/PID/stat`` that agentscope uses.
 
     ``(pid, start_time)`` identifies a process across pid reuse; ``start_time``
@@ -81,10 +80,6 @@ class ProcStat:
             or bool(self.flags & _PF_EXITING)
             or bool(self.signals & _SIGKILL_BIT)
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 _PF_EXITING = 0x4
@@ -191,7 +186,7 @@ def read_vm_sizes(pid: int, proc_root: Path = PROC_ROOT) -> tuple[int, int] | No
 
 
 @dataclass(frozen=True, slots=True)
-class SmapsRollup:
+class SmapsRollup(Record):
     """``/proc/PID/smaps_rollup`` in bytes: the accurate (and 10x dearer) sizes.
 
     ``pss`` shares pages out between the processes mapping them; ``fields``
@@ -203,10 +198,6 @@ class SmapsRollup:
     anonymous: int
     swap: int
     fields: Mapping[str, int] = field(default_factory=dict, compare=False, hash=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def _kb_fields(data: bytes) -> dict[str, int]:
@@ -315,7 +306,7 @@ def read_oom_score_adj(pid: int, proc_root: Path = PROC_ROOT) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
-class MemInfo:
+class MemInfo(Record):
     """Host memory from ``/proc/meminfo``, in bytes."""
 
     mem_total: int
@@ -327,10 +318,6 @@ class MemInfo:
     def available_fraction(self) -> float:
         """MemAvailable / MemTotal (0.0 .. 1.0)."""
         return self.mem_available / self.mem_total if self.mem_total else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def _kb_field(data: bytes, key: bytes) -> int | None:
@@ -402,7 +389,7 @@ def iter_pids(proc_root: Path = PROC_ROOT) -> Iterator[int]:
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessInfo:
+class ProcessInfo(Record):
     """One of the host's largest processes, and the agent it belongs to.
 
     ``rss`` is in bytes; ``cgroup`` the v2 path (None if unknown); ``agent``
@@ -416,10 +403,6 @@ class ProcessInfo:
     rss: int
     cgroup: str | None
     agent: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def top_processes(

@@ -14,11 +14,11 @@ files; a process that exits mid-read is left out, never an error.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from .._dicts import json_object
 from .._names import parse_description
 from ._proc import PROC_ROOT, iter_pids, read_stat, same_process
 
@@ -70,10 +70,10 @@ def read_members(scope_dir: Path | str) -> dict[int, int]:
 def read_meta(path: Path) -> dict[str, Any] | None:
     """A scope's small JSON record (its owner's description), None when unreadable."""
     try:
-        data = json.loads(path.read_bytes()[:65536])
-    except (OSError, ValueError):
+        raw = path.read_bytes()[:65536]
+    except OSError:
         return None
-    return data if isinstance(data, dict) else None
+    return json_object(raw)
 
 
 def mirrored_agent(scope_dir: Path) -> str | None:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _names
 from .._errors import AgentscopeError, BusError, LaunchError, ModeUnavailable
 from .._kernel._cgroup import CGROUP_ROOT, cgroup_chain, read_ceiling, read_subtree_procs
-from ._manager import Controls, ListedScope, stop_escalating
+from ._manager import Controls, ListedScope, ScopeRequest, stop_escalating
 from ._procscopes import read_meta, write_atomic
 from ._wire import FAILED, NO_SUCH_UNIT, UNIT_EXISTS
 
@@ -194,24 +194,11 @@ class CgroupManager:
 
     # -- scopes ------------------------------------------------------------
 
-    async def start_scope(
-        self,
-        unit: str,
-        name: str,
-        pids: Sequence[int],
-        controls: Controls | None = None,
-        description: str | None = None,
-    ) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self._start, unit, name, pids, controls or {}, description)
+    async def start_scope(self, scope: ScopeRequest) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._start, scope)
 
-    def _start(
-        self,
-        unit: str,
-        name: str,
-        pids: Sequence[int],
-        controls: Controls,
-        description: str | None,
-    ) -> list[dict[str, Any]]:
+    def _start(self, scope: ScopeRequest) -> list[dict[str, Any]]:
+        unit = scope.unit
         d = self._slice() / unit
         try:
             d.mkdir()
@@ -220,10 +207,10 @@ class CgroupManager:
         except OSError as exc:
             raise LaunchError(f"cannot make the cgroup {d}: {exc}") from exc
         try:
-            text = json.dumps({"description": description or _names.describe(self.fleet, name)})
-            write_atomic(self._meta / unit, text)
-            issues = _apply(d, controls, self.default_max)
-            for pid in pids:
+            described = scope.description or _names.describe(self.fleet, scope.name)
+            write_atomic(self._meta / unit, json.dumps({"description": described}))
+            issues = _apply(d, scope.controls or {}, self.default_max)
+            for pid in scope.pids:
                 _move(d, pid)
         except OSError as exc:
             _remove_tree(d)

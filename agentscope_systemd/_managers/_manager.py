@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ._bus import Manager
 
-__all__ = ["Controls", "ListedScope", "ScopeManager", "stop_escalating"]
+__all__ = ["Controls", "ListedScope", "ScopeManager", "ScopeRequest", "stop_escalating"]
 
 #: Resource controls by property name: ``{name: (D-Bus signature, value)}``,
 #: as :func:`._scopeprops.build` makes them.
@@ -65,6 +65,24 @@ class ListedScope:
     unit: str
     owner: tuple[str, str] | None
     active: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeRequest:
+    """A scope to start: ``unit`` for agent ``name``, holding ``pids``.
+
+    What every manager's :meth:`ScopeManager.start_scope` takes, so the
+    request is written once for the three modes. ``controls`` are its
+    resource controls (:func:`._scopeprops.build`; None: none);
+    ``description`` replaces the one that names the fleet and the agent
+    (the tmux server's scope).
+    """
+
+    unit: str
+    name: str
+    pids: Sequence[int]
+    controls: Controls | None = None
+    description: str | None = None
 
 
 class ScopeManager(Protocol):
@@ -119,20 +137,12 @@ class ScopeManager(Protocol):
         """The slice's directory as far as known without asking (no I/O)."""
         ...
 
-    async def start_scope(
-        self,
-        unit: str,
-        name: str,
-        pids: Sequence[int],
-        controls: Controls | None = None,
-        description: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """Start ``unit`` for agent ``name`` holding ``pids``; return once they are in it.
+    async def start_scope(self, scope: ScopeRequest) -> list[dict[str, Any]]:
+        """Start ``scope.unit`` holding ``scope.pids``; return once they are in it.
 
-        ``controls`` are its resource controls; returned is what of them the
-        scope does not hold or the kernel does not enforce (one dict per
-        property: :func:`._scopeprops.compare`). ``description`` replaces
-        the one that names the fleet and the agent (the tmux server's scope).
+        Returned is what of ``scope.controls`` the scope does not hold or the
+        kernel does not enforce (one dict per property:
+        :func:`._scopeprops.compare`).
 
         Raises:
             LaunchError: the scope did not start (nothing is left of it).

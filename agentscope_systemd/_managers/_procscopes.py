@@ -54,7 +54,7 @@ from .._kernel._proctrees import (
     read_meta,
     tree_members,
 )
-from ._manager import Controls, ListedScope, stop_escalating
+from ._manager import Controls, ListedScope, ScopeRequest, stop_escalating
 
 # What BusError says for a scope this mode does not run is systemd's name
 # (NO_SUCH_UNIT): the fleet acts on it alike.
@@ -140,20 +140,12 @@ class ProcessManager:
 
     # -- scopes ------------------------------------------------------------
 
-    async def start_scope(
-        self,
-        unit: str,
-        name: str,
-        pids: Sequence[int],
-        controls: Controls | None = None,
-        description: str | None = None,
-    ) -> list[dict[str, Any]]:
-        refuse_controls(controls)
-        return await asyncio.to_thread(self._start, unit, name, pids, description)
+    async def start_scope(self, scope: ScopeRequest) -> list[dict[str, Any]]:
+        refuse_controls(scope.controls)
+        return await asyncio.to_thread(self._start, scope)
 
-    def _start(
-        self, unit: str, name: str, pids: Sequence[int], description: str | None
-    ) -> list[dict[str, Any]]:
+    def _start(self, scope: ScopeRequest) -> list[dict[str, Any]]:
+        unit = scope.unit
         d = self._dir / unit
         try:
             d.mkdir(mode=0o700)
@@ -167,6 +159,7 @@ class ProcessManager:
         except OSError as exc:
             raise LaunchError(f"cannot record the scope {unit} in {self._dir}: {exc}") from exc
         members = {}
+        pids = scope.pids
         for pid in pids:
             st = read_stat(pid, self._proc)
             if st is None:
@@ -176,8 +169,8 @@ class ProcessManager:
         meta = {
             "unit": unit,
             "fleet": self.fleet,
-            "agent": name,
-            "description": description or _names.describe(self.fleet, name),
+            "agent": scope.name,
+            "description": scope.description or _names.describe(self.fleet, scope.name),
             "main": pids[0] if pids else 0,
             "started": time.time(),
         }

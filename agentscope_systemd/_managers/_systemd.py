@@ -27,7 +27,7 @@ from .._kernel._cgroup import cgroup_v2_mounted, memory_controller_enabled
 from .._monitor._escape import unit_of_cgroup
 from . import _scope, _scopeprops, _wire
 from ._bus import INFINITY, Manager, SystemdBus
-from ._manager import Controls, ListedScope
+from ._manager import ListedScope, ScopeRequest
 
 __all__ = ["Capabilities", "SystemdManager", "probe", "slice_limits"]
 
@@ -161,20 +161,16 @@ class SystemdManager:
             for unit, desc, _load, active, *_ in units
         ]
 
-    async def start_scope(
-        self,
-        unit: str,
-        name: str,
-        pids: Sequence[int],
-        controls: Controls | None = None,
-        description: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """Start ``unit`` holding ``pids``; what systemd did not take of ``controls``.
+    async def start_scope(self, scope: ScopeRequest) -> list[dict[str, Any]]:
+        """Start ``scope.unit`` holding its pids; what systemd did not take of its controls.
 
-        The resource ``controls`` (:func:`._scopeprops.build`) are read back
+        The resource controls (:func:`._scopeprops.build`) are read back
         once the start job is done (:meth:`read_back`).
         """
-        props = _scope.scope_properties(self.fleet, name, self.slice, controls, description)
+        unit, pids, controls = scope.unit, scope.pids, scope.controls
+        props = _scope.scope_properties(
+            self.fleet, scope.name, self.slice, controls, scope.description
+        )
         fds: list[int] = []
         await self._bus.connect()  # the version decides PIDs or PIDFDs
         try:

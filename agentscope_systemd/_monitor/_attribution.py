@@ -11,10 +11,9 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import _numbers
-from .._dicts import as_dict
+from .._dicts import Record
 from .._kernel._cgroup import CGROUP_ROOT, LimitHolder, MemoryEvents, Pressure, find_limit_holders
 from .._kernel._proc import PROC_ROOT, MemInfo, read_stat, read_wchan
 
@@ -53,17 +52,13 @@ def counter_delta(previous: int | None, current: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class SeenProcess:
+class SeenProcess(Record):
     """A process as last seen in a scope: enough to name it after it is gone."""
 
     pid: int
     start_time: int
     comm: str
     rss: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def oom_victims(
@@ -268,7 +263,7 @@ def _valid_memcg(memcg: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class PressureSample:
+class PressureSample(Record):
     """Host memory pressure at one moment.
 
     ``some_avg10`` is the percentage of the last 10 s in which some task
@@ -286,23 +281,15 @@ class PressureSample:
         avg10 = 0.0 if pressure is None else pressure.some.avg10
         return cls(some_avg10=avg10, available_fraction=meminfo.available_fraction)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
-
 
 @dataclass(frozen=True, slots=True)
-class PressureEvent:
+class PressureEvent(Record):
     """A window of high memory pressure: when it began and ended, and its worst sample."""
 
     started: float
     ended: float
     worst: PressureSample
     samples: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 class PressureWindow:
@@ -413,7 +400,7 @@ def is_throttled(state: str, wchan: str | None) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Throttle:
+class Throttle(Record):
     """Processes of ``cgroup`` slowed down by a memory.high limit.
 
     ``high_delta`` is how much the cgroup's ``high`` counter rose, ``pids``
@@ -427,10 +414,6 @@ class Throttle:
     high_delta: int
     pids: tuple[int, ...]
     limit: LimitHolder | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields, for reports."""
-        return as_dict(self)
 
 
 def detect_throttle(

@@ -35,11 +35,10 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import _names, _numbers
 from .._calls._calls import AGENT_LEAF
-from .._dicts import as_dict
+from .._dicts import Record
 from .._kernel._cgroup import _GONE, CGROUP_ROOT, _read_kernel_file
 from .._kernel._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss, same_process
 
@@ -70,7 +69,7 @@ _UNIT_SUFFIXES = (".scope", ".service", ".slice")
 
 
 @dataclass(frozen=True, slots=True)
-class Escapee:
+class Escapee(Record):
     """A descendant of an agent's scope that lives in another cgroup.
 
     ``scope`` is the agent's unit (where it belongs); ``cgroup`` the v2 path
@@ -93,10 +92,6 @@ class Escapee:
     def key(self) -> tuple[str, int, int]:
         """Who it is, for reporting once: (scope, pid, start time)."""
         return (self.scope, self.pid, self.start_time)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields."""
-        return as_dict(self)
 
 
 def clean(text: str, limit: int) -> str:

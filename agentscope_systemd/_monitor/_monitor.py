@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -311,32 +312,25 @@ class Monitor:
         def known_agent(unit: str) -> str | None:
             return self._guard_names.get(unit)
 
-        protected = self._guard_protect or (lambda: ((), ()))
+        # Both kinds take the owner's side of GuardBase alike; only the thread
+        # arms the PSI trigger the monitor chose (the child decides in its process).
+        kind: Callable[..., GuardHandle]
         if config.process:
             from .._guard._guardproc import GuardChild
 
-            self.guard = GuardChild(
-                config,
-                self.slice_path,
-                on_kill=deliver,
-                on_held=deliver,
-                unit_agent=known_agent,
-                protected=protected,
-                proc_root=self.proc_root,
-                cgroup_root=self.cgroup_root,
-            )
+            kind = GuardChild
         else:
-            self.guard = Guard(
-                config,
-                self.slice_path,
-                on_kill=deliver,
-                on_held=deliver,
-                unit_agent=known_agent,
-                protected=protected,
-                proc_root=self.proc_root,
-                psi_trigger=self._psi_wanted,
-                cgroup_root=self.cgroup_root,
-            )
+            kind = functools.partial(Guard, psi_trigger=self._psi_wanted)
+        self.guard = kind(
+            config,
+            self.slice_path,
+            on_kill=deliver,
+            on_held=deliver,
+            unit_agent=known_agent,
+            protected=self._guard_protect or (lambda: ((), ())),
+            proc_root=self.proc_root,
+            cgroup_root=self.cgroup_root,
+        )
         # mlockall, or spawning the guard process, are not for the loop's thread.
         await asyncio.to_thread(self.guard.start)
 

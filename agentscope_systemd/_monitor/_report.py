@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._calls._calls import CALL_PREFIX
-from .._dicts import as_dict
+from .._dicts import Record
 from .._kernel._cgroup import CGROUP_ROOT, read_cgroup_memory, scan_slice
 from .._kernel._cgroup import Pressure as PsiPressure
 from .._kernel._proc import (
@@ -39,7 +39,7 @@ __all__ = ["AgentMemory", "CallMemory", "MemoryReport", "TopProcess", "build_rep
 
 
 @dataclass(frozen=True, slots=True)
-class CallMemory:
+class CallMemory(Record):
     """One tool call running in an agent's scope (``call-LABEL-N``, docs/calls.md).
 
     Its own cgroup's figures: the call's processes and their children
@@ -51,10 +51,6 @@ class CallMemory:
     memory_peak: int | None
     processes: int
     oom_kills: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields."""
-        return as_dict(self)
 
 
 def read_calls(scope_dir: Path) -> tuple[CallMemory, ...]:
@@ -80,7 +76,7 @@ def read_calls(scope_dir: Path) -> tuple[CallMemory, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentMemory:
+class AgentMemory(Record):
     """One agent's scope at the time of a report (bytes; counters since the scope began).
 
     ``memory_peak`` is None on kernels before 5.19; ``processes`` counts the
@@ -104,10 +100,6 @@ class AgentMemory:
     escaped: int = 0
     escaped_rss: int = 0
     calls: tuple[CallMemory, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields."""
-        return as_dict(self)
 
 
 @dataclass(frozen=True, slots=True)

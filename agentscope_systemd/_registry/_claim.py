@@ -25,13 +25,12 @@ worker thread.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._errors import AgentExists, InvalidTransition
 from .._fleet._reconcile_plan import stale
-from .._managers._scopeprops import DEFAULT_REAP_AFTER
-from ._records import AgentRecord, AgentState
+from ._records import AgentRecord
 
 if TYPE_CHECKING:  # _registry imports _spool_intake, which claims names here
     from ._registry import Registry
@@ -89,35 +88,28 @@ def holder(
 
 def claim(
     reg: Registry,
-    fleet: str,
-    name: str,
-    unit: str,
-    pid: int,
-    start_time: int,
-    argv: Sequence[str],
-    cwd: str,
-    state: AgentState = "starting",
+    record: Callable[[], AgentRecord],
     *,
-    created: float | None = None,
-    reap_after: float | None = DEFAULT_REAP_AFTER,
     slice_dir: str | os.PathLike[str],
     close: Close,
 ) -> AgentRecord:
-    """Claim ``name`` for a launch: record its row (see ``Registry.record_launch``).
+    """Claim a launch's name: ``record()`` its row, a stale holder closed first.
 
-    A stale row holding the name is closed with ``close`` and the launch
-    recorded after all; any other holder keeps the name.
+    ``record`` is :meth:`Registry.record_launch` of ``reg`` with the
+    launch's fields bound (``functools.partial``): the claim is the same
+    whatever the launch records. A stale row holding the name is closed
+    with ``close`` and the launch recorded after all; any other holder
+    keeps the name.
 
     Raises:
         AgentExists: a live agent of that name holds it, or one being launched.
         RegistryError: the unit is already recorded.
     """
-    launch = (fleet, name, unit, pid, start_time, argv, cwd, state)
     try:
-        return reg.record_launch(*launch, created=created, reap_after=reap_after)
+        return record()
     except AgentExists as exc:
         held = reg.by_unit(exc.unit)
         if held is None or not stale(held, scope_present(slice_dir, held.unit)):
             raise  # two agents of one name (or one being launched): the holder keeps it
         close(held)
-    return reg.record_launch(*launch, created=created, reap_after=reap_after)
+    return record()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast, get_args
 
 from .._contract import event_envelope
-from .._dicts import as_dict
+from .._dicts import Record
 from .._managers._scopeprops import DEFAULT_REAP_AFTER
 
 __all__ = [
@@ -65,7 +65,7 @@ _EVENT_COLUMNS: Final = "id, ts, fleet, agent, kind, detail"
 
 
 @dataclass(frozen=True, slots=True)
-class AgentRecord:
+class AgentRecord(Record):
     """One launch as the registry stores it (one row of ``agents``)."""
 
     id: int
@@ -93,10 +93,6 @@ class AgentRecord:
     def closed(self) -> bool:
         """Whether the row is closed (exited, failed or lost) and so final."""
         return self.state in CLOSED_STATES
-
-    def to_dict(self) -> dict[str, Any]:
-        """The record as a JSON-ready dict (``argv`` as a list)."""
-        return as_dict(self)
 
 
 @dataclass(frozen=True, slots=True)

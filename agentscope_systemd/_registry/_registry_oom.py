@@ -53,29 +53,37 @@ def _store_mark(conn: sqlite3.Connection, fleet: str, mark: str) -> None:
     )
 
 
-def _kill_event(
-    conn: sqlite3.Connection, when: float, fleet: str, agent: str | None, detail: Mapping[str, Any]
-) -> EventRecord:
-    detail_json = json.dumps(dict(detail), sort_keys=True)
-    event_id = _insert_event(conn, when, fleet, agent, "oom_kill", detail_json)
-    return EventRecord(event_id, when, fleet, agent, "oom_kill", json.loads(detail_json))
+@dataclass(frozen=True, slots=True)
+class _Kill:
+    """One OOM kill to store: of ``fleet``'s ``agent`` (None: not told), at ``when``.
 
+    The one value the steps of a store pass on (is it recorded already,
+    did a recovery take it, record it): each used to take the four apart.
+    """
 
-def _take_live(
-    conn: sqlite3.Connection,
-    event_id: int,
-    when: float,
-    fleet: str,
-    agent: str | None,
-    detail: Mapping[str, Any],
-) -> EventRecord:
-    """A recovered record brought up to the live report of its kill (time, agent, detail)."""
-    new = dict(detail)
-    conn.execute(
-        "UPDATE events SET ts = ?, agent = ?, detail = ? WHERE id = ?",
-        (when, agent, json.dumps(new, sort_keys=True), event_id),
-    )
-    return EventRecord(event_id, when, fleet, agent, "oom_kill", new)
+    fleet: str
+    agent: str | None
+    detail: Mapping[str, Any]
+    when: float
+
+    def record(self, conn: sqlite3.Connection) -> EventRecord:
+        """Its ``oom_kill`` event, recorded now."""
+        detail_json = json.dumps(dict(self.detail), sort_keys=True)
+        event_id = _insert_event(conn, self.when, self.fleet, self.agent, "oom_kill", detail_json)
+        return self.event(event_id, self.when, json.loads(detail_json))
+
+    def take_over(self, conn: sqlite3.Connection, event_id: int) -> EventRecord:
+        """A recovered record brought up to this live report of its kill (time, agent, detail)."""
+        new = dict(self.detail)
+        conn.execute(
+            "UPDATE events SET ts = ?, agent = ?, detail = ? WHERE id = ?",
+            (self.when, self.agent, json.dumps(new, sort_keys=True), event_id),
+        )
+        return self.event(event_id, self.when, new)
+
+    def event(self, event_id: int, ts: float, detail: Mapping[str, Any]) -> EventRecord:
+        """The ``oom_kill`` event ``event_id`` as it is stored, under this kill's agent."""
+        return EventRecord(event_id, ts, self.fleet, self.agent, "oom_kill", detail)
 
 
 #: How many of a fleet's latest kill events a live kill is matched against.
@@ -83,12 +91,7 @@ _MATCH_WINDOW = 200
 
 
 def _recorded_already(
-    conn: sqlite3.Connection,
-    fleet: str,
-    agent: str | None,
-    detail: Mapping[str, Any],
-    seen: int | None,
-    when: float,
+    conn: sqlite3.Connection, kill: _Kill, seen: int | None
 ) -> EventRecord | None:
     """The event that already records this live kill, brought up to the live detail; or None.
 
@@ -99,7 +102,8 @@ def _recorded_already(
     ``seen`` kills. A recovered record of it takes the live detail (pid,
     comm, RSS, the monitor's time), so one row tells the most that is known.
     """
-    unit, pid = detail.get("unit"), detail.get("pid")
+    fleet = kill.fleet
+    unit, pid = kill.detail.get("unit"), kill.detail.get("pid")
     if not isinstance(unit, str):
         return None  # counted in the slice alone: the watermark keeps those apart
     same_unit: list[tuple[int, float, dict[str, Any]]] = []
@@ -114,7 +118,7 @@ def _recorded_already(
     if isinstance(pid, int):
         for event_id, ts, old in same_unit:
             if old.get("pid") == pid:
-                return EventRecord(event_id, ts, fleet, agent, "oom_kill", old)
+                return kill.event(event_id, ts, old)
     if seen is None:
         return None
     row = conn.execute(
@@ -129,22 +133,16 @@ def _recorded_already(
     # monitor recorded the kill.
     for event_id, _, old in same_unit:
         if old.get("recovered") is True and old.get("pid") is None:
-            return _take_live(conn, event_id, when, fleet, agent, detail)
+            return kill.take_over(conn, event_id)
     event_id, ts, old = same_unit[0]
-    return EventRecord(event_id, ts, fleet, agent, "oom_kill", old)
+    return kill.event(event_id, ts, old)
 
 
 #: How far apart (seconds) a live kill and another process's recovery of it can be.
 _RACE_WINDOW = 120.0
 
 
-def _recovered_from_the_slice(
-    conn: sqlite3.Connection,
-    fleet: str,
-    agent: str | None,
-    detail: Mapping[str, Any],
-    when: float,
-) -> EventRecord | None:
+def _recovered_from_the_slice(conn: sqlite3.Connection, kill: _Kill) -> EventRecord | None:
     """The recovered record of this live kill that the slice's counter alone made,
     brought up to the live detail; or None.
 
@@ -156,11 +154,11 @@ def _recovered_from_the_slice(
     for event_id, raw in conn.execute(
         "SELECT id, detail FROM events WHERE fleet = ? AND kind = 'oom_kill' AND ts >= ?"
         " ORDER BY id DESC LIMIT ?",
-        (fleet, when - _RACE_WINDOW, _MATCH_WINDOW),
+        (kill.fleet, kill.when - _RACE_WINDOW, _MATCH_WINDOW),
     ):
         old = _json_or(raw, _unreadable, dict)
         if old.get("recovered") is True and old.get("unit") is None and old.get("pid") is None:
-            return _take_live(conn, event_id, when, fleet, agent, detail)
+            return kill.take_over(conn, event_id)
     return None
 
 
@@ -198,17 +196,17 @@ class OomStore:
         has counted this kill in the slice already (then its record is this one).
         """
         unit = detail.get("unit")
-        when = time.time() if ts is None else ts
+        kill = _Kill(fleet, agent, detail, time.time() if ts is None else ts)
 
         def body(conn: sqlite3.Connection) -> EventRecord:
             stored = _mark(conn, fleet)
-            known = _recorded_already(conn, fleet, agent, detail, seen, when)
+            known = _recorded_already(conn, kill, seen)
             # A recovery that had the slice's counter alone named no agent: its
             # record takes the live detail and the row counts the kill now.
             taken = None
             if known is None and covered is not None and covered(stored):
-                taken = _recovered_from_the_slice(conn, fleet, agent, detail, when)
-            record = known or taken or _kill_event(conn, when, fleet, agent, detail)
+                taken = _recovered_from_the_slice(conn, kill)
+            record = known or taken or kill.record(conn)
             if isinstance(unit, str):
                 conn.execute(
                     "UPDATE agents SET oom_kills = oom_kills + ?,"
@@ -252,7 +250,7 @@ class OomStore:
             when = time.time()
             done = []
             for agent, detail in result.events:
-                done.append(_kill_event(conn, when, fleet, agent, detail))
+                done.append(_Kill(fleet, agent, detail, when).record(conn))
                 unit = detail.get("unit")
                 if agent is not None and isinstance(unit, str):
                     conn.execute(

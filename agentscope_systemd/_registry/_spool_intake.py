@@ -46,8 +46,8 @@ def take_entry(reg: Registry, path: str) -> None:
         return
     close = functools.partial(_claim.close_lost, reg)
     try:
-        _claim.claim(
-            reg,
+        record = functools.partial(
+            reg.record_launch,
             entry.fleet,
             entry.name,
             entry.unit,
@@ -58,9 +58,8 @@ def take_entry(reg: Registry, path: str) -> None:
             "running",
             created=entry.created,
             reap_after=entry.reap_after,
-            slice_dir=entry.slice_dir,
-            close=close,
         )
+        _claim.claim(reg, record, slice_dir=entry.slice_dir, close=close)
     except (AgentExists, RegistryError) as exc:
         # Recorded already (a reconcile found its scope first), or the name
         # is taken: the entry has nothing more to give.

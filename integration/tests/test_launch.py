@@ -20,6 +20,7 @@ from conftest import MANAGER, SYSTEMD, own_children, own_fleet, systemctl
 
 import agentscope_systemd
 from agentscope_systemd import AsyncFleet, Fleet
+from agentscope_systemd._managers._manager import ScopeRequest
 
 SLICE = agentscope_systemd.DEFAULT_SLICE
 OOMPOLICY_ON_SCOPES = SYSTEMD >= 252  # Debian's 252 carries the backport
@@ -313,7 +314,9 @@ async def test_refused_dbus_call_keeps_systemd_error(fleet: AsyncFleet) -> None:
     # systemd refuses a scope with no process: its error name and message are
     # kept through the fleet's manager (agentscope_systemd/_managers/_manager.py).
     with pytest.raises(agentscope_systemd.BusError) as info:
-        await fleet._manager.start_scope(f"agentscope-{fleet.name}-empty-000000.scope", "x", [])
+        await fleet._manager.start_scope(
+            ScopeRequest(f"agentscope-{fleet.name}-empty-000000.scope", "x", [])
+        )
     assert info.value.dbus_name.startswith("org.freedesktop"), info.value.dbus_name
     assert info.value.message
     assert "StartTransientUnit" in str(info.value)
