@@ -91,7 +91,9 @@ swap)
     [ -n "$on" ] || { echo "no swap"; exit 0; }
     swap_room
     swapoff -a || { echo "swapoff failed"; exit 1; }
-    echo "$on" | while read -r name prio; do swapon -p "$prio" "$name" || exit 1; done
+    # The loop runs in a subshell: its failure is the pipeline's status.
+    echo "$on" | while read -r name prio; do swapon -p "$prio" "$name" || exit 1; done \
+        || { echo "swapon failed: swap left off"; exit 1; }
     echo "swap emptied: $(swapon --show=NAME,USED --noheadings | tr -s ' \n' ' ')"
     ;;
 profile)

@@ -54,8 +54,8 @@ SWAP_OUT_PERCENT: Final = 1.0
 #: -04): with the swap file empty the kernel reclaimed page cache, programs'
 #: code included, from MemAvailable's 10 % down to 3-4 % with nothing going
 #: out to swap and PSI at zero, while every sibling fell silent for over a
-#: second; at half the threshold (this rule's first figure) the guard acted
-#: 3.9-7.5 s after the crossing and siblings were silent 2.2-2.6 s. Free swap
+#: second; at half the threshold (this rule's first figure) the runaway died
+#: 3.9-8.4 s after the crossing and siblings were silent 2.2-2.6 s. Free swap
 #: that the kernel does not use is no room.
 
 
