@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 from .. import _names
 from .._errors import AgentscopeError, BusError, LaunchError, ModeUnavailable
 from .._kernel._cgroup import CGROUP_ROOT, cgroup_chain, read_ceiling, read_subtree_procs
-from ._manager import Controls, ListedScope, ScopeRequest, stop_escalating
+from ._manager import Controls, ListedScope, LocalManager, ScopeRequest, stop_escalating
 from ._procscopes import read_meta, write_atomic
-from ._wire import FAILED, NO_SUCH_UNIT, UNIT_EXISTS
+from ._wire import FAILED, UNIT_EXISTS
 
 if TYPE_CHECKING:
     from ._bus import Manager
@@ -89,7 +89,7 @@ def default_agent_max(limit: int | None) -> tuple[int | None, str | None]:
     return cap, None
 
 
-class CgroupManager:
+class CgroupManager(LocalManager):
     """A fleet's scopes as cgroups of its own delegated subtree (see the module's docstring)."""
 
     def __init__(
@@ -102,10 +102,7 @@ class CgroupManager:
         cgroup_root: Path = CGROUP_ROOT,
         own_cgroup: str | None = None,
     ) -> None:
-        self.manager: Manager = manager
-        self.mode = MODE
-        self.fleet = fleet
-        self.slice = slice
+        super().__init__(MODE, manager, fleet, slice)
         self._root = Path(cgroup_root)
         self._own = own_cgroup
         self._meta = runtime / "cgroup-scopes" / slice
@@ -116,10 +113,6 @@ class CgroupManager:
     @property
     def cgroup_root(self) -> Path:
         return self._root
-
-    @property
-    def version(self) -> str:
-        return ""
 
     @property
     def address(self) -> str:
@@ -163,9 +156,6 @@ class CgroupManager:
             log.warning("%s", note)
         self.limit_note = note
 
-    def close(self) -> None:
-        pass
-
     def _slice(self) -> Path:
         if self._base is None:
             raise AgentscopeError(f"the {MODE} manager of fleet {self.fleet!r} is not connected")
@@ -188,9 +178,6 @@ class CgroupManager:
         _, sep, rest = cgroup.partition(f"/{self.slice}/")
         unit = rest.split("/", 1)[0]
         return unit if sep and unit.endswith(".scope") and _names.is_unit_name(unit) else None
-
-    async def main_pid(self, unit: str) -> int | None:
-        return None
 
     # -- scopes ------------------------------------------------------------
 
@@ -236,7 +223,7 @@ class CgroupManager:
 
     async def kill_unit(self, unit: str, sig: int) -> None:
         if not await asyncio.to_thread(_signal_all, self._slice() / unit, sig):
-            raise BusError("KillUnit", NO_SUCH_UNIT, f"unit {unit} not loaded")
+            raise self.no_such_unit("KillUnit", unit)
 
     async def freeze_unit(self, unit: str) -> None:
         await asyncio.to_thread(self._freeze, unit, b"1")
@@ -248,7 +235,7 @@ class CgroupManager:
         try:
             _write(self._slice() / unit / "cgroup.freeze", value)
         except FileNotFoundError:
-            raise BusError("FreezeUnit", NO_SUCH_UNIT, f"unit {unit} not loaded") from None
+            raise self.no_such_unit("FreezeUnit", unit) from None
 
     async def attach(self, unit: str, pids: Sequence[int], subcgroup: str = "") -> None:
         await asyncio.to_thread(self._attach, unit, pids, subcgroup)
@@ -256,7 +243,7 @@ class CgroupManager:
     def _attach(self, unit: str, pids: Sequence[int], subcgroup: str) -> None:
         d = self._slice() / unit
         if not d.is_dir():
-            raise BusError("AttachProcessesToUnit", NO_SUCH_UNIT, f"unit {unit} not loaded")
+            raise self.no_such_unit("AttachProcessesToUnit", unit)
         target = d / subcgroup.strip("/") if subcgroup else d
         try:
             for pid in pids:

@@ -42,10 +42,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._errors import AgentscopeError, BusError
+from ._wire import NO_SUCH_UNIT
+
 if TYPE_CHECKING:
     from ._bus import Manager
 
-__all__ = ["Controls", "ListedScope", "ScopeManager", "ScopeRequest", "stop_escalating"]
+__all__ = [
+    "Controls",
+    "ListedScope",
+    "LocalManager",
+    "ScopeManager",
+    "ScopeRequest",
+    "stop_escalating",
+]
 
 #: Resource controls by property name: ``{name: (D-Bus signature, value)}``,
 #: as :func:`._scopeprops.build` makes them.
@@ -227,8 +237,6 @@ async def stop_escalating(
     Raises:
         AgentscopeError: something of ``what`` was left :data:`KILL_WAIT` s after SIGKILL.
     """
-    from .._errors import AgentscopeError
-
     if not await asyncio.to_thread(terminate):
         return "done"
     deadline = time.monotonic() + timeout
@@ -242,3 +250,35 @@ async def stop_escalating(
             killed, deadline = True, time.monotonic() + KILL_WAIT
         elif killed and time.monotonic() >= deadline:
             raise AgentscopeError(f"{what} still has processes {KILL_WAIT:.0f} s after SIGKILL")
+
+
+class LocalManager:
+    """What the managers that run scopes themselves (cgroup, process) share.
+
+    No service manager stands behind them: there is no version to report,
+    no connection to let go of and no service whose main process to name.
+    A scope they do not run is refused with systemd's own error
+    (:meth:`no_such_unit`), so the fleet acts on it as on systemd's (see the
+    module's docstring).
+    """
+
+    def __init__(self, mode: str, manager: Manager, fleet: str, slice: str) -> None:
+        self.manager: Manager = manager
+        self.mode = mode
+        self.fleet = fleet
+        self.slice = slice
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        pass
+
+    async def main_pid(self, unit: str) -> int | None:
+        return None
+
+    @staticmethod
+    def no_such_unit(method: str, unit: str) -> BusError:
+        """The error for ``method`` on a ``unit`` not run here, as systemd words it."""
+        return BusError(method, NO_SUCH_UNIT, f"unit {unit} not loaded")

@@ -54,11 +54,11 @@ from .._kernel._proctrees import (
     read_meta,
     tree_members,
 )
-from ._manager import Controls, ListedScope, ScopeRequest, stop_escalating
+from ._manager import Controls, ListedScope, LocalManager, ScopeRequest, stop_escalating
 
-# What BusError says for a scope this mode does not run is systemd's name
-# (NO_SUCH_UNIT): the fleet acts on it alike.
-from ._wire import NO_SUCH_UNIT, UNIT_EXISTS
+# A scope that runs already is refused with systemd's name for it
+# (UNIT_EXISTS): the fleet acts on it alike.
+from ._wire import UNIT_EXISTS
 
 if TYPE_CHECKING:
     from ._bus import Manager
@@ -83,7 +83,7 @@ def mirror_root(runtime: Path) -> Path:
     return runtime / "process-scopes"
 
 
-class ProcessManager:
+class ProcessManager(LocalManager):
     """A fleet's scopes as process trees (see the module's docstring)."""
 
     def __init__(
@@ -96,10 +96,7 @@ class ProcessManager:
         proc_root: Path = PROC_ROOT,
         cgroup_root: Path = CGROUP_ROOT,
     ) -> None:
-        self.manager: Manager = manager
-        self.mode = MODE
-        self.fleet = fleet
-        self.slice = slice
+        super().__init__(MODE, manager, fleet, slice)
         self._dir = mirror_root(runtime) / slice
         self._proc = proc_root
         self._cgroup_root = cgroup_root
@@ -110,18 +107,11 @@ class ProcessManager:
         return self._cgroup_root
 
     @property
-    def version(self) -> str:
-        return ""
-
-    @property
     def address(self) -> str:
         return ""
 
     async def connect(self) -> None:
         await asyncio.to_thread(self._dir.mkdir, mode=0o700, parents=True, exist_ok=True)
-
-    def close(self) -> None:
-        pass
 
     async def slice_cgroup(self) -> Path:
         return self._dir
@@ -134,9 +124,6 @@ class ProcessManager:
 
     def unit_of_cgroup(self, cgroup: str) -> str | None:
         return None  # every process shares the container's cgroup here
-
-    async def main_pid(self, unit: str) -> int | None:
-        return None
 
     # -- scopes ------------------------------------------------------------
 
@@ -255,7 +242,7 @@ class ProcessManager:
 
     async def kill_unit(self, unit: str, sig: int) -> None:
         if not await asyncio.to_thread(self._signal, unit, sig):
-            raise BusError("KillUnit", NO_SUCH_UNIT, f"unit {unit} not loaded")
+            raise self.no_such_unit("KillUnit", unit)
 
     async def freeze_unit(self, unit: str) -> None:
         raise ModeUnsupported(MODE, "freezing an agent (the cgroup freezer)", _ENABLE)
@@ -271,7 +258,7 @@ class ProcessManager:
     def _attach(self, unit: str, pids: Sequence[int]) -> None:
         members = self._refresh(unit, self._children())
         if not members:
-            raise BusError("AttachProcessesToUnit", NO_SUCH_UNIT, f"unit {unit} not loaded")
+            raise self.no_such_unit("AttachProcessesToUnit", unit)
         for pid in pids:
             st = read_stat(pid, self._proc)
             if st is not None:
