@@ -6,6 +6,7 @@ command: ``ls --json`` prints without rich (issue 28).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -111,40 +112,26 @@ def run(
         raise BadInput("--log and --tmux do not mix: a tmux agent's output is its window")
     if log is not None:
         _check_log(log)
-    if tmux:
-        with fleet_of(ctx) as fleet:
-            agent = fleet.launch(
-                name,
-                cmd,
-                cwd=str(cwd) if cwd is not None else None,
-                env=agent_env,
-                memory_max=size,
-                terminal="tmux",
-                call_shell=call_shell,
-                **controls,
-            )
-        _print_launched(
-            opts,
-            {"name": agent.name, "unit": agent.unit, "pid": agent.pid, "tmux": agent.name},
-            agent.property_issues,
+    # One launch for both outputs: only where its output goes differs (a
+    # tmux window, or the log file, open until the launch has passed it on).
+    with fleet_of(ctx) as fleet, contextlib.ExitStack() as held:
+        output: dict[str, Any] = {"terminal": "tmux"}
+        if not tmux:
+            log_path, fd = _open_log(opts, name, log)
+            out = held.enter_context(open(fd, "ab"))
+            output = {"stdin": subprocess.DEVNULL, "stdout": out, "stderr": out}
+        agent = fleet.launch(
+            name,
+            cmd,
+            cwd=str(cwd) if cwd is not None else None,
+            env=agent_env,
+            memory_max=size,
+            call_shell=call_shell,
+            **output,
+            **controls,
         )
-        return
-    with fleet_of(ctx) as fleet:
-        log_path, fd = _open_log(opts, name, log)
-        with open(fd, "ab") as out:
-            agent = fleet.launch(
-                name,
-                cmd,
-                cwd=str(cwd) if cwd is not None else None,
-                env=agent_env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                memory_max=size,
-                call_shell=call_shell,
-                **controls,
-            )
-    result = {"name": agent.name, "unit": agent.unit, "pid": agent.pid, "log": str(log_path)}
+    where = {"tmux": agent.name} if tmux else {"log": str(log_path)}
+    result = {"name": agent.name, "unit": agent.unit, "pid": agent.pid, **where}
     _print_launched(opts, result, agent.property_issues)
 
 
