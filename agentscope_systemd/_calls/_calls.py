@@ -66,6 +66,7 @@ __all__ = [
     "signal_tree",
     "sweep",
     "wait_empty",
+    "warn_or_log",
 ]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -361,7 +362,17 @@ def say_not_isolated(why: str, warn: Callable[[str], None] | None = None) -> Non
     if why in _SAID:
         return
     _SAID.add(why)
-    message = f"tool calls are not isolated in this agent's scope: {why}; see docs/calls.md"
+    warn_or_log(
+        warn, f"tool calls are not isolated in this agent's scope: {why}; see docs/calls.md"
+    )
+
+
+def warn_or_log(warn: Callable[[str], None] | None, message: str) -> None:
+    """``message`` to ``warn`` when given, else a warning in the "agentscope" log.
+
+    The fast paths' (``exec``, ``call``) one way to warn: :mod:`logging` is
+    imported only when nobody asked for the warning itself.
+    """
     if warn is not None:
         warn(message)
         return

@@ -194,7 +194,7 @@ def _run(
         )
         warning = fallback.warning(version)
         if warning is not None:
-            _warn(warn, warning)
+            _calls.warn_or_log(warn, warning)
         retry = [unit, "fail", fallback.properties(props).items(), []]
         (job,) = conn.call("StartTransientUnit", signature, retry)
     result = conn.job_result(job)
@@ -227,13 +227,4 @@ def _read_back(
     root = _scope.CGROUP_ROOT
     files = _scopeprops.read_cgroup_files(root + cgroup, controls) if cgroup else {}
     for issue in _scopeprops.compare(controls, read, files):
-        _warn(warn, _scopeprops.describe(unit, issue))
-
-
-def _warn(warn: Callable[[str], None] | None, message: str) -> None:
-    if warn is not None:
-        warn(message)
-        return
-    import logging
-
-    logging.getLogger("agentscope").warning("%s", message)
+        _calls.warn_or_log(warn, _scopeprops.describe(unit, issue))
