@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Literal
 
 from .._kernel._cgroup import (
-    _GONE,
+    _GONE_OR_NOT_DIR,
     _GONE_OR_UNSUPPORTED,
     _read_kernel_file,
     parse_pressure,
@@ -115,7 +115,7 @@ def outside_cgroups(cgroup_root: Path, slice_path: Path) -> list[str] | None:
                         if len(found) >= MAX_OUTSIDE:
                             return found
         except OSError as exc:
-            if exc.errno not in _GONE and exc.errno not in (errno.EACCES, errno.ENOTDIR):
+            if exc.errno not in _GONE_OR_NOT_DIR and exc.errno != errno.EACCES:
                 raise
         here = here + "/" + part
     return found

@@ -18,14 +18,13 @@
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._fleet._tmux import is_tmux_unit
-from .._kernel._cgroup import _GONE, _read_kernel_file, parse_procs, read_charge
+from .._kernel._cgroup import _GONE_OR_NOT_DIR, _read_kernel_file, parse_procs, read_charge
 from .._kernel._proc import PROC_ROOT, ProcStat, parse_stat, read_oom_score_adj
 
 __all__ = [
@@ -119,7 +118,7 @@ def scopes_of(slice_path: Path | str) -> list[tuple[str, str]]:
         with os.scandir(slice_path) as it:
             return sorted((e.name, e.path) for e in it if e.name.endswith(".scope"))
     except OSError as exc:
-        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+        if exc.errno in _GONE_OR_NOT_DIR:
             return []
         raise
 
@@ -145,7 +144,7 @@ def _scope_procs(scope: str, on_skip: OnSkip | None) -> Iterable[int]:
             with os.scandir(path) as it:
                 stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
         except OSError as exc:
-            if exc.errno not in _GONE and exc.errno != errno.ENOTDIR and on_skip is not None:
+            if exc.errno not in _GONE_OR_NOT_DIR and on_skip is not None:
                 on_skip(path, exc)
 
 
@@ -197,7 +196,7 @@ def _live_thread(base: str, pid: int) -> tuple[ProcStat, tuple[int, int]] | None
     try:
         tids = [int(n) for n in os.listdir(base + "/task") if n.isdigit() and int(n) != pid]
     except OSError as exc:
-        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+        if exc.errno in _GONE_OR_NOT_DIR:
             return None
         raise
     for tid in sorted(tids)[:MAX_THREADS_LOOKED]:

@@ -100,6 +100,9 @@ _GONE_OR_DENIED = _GONE | {errno.EACCES, errno.EPERM}
 # PSI files read EOPNOTSUPP when pressure accounting is off for that cgroup
 # (cgroup.pressure = 0, Linux 6.5+) and are absent with psi=0 on the command line.
 _GONE_OR_UNSUPPORTED = _GONE | {errno.EOPNOTSUPP}
+# Listing a directory (os.scandir, os.listdir) fails with ENOTDIR where the
+# path does not lead to a directory: as for one that vanished, nothing to list.
+_GONE_OR_NOT_DIR = _GONE | {errno.ENOTDIR}
 
 
 # The two system calls behind every read, as module names so tests can make
@@ -441,7 +444,7 @@ def scan_slice(slice_path: Path) -> dict[str, CgroupMemory]:
     try:
         entries = list(os.scandir(slice_path))
     except OSError as exc:
-        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+        if exc.errno in _GONE_OR_NOT_DIR:
             return {}
         raise
     result: dict[str, CgroupMemory] = {}
@@ -506,7 +509,7 @@ def scan_slice_counters(slice_path: Path) -> dict[str, ScopeCounters]:
         with os.scandir(slice_path) as it:
             entries = [(e.name, e.path) for e in it if e.name.endswith(".scope")]
     except OSError as exc:
-        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+        if exc.errno in _GONE_OR_NOT_DIR:
             return {}
         raise
     entries.sort()

@@ -30,7 +30,6 @@ markup here; the reclaim call passes only pids and the agent's own unit.
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from pathlib import Path
 from .. import _names, _numbers
 from .._calls._calls import AGENT_LEAF
 from .._dicts import Record
-from .._kernel._cgroup import _GONE, CGROUP_ROOT, _read_kernel_file
+from .._kernel._cgroup import _GONE_OR_NOT_DIR, CGROUP_ROOT, _read_kernel_file
 from .._kernel._proc import PROC_ROOT, read_cgroup, read_stat, read_statm_rss, same_process
 
 __all__ = [
@@ -142,7 +141,7 @@ def read_children(pid: int, proc_root: Path = PROC_ROOT) -> list[int]:
     try:
         tids = [e for e in os.listdir(task_dir) if _numbers.is_digits(e)]
     except OSError as exc:
-        if exc.errno in _GONE or exc.errno == errno.ENOTDIR:
+        if exc.errno in _GONE_OR_NOT_DIR:
             return []
         raise
     children: list[int] = []
