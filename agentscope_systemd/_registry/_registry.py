@@ -430,17 +430,9 @@ class Registry(LifecycleStore, OomStore):
         Raises:
             UnitNotFound: no row has that unit.
         """
-
-        def body(conn: sqlite3.Connection) -> AgentRecord:
-            cur = conn.execute(
-                "UPDATE agents SET memory_current = ?, memory_peak = ? WHERE unit = ?",
-                (memory_current, memory_peak, unit),
-            )
-            if cur.rowcount == 0:
-                raise UnitNotFound(self.path, unit)
-            return self._row_by_unit(conn, unit)
-
-        return self._transaction(body, write=True)
+        return self._update_unit(
+            unit, "memory_current = ?, memory_peak = ?", (memory_current, memory_peak)
+        )
 
     def add_oom_kills(self, unit: str, n: int) -> AgentRecord:
         """Add ``n`` OOM kills to the count of ``unit``; any state.
@@ -451,11 +443,17 @@ class Registry(LifecycleStore, OomStore):
         """
         if n < 0:
             raise ValueError(f"OOM kills only add up; got {n}")
+        return self._update_unit(unit, "oom_kills = oom_kills + ?", (n,))
+
+    def _update_unit(self, unit: str, assignments: str, values: tuple[Any, ...]) -> AgentRecord:
+        """``UPDATE agents SET assignments`` on the row of ``unit``; the row as stored.
+
+        Raises:
+            UnitNotFound: no row has that unit.
+        """
 
         def body(conn: sqlite3.Connection) -> AgentRecord:
-            cur = conn.execute(
-                "UPDATE agents SET oom_kills = oom_kills + ? WHERE unit = ?", (n, unit)
-            )
+            cur = conn.execute(f"UPDATE agents SET {assignments} WHERE unit = ?", (*values, unit))
             if cur.rowcount == 0:
                 raise UnitNotFound(self.path, unit)
             return self._row_by_unit(conn, unit)
