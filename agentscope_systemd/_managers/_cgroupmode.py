@@ -371,21 +371,22 @@ def _write(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _populated(d: Path) -> bool:
+def _subtree_pids(d: Path) -> list[int]:
+    """The processes of the cgroup ``d`` and below; none when it cannot be read."""
     try:
         procs = read_subtree_procs(d)
     except OSError:
-        return False
-    return bool(procs and procs.split())
+        return []
+    return [int(p) for p in (procs or b"").split()]
+
+
+def _populated(d: Path) -> bool:
+    return bool(_subtree_pids(d))
 
 
 def _signal_all(d: Path, sig: int) -> bool:
     """Send ``sig`` to every process of the cgroup ``d`` and below; any there?"""
-    try:
-        procs = read_subtree_procs(d)
-    except OSError:
-        return False
-    pids = [int(p) for p in (procs or b"").split()]
+    pids = _subtree_pids(d)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)  # in the cgroup now: the kernel's list is the identity
