@@ -26,6 +26,10 @@ The rounds (``--rounds``):
 ``guardproc``
     the same guard as a process of its own (``GuardConfig(process=True)``):
     whether the thread suffices or the guard needs its own process;
+``guardfar``
+    the guard without choosing its victim ahead (``_guard.NEAR_FACTOR`` set
+    to 0 for the round, a benchmark-only switch): whether the scans within
+    1.5x of the threshold cost the siblings what the timeline shows;
 ``earlyoom-big``, ``guard-big``
     the same with the manager holding ``--ballast-mb`` (default 320 MiB)
     so that it is the host's largest process;
@@ -75,6 +79,7 @@ from typing import Any
 
 import agentscope_systemd
 from agentscope_systemd import DEVNULL, AsyncFleet, OomKill
+from agentscope_systemd._guard import _guard as _guard_module  # guardfar's switch
 
 _HERE = Path(__file__).resolve().parent
 # roothelper.py: next to the benchmarks in the VM (/tmp/it), in integration/ in a checkout.
@@ -267,6 +272,48 @@ def thread_cpu() -> dict[tuple[int, str], float]:
     return out
 
 
+# The kernel's threads that reclaim, compact and collapse huge pages, and
+# the counters of that work (/proc/vmstat): a stall with PSI at zero and no
+# swap traffic is work that is not charged to a waiting task.
+_KERNEL_THREADS = ("kswapd0", "kcompactd0", "khugepaged")
+_VMSTAT_WORK = (
+    "compact_stall",
+    "compact_migrate_scanned",
+    "compact_free_scanned",
+    "compact_success",
+    "pgmigrate_success",
+    "thp_fault_alloc",
+    "thp_fault_fallback",
+    "thp_collapse_alloc",
+    "pgsteal_kswapd",
+    "pgsteal_direct",
+    "allocstall_normal",
+    "allocstall_movable",
+)
+
+
+def kernel_work() -> dict[str, float]:
+    """The kernel threads' CPU seconds (by name) and /proc/vmstat's work counters."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/stat") as f:
+                raw = f.read()
+            name = raw[raw.index("(") + 1 : raw.rindex(")")]
+            if name in _KERNEL_THREADS:
+                rest = raw[raw.rindex(")") + 2 :].split()
+                out[f"{name}_cpu_s"] = (int(rest[11]) + int(rest[12])) / tick
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key in _VMSTAT_WORK:
+                out[key] = float(value)
+    return out
+
+
 def timeline(
     crossing: Crossing, ticker: Ticker, beats: list[Path], since: float, until: float
 ) -> list[str]:
@@ -352,6 +399,7 @@ async def squeeze(
     events: list[Any] = []
     earlyoom_since = int(time.time())
     oomd = profile != "debian"
+    near_factor = _guard_module.NEAR_FACTOR
     try:
         if way == "earlyoom":
             as_root("earlyoom", "start")
@@ -380,8 +428,10 @@ async def squeeze(
         names.append("runaway")
         siblings = [a for a in await fleet.agents() if a.name.startswith("sib-")]
         options: dict[str, Any] = {"pressure_some_avg10": 100.0, "available_fraction": 1e-9}
-        if way == "guard":
+        if way in ("guard", "guardfar"):
             options["guard"] = True
+        if way == "guardfar":
+            _guard_module.NEAR_FACTOR = 0.0  # restored below, whatever the round's end
         elif way == "guardproc":
             options["guard"] = agentscope_systemd.GuardConfig(process=True)
         ticker = Ticker()
@@ -398,6 +448,7 @@ async def squeeze(
             ticker.start()
             crossing.start()
             cpu_before = thread_cpu() if show_timeline else {}
+            kernel_before = kernel_work() if show_timeline else {}
             t_trigger = time.time()
             await asyncio.to_thread(trigger.touch)
             # give_up counts from the first allocation; the tool call's start-up comes first.
@@ -414,6 +465,7 @@ async def squeeze(
             out.manager_worst_lag = await ticker.stop()
             crossing.stop.set()
             cpu_after = thread_cpu() if show_timeline else {}
+            kernel_after = kernel_work() if show_timeline else {}
             collector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await collector
@@ -448,6 +500,15 @@ async def squeeze(
                 + ", ".join(f"{name} {sec:.1f}s" for sec, name in used if sec >= 0.05),
                 flush=True,
             )
+            print(
+                "the kernel's own work over the round: "
+                + ", ".join(
+                    f"{k} {kernel_after[k] - kernel_before.get(k, 0.0):g}"
+                    for k in sorted(kernel_after)
+                    if kernel_after[k] != kernel_before.get(k, 0.0)
+                ),
+                flush=True,
+            )
         out.siblings_alive = sum(1 for s in siblings if s.alive())
         out.runaway_shell_alive = runaway.alive()
         for event in events:
@@ -461,6 +522,7 @@ async def squeeze(
         elif out.oom_events:
             out.named_agent = out.oom_events[0].get("agent")
     finally:
+        _guard_module.NEAR_FACTOR = near_factor
         if oomd:
             with contextlib.suppress(RootHelperError):
                 log = as_root("oomd", "log", str(earlyoom_since))
@@ -637,6 +699,7 @@ def ratios(rows: list[Outcome]) -> list[str]:
         ("guard", "oomd"),
         ("guardproc", "earlyoom"),
         ("guardproc", "guard"),
+        ("guardfar", "guard"),
         ("guardproc-big", "earlyoom-big"),
         ("guard", "kernel"),
         ("earlyoom", "kernel"),

@@ -153,6 +153,7 @@ async def test_oom_with_cap_kills_only_the_allocator(fleet: AsyncFleet, tmp_path
         assert not oom_kills
 
 
+@pytest.mark.heavy("global-oom")
 @pytest.mark.usefixtures("kernel_fast_oom")  # the kernel's own kill, not minutes of reclaim
 async def test_global_oom_kills_only_the_runaway() -> None:
     # squeezed: the next test starts once memory is back and the bus answers.
