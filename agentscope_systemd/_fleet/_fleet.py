@@ -2,7 +2,8 @@
 
 :class:`AsyncFleet` holds its parts, each an object that owns its state:
 the manager of its scopes (:mod:`._manager`, systemd's in :mod:`._systemd`),
-its registry adapter and roster (:mod:`._fleet_registry`), the reaper
+its registry adapter and roster (:mod:`._fleet_registry`), its listing and
+the exits it sees (:mod:`._fleet_listing`), the reaper
 (:mod:`._reaper`), the OOM recovery (:mod:`._fleet_recovery`), the terminals
 (:mod:`._fleet_tmux`), the monitors (:mod:`._fleet_monitor`), the
 reconciler (:mod:`._fleet_reconcile`), the launcher (:mod:`._fleet_launch`)
@@ -13,7 +14,6 @@ arguments here, before anything exists, and delegates to one part.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal as _signal
 import subprocess
@@ -27,30 +27,20 @@ from .._errors import (
     AgentNotFound,
     AgentscopeError,
     InvalidConfig,
-    InvalidTransition,
     LaunchError,
-    RegistryError,
 )
-from .._kernel._proc import exec_comm
 from .._managers import _scopeprops
 from .._managers._bus import SystemdBus
 from .._managers._manager import ScopeManager
 from .._managers._modes import ModeChoice, check_forced, choose_mode, parse_manager
-from .._managers._scopefiles import (
-    cgroup_present,
-    raise_own_oom_score_adj,
-    read_figures,
-)
+from .._managers._scopefiles import raise_own_oom_score_adj
 from .._managers._systemd import Capabilities, SystemdManager, probe
-from .._registry._registry import (
-    EventRecord,
-    default_registry_path,
-    in_flight,
-)
+from .._registry._registry import CLOSED_STATES, EventRecord, default_registry_path
 from . import _tmux
 from ._agent import Agent
 from ._fleet_adopt import Adopter
 from ._fleet_launch import LaunchArgs, Launcher, Stdio
+from ._fleet_listing import Listing
 from ._fleet_monitor import Monitors
 from ._fleet_reconcile import Reconciler
 from ._fleet_recovery import OomRecovery
@@ -68,8 +58,6 @@ if TYPE_CHECKING:
     from .._monitor._report import MemoryReport
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
-
-log = logging.getLogger("agentscope")
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -194,6 +182,9 @@ class AsyncFleet:
             self._launcher,
             agent_oom_score_adj=agent_oom_score_adj,
         )
+        self._listing = Listing(
+            core, self._reconciler, self._reaper, self._terminals, self._monitors
+        )
 
     def _make_manager(
         self,
@@ -270,29 +261,8 @@ class AsyncFleet:
         await self._store.close()
 
     def _note_exit(self, agent: Agent, status: int | None) -> None:
-        """A launched child was reaped: record it (from the pidfd callback)."""
-        task = asyncio.get_running_loop().create_task(self._record_exit(agent, status))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _record_exit(self, agent: Agent, status: int | None) -> None:
-        comm = exec_comm(agent.argv[0]) if agent.argv else None
-        self._monitors.note_exit(agent.unit, agent.pid, status, comm)
-        if self._store.registry is None:
-            return
-        try:
-            if await self._reaper.main_exited(agent.unit, agent.pid, status):
-                agent.state = "lingering"  # its scope holds processes: see _reaper
-                return
-        except (RegistryError, OSError) as exc:
-            log.warning("could not look for leftovers of %s: %s", agent.name, exc)
-        agent.state = "exited"
-        try:
-            await self._store.call(self._store.mark_exited, agent.unit, agent.pid, status)
-        except InvalidTransition:
-            pass  # already closed by a listing that saw the scope go first
-        except RegistryError as exc:
-            log.warning("could not record the exit of %s: %s", agent.name, exc)
+        """A launched child was reaped: the roster's callback (see :class:`Listing`)."""
+        self._listing.note_exit(agent, status)
 
     async def events(
         self,
@@ -501,7 +471,7 @@ class AsyncFleet:
         """The unit of a running agent of this fleet, known here or in systemd."""
         _names.validate_name("agent", name)
         agent = self._roster.agents.get(name)
-        if agent is not None and agent.state not in _CLOSED and agent.alive():
+        if agent is not None and agent.state not in CLOSED_STATES and agent.alive():
             return agent.unit
         for listed in await self._manager.list_scopes(name):
             if listed.owner == (self.name, name):
@@ -711,73 +681,4 @@ class AsyncFleet:
         processes are included (without a Popen).
         """
         self._check_open()
-        assert self._store.registry is not None
-        live = await self._reconciler.live()
-        for agent in list(self._roster.agents.values()):
-            ended = agent.state in ("exited", "lingering")
-            if agent.popen is not None and not ended and not agent.alive():
-                await self._record_exit(agent, agent.popen.returncode)
-        rows = await self._store.call(self._store.registry.agents, self.name, include_closed=all)
-        # Main processes that ended unseen (exec'd, adopted, another
-        # manager's): their leftovers linger, or are reaped when due.
-        swept = await self._reaper.sweep([r for r in rows if r.unit in live])
-        rows = [swept[r.unit][0] if r.unit in swept else r for r in rows]
-        # A lingering tmux agent's window is gone with its main process:
-        # its leftovers are the reaper's (reap_after), not killed here.
-        windowed = [
-            r
-            for r in rows
-            if r.unit in self._roster.terminals
-            and r.unit in live
-            and r.state not in _CLOSED
-            and r.lingering is None
-        ]
-        if windowed:
-            closed = await self._terminals.close_windowless(windowed)
-            rows = [closed.get(r.unit, r) for r in rows]
-        slice_dir = await self.slice_cgroup()
-        unseen = [r for r in rows if not r.closed and r.unit not in live]
-        # Not listed, yet not gone: a launch in flight, or a scope the listing
-        # missed (its cgroup is there): left to the next listing.
-        flying = await asyncio.to_thread(
-            lambda: (
-                {r.unit for r in unseen if in_flight(r)}
-                | cgroup_present(slice_dir, (r.unit for r in unseen))
-            )
-        )
-        out: list[Agent] = []
-        for rec in rows:
-            if not rec.closed and rec.unit not in live:
-                if rec.unit in flying:
-                    continue
-                rec = await self._store.close_gone(rec)
-            known = self._roster.agents.get(rec.name)
-            if known is not None and known.unit == rec.unit:
-                agent = known
-                agent.state = rec.state
-            else:
-                agent = self._roster.from_record(rec)
-            if not rec.closed:
-                agent.state = "stopping" if live[rec.unit][1] == "deactivating" else rec.state
-                if rec.lingering is not None and agent.state == "running":
-                    agent.state = "lingering"
-                    agent.leftovers = swept[rec.unit][1] if rec.unit in swept else 0
-            out.append(agent)
-        figures = await asyncio.to_thread(
-            read_figures, slice_dir, [a.unit for a in out if a.state not in _CLOSED]
-        )
-        for agent in out:
-            fig = figures.get(agent.unit)
-            if fig is None:
-                continue
-            if fig.memory_current is not None:
-                agent.memory_current, agent.memory_peak = fig.memory_current, fig.memory_peak
-            if fig.oom_kills is not None:
-                agent.oom_kills = max(agent.oom_kills, fig.oom_kills)
-            agent.calls = fig.calls
-            if fig.frozen and agent.state == "running":
-                agent.state = "frozen"
-        return out
-
-
-_CLOSED = ("exited", "failed", "lost")
+        return await self._listing.agents(all)
