@@ -3,7 +3,8 @@
 :class:`AsyncFleet` holds its parts, each an object that owns its state:
 the manager of its scopes (:mod:`._manager`, systemd's in :mod:`._systemd`),
 its registry adapter and roster (:mod:`._fleet_registry`), its listing and
-the exits it sees (:mod:`._fleet_listing`), the reaper
+the exits it sees (:mod:`._fleet_listing`), the control of an agent by name
+(:mod:`._fleet_control`), the reaper
 (:mod:`._reaper`), the OOM recovery (:mod:`._fleet_recovery`), the terminals
 (:mod:`._fleet_tmux`), the monitors (:mod:`._fleet_monitor`), the
 reconciler (:mod:`._fleet_reconcile`), the launcher (:mod:`._fleet_launch`)
@@ -24,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from .. import _names, _numbers
 from .._calls import _calls, _callshell
 from .._errors import (
-    AgentNotFound,
     AgentscopeError,
     InvalidConfig,
     LaunchError,
@@ -35,10 +35,11 @@ from .._managers._manager import ScopeManager
 from .._managers._modes import ModeChoice, check_forced, choose_mode, parse_manager
 from .._managers._scopefiles import raise_own_oom_score_adj
 from .._managers._systemd import Capabilities, SystemdManager, probe
-from .._registry._registry import CLOSED_STATES, EventRecord, default_registry_path
+from .._registry._registry import EventRecord, default_registry_path
 from . import _tmux
 from ._agent import Agent
 from ._fleet_adopt import Adopter
+from ._fleet_control import Control
 from ._fleet_launch import LaunchArgs, Launcher, Stdio
 from ._fleet_listing import Listing
 from ._fleet_monitor import Monitors
@@ -156,6 +157,7 @@ class AsyncFleet:
         core = FleetCore(self.name, self._manager, self._store, self._roster, self._tasks)
         self._recovery = OomRecovery(core)
         self._reaper = Reaper(core)
+        self._control = Control(core)
         # tmux agents: the fleet's server on its private socket.
         tmux = _tmux.TmuxServer(
             self.name,
@@ -167,7 +169,7 @@ class AsyncFleet:
             core,
             tmux,
             self._reaper,
-            self._resolve,
+            self._control.resolve,
             agent_oom_score_adj=agent_oom_score_adj,
             manager_oom_score_adj=manager_oom_score_adj,
         )
@@ -467,17 +469,6 @@ class AsyncFleet:
 
     # -- control ----------------------------------------------------------
 
-    async def _resolve(self, name: str) -> str:
-        """The unit of a running agent of this fleet, known here or in systemd."""
-        _names.validate_name("agent", name)
-        agent = self._roster.agents.get(name)
-        if agent is not None and agent.state not in CLOSED_STATES and agent.alive():
-            return agent.unit
-        for listed in await self._manager.list_scopes(name):
-            if listed.owner == (self.name, name):
-                return listed.unit
-        raise AgentNotFound(self.name, name)
-
     async def call(
         self,
         agent: str,
@@ -505,7 +496,7 @@ class AsyncFleet:
                 the command could not start.
         """
         self._check_open()
-        unit = await self._resolve(agent)
+        unit = await self._control.resolve(agent)
         if self._manager.mode == "process":
             from .._managers._procscopes import refuse_calls
 
@@ -546,26 +537,7 @@ class AsyncFleet:
         """
         timeout = _numbers.real("timeout", timeout, low=0, high=86400)
         self._check_open()
-        unit = await self._resolve(name)
-        result = await self._manager.stop_unit(unit, timeout)
-        if result != "done":
-            # Not stopped: its row stays as it is, and says what was tried.
-            await self._store.event(name, "stop_failed", unit=unit, result=result)
-            raise AgentscopeError(
-                f"the stop job of {unit} ended {result!r}: agent {name!r} may still run; "
-                f"see {self._manager.status_command(unit)}, then stop it again"
-            )
-        agent = self._roster.agents.get(name)
-        if agent is not None and (agent.popen is not None or agent.terminal is not None):
-            await agent.wait()  # its exit watcher records the exit
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        assert self._store.registry is not None
-        rec = await self._store.call(self._store.registry.by_unit, unit)
-        if rec is not None and not rec.closed:  # not seen exiting here, or lingering
-            await self._store.call(
-                self._store.registry.set_state, unit, "exited", exit_status=rec.exit_status
-            )
-        await self._store.event(name, "stopped", unit=unit)
+        await self._control.stop(name, timeout)
 
     async def kill(self, name: str, signal: int = _signal.SIGTERM) -> None:
         """Send ``signal`` to every process of the agent's scope.
@@ -578,23 +550,17 @@ class AsyncFleet:
             "signal", int(signal) if isinstance(signal, _signal.Signals) else signal, low=1, high=64
         )
         self._check_open()
-        unit = await self._resolve(name)
-        await self._manager.kill_unit(unit, signal)
-        await self._store.event(name, "signalled", unit=unit, signal=int(signal))
+        await self._control.kill(name, signal)
 
     async def freeze(self, name: str) -> None:
         """Freeze every process of the agent (cgroup freezer; systemd 246+)."""
         self._check_open()
-        unit = await self._resolve(name)
-        await self._manager.freeze_unit(unit)
-        await self._store.event(name, "frozen", unit=unit)
+        await self._control.freeze(name)
 
     async def thaw(self, name: str) -> None:
         """Thaw a frozen agent."""
         self._check_open()
-        unit = await self._resolve(name)
-        await self._manager.thaw_unit(unit)
-        await self._store.event(name, "thawed", unit=unit)
+        await self._control.thaw(name)
 
     def unit_agent(self, unit: str) -> str | None:
         """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
