@@ -40,6 +40,7 @@ _OTHER_COMMANDS = {
 # opens it (the bus, the registry, recovery) and runs none of them.
 _MONITOR = {
     "agentscope_systemd._monitor._monitor",
+    "agentscope_systemd._monitor._logwatch",
     "agentscope_systemd._monitor._sampling",
     "agentscope_systemd._monitor._killcount",
     "agentscope_systemd._guard._guard",

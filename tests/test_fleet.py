@@ -206,7 +206,7 @@ async def test_an_exit_seen_more_than_once_is_recorded_once(
     agent = await fleet.launch("a", ["sleep", "0.1"])
     assert await agent.wait() == 0
     await asyncio.gather(*list(fleet._tasks))
-    await fleet._record_exit(agent, 0)  # seen again, as by a second watcher
+    await fleet._listing.record_exit(agent, 0)  # seen again, as by a second watcher
     rec = await fleet._store.call(fleet._store.open_registry.by_unit, agent.unit)
     assert rec is not None
     await fleet._store.close_gone(rec)  # and by a listing

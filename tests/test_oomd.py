@@ -15,7 +15,7 @@ from agentscope_systemd import OomdKill
 from agentscope_systemd._cli import _doctor
 from agentscope_systemd._contract import monitor_event_dict
 from agentscope_systemd._kernel._journal import follow_argv
-from agentscope_systemd._monitor import _monitor
+from agentscope_systemd._monitor import _logwatch
 from agentscope_systemd._monitor._monitor import Monitor
 from agentscope_systemd._monitor._oomd import (
     MAX_LINE,
@@ -397,10 +397,10 @@ def oomd_monitor(tmp_path: Path, seen: list[Any]) -> Monitor:
 def test_the_monitor_turns_oomd_s_journal_line_into_an_event(tmp_path: Path) -> None:
     seen: list[Any] = []
     mon = oomd_monitor(tmp_path, seen)
-    assert mon._oomd_line(SWAP_LINE)
-    assert not mon._oomd_line("Killed process 7 (node) total-vm:1kB")
+    assert mon._logs.oomd_line(SWAP_LINE)
+    assert not mon._logs.oomd_line("Killed process 7 (node) total-vm:1kB")
     other = SWAP_LINE.replace(f"{USER_SLICE}/{UNIT}", "/system.slice/cron.service")
-    assert mon._oomd_line(other)  # oomd's line, but no agent of this fleet: no event
+    assert mon._logs.oomd_line(other)  # oomd's line, but no agent of this fleet: no event
     assert [(type(e), e.agent, e.rule) for e in seen] == [(OomdKill, "coder", "swap")]
 
 
@@ -410,9 +410,9 @@ def test_oomd_naming_its_victim_again_is_one_kill(tmp_path: Path) -> None:
     seen: list[Any] = []
     mon = oomd_monitor(tmp_path, seen)
     call = SWAP_LINE.replace(UNIT, f"{UNIT}/call-grow-1")
-    assert mon._oomd_line(call)
-    assert mon._oomd_line(call)  # oomd's line still, but no second event
-    assert mon._oomd_line(SWAP_LINE.replace(UNIT, f"{UNIT}/call-grow-2"))
+    assert mon._logs.oomd_line(call)
+    assert mon._logs.oomd_line(call)  # oomd's line still, but no second event
+    assert mon._logs.oomd_line(SWAP_LINE.replace(UNIT, f"{UNIT}/call-grow-2"))
     assert [e.call for e in seen] == ["call-grow-1", "call-grow-2"]
 
 
@@ -440,7 +440,7 @@ async def test_a_monitor_follows_oomd_s_journal_where_oomd_is_installed(
     make_host_pressure(proc, format_pressure((0, 0, 0, 0), (0, 0, 0, 0)))
     socket = tmp_path / "io.systemd.ManagedOOM"
     socket.touch()
-    monkeypatch.setattr(_monitor, "OOMD_SOCKET", socket)
+    monkeypatch.setattr(_logwatch, "OOMD_SOCKET", socket)
     asked: list[dict[str, bool]] = []
     head = {"__CURSOR": "s=1;i=2", "_BOOT_ID": "0" * 32, "_TRANSPORT": "journal"}
     # Another unit's line in oomd's words (a pressure kill): not oomd's.
@@ -464,7 +464,7 @@ async def test_a_monitor_follows_oomd_s_journal_where_oomd_is_installed(
         os.set_blocking(child.stdout.fileno(), False)
         return child
 
-    monkeypatch.setattr(_monitor, "start_follower", follower)
+    monkeypatch.setattr(_logwatch, "start_follower", follower)
     fifo = tmp_path / "kmsg"
     os.mkfifo(fifo)
     holder = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer: the reader never sees EOF

@@ -24,7 +24,7 @@ from agentscope_systemd._kernel._journal import (
     journal_access,
     parse_journal_entry,
 )
-from agentscope_systemd._monitor import _monitor
+from agentscope_systemd._monitor import _logwatch
 from agentscope_systemd._monitor._attribution import SeenProcess, parse_oom_kill_line
 from agentscope_systemd._monitor._killcount import JOURNAL_GRACE, KillCounter
 from agentscope_systemd._monitor._monitor import Monitor
@@ -588,7 +588,7 @@ async def test_a_kill_held_for_the_kernels_line_when_its_monitor_closes_is_recov
         os.set_blocking(proc.stdout.fileno(), False)
         return proc
 
-    monkeypatch.setattr(_monitor, "start_follower", silent_follower)
+    monkeypatch.setattr(_logwatch, "start_follower", silent_follower)
     async with _fleet(tmp_path, bus) as f:
         mon = f.monitor(interval=0.05, cgroup_root=bus.cgroup_root, kmsg=None, journal=True)
         async with mon:

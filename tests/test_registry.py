@@ -19,7 +19,12 @@ import pytest
 
 from agentscope_systemd._errors import AgentExists, AgentscopeError
 from agentscope_systemd._fleet._reconcile_plan import Revival
-from agentscope_systemd._registry import _registry, _registry_file, _registry_schema
+from agentscope_systemd._registry import (
+    _registry,
+    _registry_file,
+    _registry_history,
+    _registry_schema,
+)
 from agentscope_systemd._registry._registry import (
     SCHEMA_VERSION,
     AgentRecord,
@@ -900,7 +905,7 @@ def test_retention_comes_from_the_environment(db: Path, monkeypatch: pytest.Monk
 
 
 def test_a_flood_of_events_keeps_only_the_newest(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_registry, "MAX_EVENTS", 50)
+    monkeypatch.setattr(_registry_history, "MAX_EVENTS", 50)
     with Registry(db) as r:
         for i in range(120):
             r.record_event("ci", None, "throttled", {"i": i})

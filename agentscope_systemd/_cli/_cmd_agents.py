@@ -12,7 +12,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -24,12 +24,18 @@ from ._exec import exec_command, launch_controls
 from ._options import Options
 from ._parse import parse_env, parse_size, whole_option
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = ["attach", "exec_", "freeze", "kill", "logs", "ls", "run", "send", "stop", "thaw"]
 
 
+# The options and arguments more than one command takes, declared once.
+_NEW_AGENT = typer.Argument(metavar="NAME", help="The agent's name.", callback=valid_agent)
+_AGENT = typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)
+_TMUX_AGENT = typer.Argument(
+    metavar="NAME", help="The agent (launched with run --tmux).", callback=valid_agent
+)
+_MEMORY_MAX = typer.Option(
+    help="Cap the agent's memory: SIZE, 50% of RAM, or infinity.", metavar="SIZE"
+)
 _CMD = typer.Argument(
     metavar="-- CMD [ARGS]...",
     help="The command and its arguments; every word after CMD is its own, options included.",
@@ -57,18 +63,13 @@ _REAP_AFTER = typer.Option(
 
 def run(
     ctx: typer.Context,
-    name: Annotated[
-        str, typer.Argument(metavar="NAME", help="The agent's name.", callback=valid_agent)
-    ],
+    name: Annotated[str, _NEW_AGENT],
     cmd: Annotated[list[str], _CMD],
     cwd: Annotated[Path | None, typer.Option(help="The agent's working directory.")] = None,
     env: Annotated[
         list[str] | None, typer.Option("--env", help="K=V added to the agent's environment.")
     ] = None,
-    memory_max: Annotated[
-        str | None,
-        typer.Option(help="Cap the agent's memory: SIZE, 50% of RAM, or infinity.", metavar="SIZE"),
-    ] = None,
+    memory_max: Annotated[str | None, _MEMORY_MAX] = None,
     log: Annotated[
         Path | None, typer.Option(help="Where the agent's stdout and stderr go.")
     ] = None,
@@ -205,14 +206,9 @@ def _open_log(opts: Options, name: str, log: Path | None) -> tuple[Path, int]:
 
 def exec_(
     ctx: typer.Context,
-    name: Annotated[
-        str, typer.Argument(metavar="NAME", help="The agent's name.", callback=valid_agent)
-    ],
+    name: Annotated[str, _NEW_AGENT],
     cmd: Annotated[list[str], _CMD],
-    memory_max: Annotated[
-        str | None,
-        typer.Option(help="Cap the agent's memory: SIZE, 50% of RAM, or infinity.", metavar="SIZE"),
-    ] = None,
+    memory_max: Annotated[str | None, _MEMORY_MAX] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not name the unit.")] = False,
     tasks_max: Annotated[str | None, _TASKS_MAX] = None,
     cpu_weight: Annotated[str | None, _CPU_WEIGHT] = None,
@@ -316,7 +312,7 @@ def kill(
 
 def freeze(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
+    name: Annotated[str, _AGENT],
 ) -> None:
     """Freeze every process of an agent (cgroup freezer).
 
@@ -332,7 +328,7 @@ def freeze(
 
 def thaw(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
+    name: Annotated[str, _AGENT],
 ) -> None:
     """Thaw a frozen agent.
 
@@ -348,12 +344,7 @@ def thaw(
 
 def attach(
     ctx: typer.Context,
-    name: Annotated[
-        str,
-        typer.Argument(
-            metavar="NAME", help="The agent (launched with run --tmux).", callback=valid_agent
-        ),
-    ],
+    name: Annotated[str, _TMUX_AGENT],
     read_only: Annotated[
         bool, typer.Option("--read-only", "-r", help="Watch only: keys are not sent.")
     ] = False,
@@ -377,7 +368,7 @@ def attach(
 
 def logs(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(metavar="NAME", help="The agent.", callback=valid_agent)],
+    name: Annotated[str, _AGENT],
     lines: Annotated[
         int,
         typer.Option(
@@ -465,12 +456,7 @@ def _is_tmux_agent(ctx: typer.Context, name: str) -> bool:
 
 def send(
     ctx: typer.Context,
-    name: Annotated[
-        str,
-        typer.Argument(
-            metavar="NAME", help="The agent (launched with run --tmux).", callback=valid_agent
-        ),
-    ],
+    name: Annotated[str, _TMUX_AGENT],
     text: Annotated[str, typer.Argument(metavar="TEXT", help="What to type, literally.")],
     enter: Annotated[bool, typer.Option("--enter", help="Press Enter after the text.")] = False,
 ) -> None:

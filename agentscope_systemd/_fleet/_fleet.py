@@ -2,7 +2,9 @@
 
 :class:`AsyncFleet` holds its parts, each an object that owns its state:
 the manager of its scopes (:mod:`._manager`, systemd's in :mod:`._systemd`),
-its registry adapter and roster (:mod:`._fleet_registry`), the reaper
+its registry adapter and roster (:mod:`._fleet_registry`), its listing and
+the exits it sees (:mod:`._fleet_listing`), the control of an agent by name
+(:mod:`._fleet_control`), the reaper
 (:mod:`._reaper`), the OOM recovery (:mod:`._fleet_recovery`), the terminals
 (:mod:`._fleet_tmux`), the monitors (:mod:`._fleet_monitor`), the
 reconciler (:mod:`._fleet_reconcile`), the launcher (:mod:`._fleet_launch`)
@@ -13,7 +15,6 @@ arguments here, before anything exists, and delegates to one part.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal as _signal
 import subprocess
@@ -24,33 +25,23 @@ from typing import TYPE_CHECKING, Any
 from .. import _names, _numbers
 from .._calls import _calls, _callshell
 from .._errors import (
-    AgentNotFound,
     AgentscopeError,
     InvalidConfig,
-    InvalidTransition,
     LaunchError,
-    RegistryError,
 )
-from .._kernel._proc import exec_comm
 from .._managers import _scopeprops
 from .._managers._bus import SystemdBus
 from .._managers._manager import ScopeManager
 from .._managers._modes import ModeChoice, check_forced, choose_mode, parse_manager
-from .._managers._scopefiles import (
-    cgroup_present,
-    raise_own_oom_score_adj,
-    read_figures,
-)
+from .._managers._scopefiles import raise_own_oom_score_adj
 from .._managers._systemd import Capabilities, SystemdManager, probe
-from .._registry._registry import (
-    EventRecord,
-    default_registry_path,
-    in_flight,
-)
+from .._registry._registry import EventRecord, default_registry_path
 from . import _tmux
 from ._agent import Agent
 from ._fleet_adopt import Adopter
+from ._fleet_control import Control
 from ._fleet_launch import LaunchArgs, Launcher, Stdio
+from ._fleet_listing import Listing
 from ._fleet_monitor import Monitors
 from ._fleet_reconcile import Reconciler
 from ._fleet_recovery import OomRecovery
@@ -68,8 +59,6 @@ if TYPE_CHECKING:
     from .._monitor._report import MemoryReport
 
 __all__ = ["Agent", "AsyncFleet", "Capabilities", "probe"]
-
-log = logging.getLogger("agentscope")
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -168,6 +157,7 @@ class AsyncFleet:
         core = FleetCore(self.name, self._manager, self._store, self._roster, self._tasks)
         self._recovery = OomRecovery(core)
         self._reaper = Reaper(core)
+        self._control = Control(core)
         # tmux agents: the fleet's server on its private socket.
         tmux = _tmux.TmuxServer(
             self.name,
@@ -179,7 +169,7 @@ class AsyncFleet:
             core,
             tmux,
             self._reaper,
-            self._resolve,
+            self._control.resolve,
             agent_oom_score_adj=agent_oom_score_adj,
             manager_oom_score_adj=manager_oom_score_adj,
         )
@@ -193,6 +183,9 @@ class AsyncFleet:
             self._monitors,
             self._launcher,
             agent_oom_score_adj=agent_oom_score_adj,
+        )
+        self._listing = Listing(
+            core, self._reconciler, self._reaper, self._terminals, self._monitors
         )
 
     def _make_manager(
@@ -270,29 +263,8 @@ class AsyncFleet:
         await self._store.close()
 
     def _note_exit(self, agent: Agent, status: int | None) -> None:
-        """A launched child was reaped: record it (from the pidfd callback)."""
-        task = asyncio.get_running_loop().create_task(self._record_exit(agent, status))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _record_exit(self, agent: Agent, status: int | None) -> None:
-        comm = exec_comm(agent.argv[0]) if agent.argv else None
-        self._monitors.note_exit(agent.unit, agent.pid, status, comm)
-        if self._store.registry is None:
-            return
-        try:
-            if await self._reaper.main_exited(agent.unit, agent.pid, status):
-                agent.state = "lingering"  # its scope holds processes: see _reaper
-                return
-        except (RegistryError, OSError) as exc:
-            log.warning("could not look for leftovers of %s: %s", agent.name, exc)
-        agent.state = "exited"
-        try:
-            await self._store.call(self._store.mark_exited, agent.unit, agent.pid, status)
-        except InvalidTransition:
-            pass  # already closed by a listing that saw the scope go first
-        except RegistryError as exc:
-            log.warning("could not record the exit of %s: %s", agent.name, exc)
+        """A launched child was reaped: the roster's callback (see :class:`Listing`)."""
+        self._listing.note_exit(agent, status)
 
     async def events(
         self,
@@ -497,17 +469,6 @@ class AsyncFleet:
 
     # -- control ----------------------------------------------------------
 
-    async def _resolve(self, name: str) -> str:
-        """The unit of a running agent of this fleet, known here or in systemd."""
-        _names.validate_name("agent", name)
-        agent = self._roster.agents.get(name)
-        if agent is not None and agent.state not in _CLOSED and agent.alive():
-            return agent.unit
-        for listed in await self._manager.list_scopes(name):
-            if listed.owner == (self.name, name):
-                return listed.unit
-        raise AgentNotFound(self.name, name)
-
     async def call(
         self,
         agent: str,
@@ -535,7 +496,7 @@ class AsyncFleet:
                 the command could not start.
         """
         self._check_open()
-        unit = await self._resolve(agent)
+        unit = await self._control.resolve(agent)
         if self._manager.mode == "process":
             from .._managers._procscopes import refuse_calls
 
@@ -576,26 +537,7 @@ class AsyncFleet:
         """
         timeout = _numbers.real("timeout", timeout, low=0, high=86400)
         self._check_open()
-        unit = await self._resolve(name)
-        result = await self._manager.stop_unit(unit, timeout)
-        if result != "done":
-            # Not stopped: its row stays as it is, and says what was tried.
-            await self._store.event(name, "stop_failed", unit=unit, result=result)
-            raise AgentscopeError(
-                f"the stop job of {unit} ended {result!r}: agent {name!r} may still run; "
-                f"see {self._manager.status_command(unit)}, then stop it again"
-            )
-        agent = self._roster.agents.get(name)
-        if agent is not None and (agent.popen is not None or agent.terminal is not None):
-            await agent.wait()  # its exit watcher records the exit
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        assert self._store.registry is not None
-        rec = await self._store.call(self._store.registry.by_unit, unit)
-        if rec is not None and not rec.closed:  # not seen exiting here, or lingering
-            await self._store.call(
-                self._store.registry.set_state, unit, "exited", exit_status=rec.exit_status
-            )
-        await self._store.event(name, "stopped", unit=unit)
+        await self._control.stop(name, timeout)
 
     async def kill(self, name: str, signal: int = _signal.SIGTERM) -> None:
         """Send ``signal`` to every process of the agent's scope.
@@ -608,23 +550,17 @@ class AsyncFleet:
             "signal", int(signal) if isinstance(signal, _signal.Signals) else signal, low=1, high=64
         )
         self._check_open()
-        unit = await self._resolve(name)
-        await self._manager.kill_unit(unit, signal)
-        await self._store.event(name, "signalled", unit=unit, signal=int(signal))
+        await self._control.kill(name, signal)
 
     async def freeze(self, name: str) -> None:
         """Freeze every process of the agent (cgroup freezer; systemd 246+)."""
         self._check_open()
-        unit = await self._resolve(name)
-        await self._manager.freeze_unit(unit)
-        await self._store.event(name, "frozen", unit=unit)
+        await self._control.freeze(name)
 
     async def thaw(self, name: str) -> None:
         """Thaw a frozen agent."""
         self._check_open()
-        unit = await self._resolve(name)
-        await self._manager.thaw_unit(unit)
-        await self._store.event(name, "thawed", unit=unit)
+        await self._control.thaw(name)
 
     def unit_agent(self, unit: str) -> str | None:
         """The name of this fleet's agent in ``unit``, None if it is not one (thread-safe)."""
@@ -711,73 +647,4 @@ class AsyncFleet:
         processes are included (without a Popen).
         """
         self._check_open()
-        assert self._store.registry is not None
-        live = await self._reconciler.live()
-        for agent in list(self._roster.agents.values()):
-            ended = agent.state in ("exited", "lingering")
-            if agent.popen is not None and not ended and not agent.alive():
-                await self._record_exit(agent, agent.popen.returncode)
-        rows = await self._store.call(self._store.registry.agents, self.name, include_closed=all)
-        # Main processes that ended unseen (exec'd, adopted, another
-        # manager's): their leftovers linger, or are reaped when due.
-        swept = await self._reaper.sweep([r for r in rows if r.unit in live])
-        rows = [swept[r.unit][0] if r.unit in swept else r for r in rows]
-        # A lingering tmux agent's window is gone with its main process:
-        # its leftovers are the reaper's (reap_after), not killed here.
-        windowed = [
-            r
-            for r in rows
-            if r.unit in self._roster.terminals
-            and r.unit in live
-            and r.state not in _CLOSED
-            and r.lingering is None
-        ]
-        if windowed:
-            closed = await self._terminals.close_windowless(windowed)
-            rows = [closed.get(r.unit, r) for r in rows]
-        slice_dir = await self.slice_cgroup()
-        unseen = [r for r in rows if not r.closed and r.unit not in live]
-        # Not listed, yet not gone: a launch in flight, or a scope the listing
-        # missed (its cgroup is there): left to the next listing.
-        flying = await asyncio.to_thread(
-            lambda: (
-                {r.unit for r in unseen if in_flight(r)}
-                | cgroup_present(slice_dir, (r.unit for r in unseen))
-            )
-        )
-        out: list[Agent] = []
-        for rec in rows:
-            if not rec.closed and rec.unit not in live:
-                if rec.unit in flying:
-                    continue
-                rec = await self._store.close_gone(rec)
-            known = self._roster.agents.get(rec.name)
-            if known is not None and known.unit == rec.unit:
-                agent = known
-                agent.state = rec.state
-            else:
-                agent = self._roster.from_record(rec)
-            if not rec.closed:
-                agent.state = "stopping" if live[rec.unit][1] == "deactivating" else rec.state
-                if rec.lingering is not None and agent.state == "running":
-                    agent.state = "lingering"
-                    agent.leftovers = swept[rec.unit][1] if rec.unit in swept else 0
-            out.append(agent)
-        figures = await asyncio.to_thread(
-            read_figures, slice_dir, [a.unit for a in out if a.state not in _CLOSED]
-        )
-        for agent in out:
-            fig = figures.get(agent.unit)
-            if fig is None:
-                continue
-            if fig.memory_current is not None:
-                agent.memory_current, agent.memory_peak = fig.memory_current, fig.memory_peak
-            if fig.oom_kills is not None:
-                agent.oom_kills = max(agent.oom_kills, fig.oom_kills)
-            agent.calls = fig.calls
-            if fig.frozen and agent.state == "running":
-                agent.state = "frozen"
-        return out
-
-
-_CLOSED = ("exited", "failed", "lost")
+        return await self._listing.agents(all)

@@ -41,7 +41,8 @@ class Terminals:
     Held by the fleet: :meth:`load` at open, :meth:`open_pane` in a tmux
     launch, :meth:`close_windowless` in a listing, and the window operations
     behind :meth:`.AsyncFleet.logs`, ``send`` and ``attach``. ``resolve``
-    is the fleet's: the unit of a running agent by name.
+    is the fleet's :meth:`._fleet_control.Control.resolve`: the unit of a running
+    agent by name.
     """
 
     def __init__(

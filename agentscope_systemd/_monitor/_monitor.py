@@ -14,8 +14,9 @@ systemd records nothing (docs/architecture.md, "An OOM kill"). The
   :class:`MemoryReport` saying which processes (agents or not) hold it;
 - :class:`AgentExited` and :class:`LimitFound` for context.
 
-This module is the asyncio glue: the watches (inotify, the kernel log, PSI
-triggers), the wake-ups and the event queue. A sample's reads are in
+This module is the asyncio glue: the watches (inotify, PSI triggers), the
+wake-ups and the event queue; the kernel's log and systemd-oomd's lines are
+followed by a part it holds (``_logwatch.py``). A sample's reads are in
 ``_sampling.py`` and run in a worker thread (``asyncio.to_thread``); the
 counting of kills and the naming of victims, which do no I/O, are the
 :class:`~agentscope_systemd._monitor._killcount.KillCounter`'s; reports are ``_report.py``'s.
@@ -34,12 +35,10 @@ import functools
 import logging
 import os
 import select
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
@@ -50,26 +49,17 @@ from .._guard._guard import Protected
 from .._guard._guardpolicy import GuardConfig, GuardHeld, GuardKill
 from .._guard._guardthread import Guard, GuardHandle
 from .._kernel._cgroup import CGROUP_ROOT
-from .._kernel._journal import (
-    MAX_LINE,
-    kmsg_record,
-    parse_journal_entry,
-    start_follower,
-    stop_follower,
-)
 from .._kernel._proc import PROC_ROOT
-from ._attribution import PressureSample, PressureWindow, parse_oom_kill_line
-from ._escape import Attach, Escapee, EscapeLedger, reclaim, slice_cgroup_path
-from ._killcount import JOURNAL_GRACE, KillCounter
-from ._oomd import OOMD_SOCKET, OOMD_UNIT, OomdRepeats, oomd_kill_event, parse_oomd_line
+from ._attribution import PressureSample, PressureWindow
+from ._escape import Attach, Escapee, EscapeLedger, reclaim
+from ._killcount import KillCounter
+from ._logwatch import LogWatch
 from ._recovery import Baseline
 from ._report import MemoryReport, build_report
 from ._sampling import (
     _arm_psi,
     _collect,
     _detect_throttles,
-    _open_kmsg,
-    _parse_oom_task_line,
     _Sample,
 )
 
@@ -183,12 +173,6 @@ class Monitor:
         if psi_triggers is None:
             psi_triggers = self.proc_root == PROC_ROOT and self.cgroup_root == CGROUP_ROOT
         self._psi_wanted = psi_triggers
-        # Where /dev/kmsg is closed (a user, dmesg_restrict=1) the journal's
-        # kernel messages name victims, if this user may read them.
-        self._journal_wanted = kmsg == Path("/dev/kmsg") if journal is None else journal
-        self._journal: subprocess.Popen[bytes] | None = None
-        self._journal_rest = b""
-        self._oomd_repeats = OomdRepeats()
         self._recover = recover
         if guard is True:
             guard = GuardConfig()
@@ -219,13 +203,23 @@ class Monitor:
             manager=manager,
             throttle_window=pressure_window,
         )
+        # Where /dev/kmsg is closed (a user, dmesg_restrict=1) the journal's
+        # kernel messages name victims, if this user may read them.
+        self._logs = LogWatch(
+            self._counter,
+            kmsg=kmsg,
+            journal=kmsg == Path("/dev/kmsg") if journal is None else journal,
+            slice_path=self.slice_path,
+            cgroup_root=self.cgroup_root,
+            unit_agent=unit_agent,
+            emit=self._emit,
+            wake=self._wake_soon,
+        )
         self._window_report: MemoryReport | None = None
         # Kernel handles.
         self._inotify: INotify | None = None
         self._watches: dict[Path, int] = {}
         self._watched: frozenset[str] | None = None  # the scopes _watches were set for
-        self._kmsg_fd: int | None = None
-        self._kmsg_rest = b""
         self._psi: tuple[select.epoll, list[int]] | None = None
         #: Samples taken and samples that failed, for health checks.
         self.samples = 0
@@ -260,32 +254,7 @@ class Monitor:
         loop = self._loop = asyncio.get_running_loop()
         self._inotify = INotify(nonblocking=True)
         loop.add_reader(self._inotify.fileno(), self._on_inotify)
-        if self.kmsg is not None:
-            self._kmsg_fd = await asyncio.to_thread(_open_kmsg, self.kmsg)
-            if self._kmsg_fd is not None:
-                try:
-                    loop.add_reader(self._kmsg_fd, self._on_kmsg)
-                except (OSError, ValueError) as exc:  # e.g. a regular file: epoll refuses it
-                    log.debug("cannot poll the kernel log %s: %s", self.kmsg, exc)
-                    os.close(self._kmsg_fd)
-                    self._kmsg_fd = None
-        self._counter.kernel_log = self._kmsg_fd is not None
-        kernel_journal = self._kmsg_fd is None and self._journal_wanted
-        # systemd-oomd's kills are told in its own journal lines only (_oomd.py).
-        oomd = self._journal_wanted and await asyncio.to_thread(OOMD_SOCKET.exists)
-        if kernel_journal or oomd:
-            if oomd:
-                self._journal = await asyncio.to_thread(
-                    start_follower, kernel=kernel_journal, oomd=True
-                )
-            else:
-                self._journal = await asyncio.to_thread(start_follower)
-            if self._journal is not None:
-                assert self._journal.stdout is not None
-                loop.add_reader(self._journal.stdout.fileno(), self._on_journal)
-            if self._journal is not None and kernel_journal:
-                self._counter.victim_grace = JOURNAL_GRACE
-                self._counter.await_kernel = self._counter.kernel_log = True
+        await self._logs.start(loop)
         if self._psi_wanted:
             paths = [self.proc_root / "pressure" / "memory", self.slice_path / "memory.pressure"]
             self._psi = await asyncio.to_thread(_arm_psi, paths)
@@ -369,16 +338,7 @@ class Monitor:
                 loop.remove_reader(self._inotify.fileno())
             self._inotify.close()
             self._inotify = None
-        if self._kmsg_fd is not None:
-            if loop is not None:
-                loop.remove_reader(self._kmsg_fd)
-            os.close(self._kmsg_fd)
-            self._kmsg_fd = None
-        if self._journal is not None:
-            if loop is not None and self._journal.stdout is not None:
-                loop.remove_reader(self._journal.stdout.fileno())
-            await asyncio.to_thread(stop_follower, self._journal)
-            self._journal = None
+        await self._logs.close()
         if self._psi is not None:
             poller, fds = self._psi
             if loop is not None:
@@ -491,108 +451,6 @@ class Monitor:
         # Any change, or a queue overflow (IN_Q_OVERFLOW), is followed by a
         # full sample, so nothing depends on reading every event.
         if events:
-            self._wake_soon()
-
-    def _on_kmsg(self) -> None:
-        fd = self._kmsg_fd
-        assert fd is not None
-        while True:
-            try:
-                chunk = os.read(fd, 8192)
-            except BlockingIOError:
-                return
-            except BrokenPipeError:
-                continue  # EPIPE: records were overwritten before we read them
-            except OSError as exc:
-                log.debug("kernel log read failed, no longer reading it: %s", exc)
-                chunk = b""
-            if not chunk:  # EOF (a pipe in tests) or error: stop watching
-                assert self._loop is not None
-                self._loop.remove_reader(fd)
-                os.close(fd)
-                self._kmsg_fd = None
-                self._counter.kernel_log = False
-                return
-            self._kmsg_lines(chunk)
-
-    def _kmsg_lines(self, chunk: bytes) -> None:
-        # /dev/kmsg gives one record per read: "prio,seq,usec,flags;message\n"
-        # followed by " KEY=value" continuation lines.
-        data = self._kmsg_rest + chunk
-        lines = data.split(b"\n")
-        self._kmsg_rest = lines.pop()
-        found = False
-        if len(self._kmsg_rest) > MAX_LINE:
-            self._kmsg_rest = b""  # not a record: /dev/kmsg ends each one with a newline
-        for raw in lines:
-            if raw.startswith(b" "):
-                continue  # a " KEY=value" continuation line
-            record = kmsg_record(raw)
-            if record is not None:  # the kernel's own (facility 0) only
-                found = self._kernel_line(record[1], "kmsg") or found
-        if found:
-            self._wake_soon()
-
-    def _kernel_line(self, text: str, via: Literal["kmsg", "journal"]) -> bool:
-        """Note a kernel log line; True for a kill (worth a sample now)."""
-        task = _parse_oom_task_line(text)
-        if task is not None:
-            self._counter.note_kernel_task(*task)
-            return False
-        kill = parse_oom_kill_line(text)
-        if kill is None:
-            return False
-        self._counter.note_kernel_kill(kill, time.time(), via)
-        return True
-
-    def _oomd_line(self, text: str) -> bool:
-        """systemd-oomd's line about a kill: an :class:`OomdKill` when it names an agent's
-        scope. True for any such line (it is no kernel line)."""
-        line = parse_oomd_line(text)
-        if line is None:
-            return False
-        if not self._oomd_repeats.first(line.cgroup, time.monotonic()):
-            return True  # the same kill, named again while its processes free their memory
-        slice_cgroup = slice_cgroup_path(self.slice_path, self.cgroup_root)
-        if slice_cgroup is not None:
-            event = oomd_kill_event(line, slice_cgroup, self.unit_agent, time.time())
-            if event is not None:
-                self._emit(event)
-        return True
-
-    def _on_journal(self) -> None:
-        proc = self._journal
-        assert proc is not None
-        assert proc.stdout is not None
-        found = False
-        while True:
-            try:
-                chunk = os.read(proc.stdout.fileno(), 65536)
-            except BlockingIOError:
-                break
-            except OSError:
-                chunk = b""
-            if not chunk:  # the follower ended: victims unnamed from here on
-                assert self._loop is not None
-                self._loop.remove_reader(proc.stdout.fileno())
-                log.debug("the journal follower ended (status %s)", proc.poll())
-                if self._kmsg_fd is None:
-                    self._counter.kernel_log = self._counter.await_kernel = False
-                break
-            *lines, self._journal_rest = (self._journal_rest + chunk).split(b"\n")
-            if len(self._journal_rest) > MAX_LINE:
-                self._journal_rest = b""
-            for raw in lines:
-                entry = parse_journal_entry(raw)
-                if entry is None:
-                    continue
-                # Each by journald's own fields, never by its text (#31): oomd's
-                # lines from oomd's unit, the kernel's from the kernel.
-                if entry.unit == OOMD_UNIT:
-                    self._oomd_line(entry.text)
-                elif entry.from_kernel:
-                    found = self._kernel_line(entry.text, "journal") or found
-        if found:
             self._wake_soon()
 
     def _on_psi(self) -> None:

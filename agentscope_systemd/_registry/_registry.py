@@ -14,7 +14,8 @@ their lifecycle (:mod:`._records`), the pure reconciliation plan and the
 in-flight rule (:mod:`._reconcile_plan`, whose closures
 :meth:`Registry.apply_closures` carries out), the schema and its migrations
 (:mod:`._registry_schema`), the file, its modes and sqlite3's errors
-(:mod:`._registry_file`), and the take-in of exec's spool
+(:mod:`._registry_file`), the history kept bounded (:mod:`._registry_history`,
+a part the registry holds), and the take-in of exec's spool
 (:mod:`._spool_intake`). Their public names are re-exported here.
 
 Its errors are drawn with every other in ``_errors.py``: ``AgentExists``
@@ -80,6 +81,7 @@ from ._registry_file import (
     _retry_busy,
     default_registry_path,
 )
+from ._registry_history import MAX_EVENTS, History
 from ._registry_lifecycle import LifecycleStore
 from ._registry_oom import OomPlanner, OomRecording, OomStore
 from ._registry_schema import SCHEMA_VERSION, setup
@@ -118,9 +120,6 @@ _T = TypeVar("_T")
 #: while the host is short of memory and its I/O stalls) and still fails in
 #: bounded time. 5 s was seen to run out for 4 processes x 25 launches under TCG.
 _DEFAULT_TIMEOUT: Final = 15.0
-MAX_EVENTS: Final = 200_000
-"""Events the registry keeps at most (the oldest go first), whatever their age."""
-_PRUNE_EVERY: Final = 600.0  # seconds between two automatic prunes of one opener
 
 
 # ------------------------------------------------------------------ registry
@@ -153,10 +152,10 @@ class Registry(LifecycleStore, OomStore):
     ) -> None:
         self.path = Path(path)
         self.timeout = timeout
-        self.retention_seconds = (
-            _retention_from_env(os.environ) if retention_seconds is None else retention_seconds
+        self._history = History(
+            self._transaction,
+            _retention_from_env(os.environ) if retention_seconds is None else retention_seconds,
         )
-        self._pruned = -_PRUNE_EVERY
         self._lock = threading.Lock()
         self._spool = _spool.spool_dir(self.path)
         self._calls = _callevents.calls_dir(self.path)
@@ -182,7 +181,7 @@ class Registry(LifecycleStore, OomStore):
             conn.close()
             raise
         self._conn = conn
-        self._prune_now()
+        self._history.prune()
 
     # -- lifecycle
 
@@ -203,6 +202,11 @@ class Registry(LifecycleStore, OomStore):
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._conn is None
+
+    @property
+    def retention_seconds(self) -> float:
+        """How old a closed row or an event may grow before the registry prunes it (0: never)."""
+        return self._history.retention_seconds
 
     def __repr__(self) -> str:
         return f"<Registry {str(self.path)!r}{' closed' if self.closed else ''}>"
@@ -231,36 +235,6 @@ class Registry(LifecycleStore, OomStore):
                 return _retry_busy(attempt, time.monotonic() + self.timeout)
             except sqlite3.Error as exc:
                 raise _map_error(self.path, exc, self.timeout) from exc
-
-    def _prune_now(self) -> None:
-        """Keep the history bounded without anyone running ``gc``: at open, and
-        at most every ten minutes of writes. Best effort: a registry busy with
-        other writers is pruned next time."""
-        self._pruned = time.monotonic()
-        if self.retention_seconds <= 0:
-            return
-        cutoff = time.time() - self.retention_seconds
-
-        def due(conn: sqlite3.Connection) -> bool:
-            # Read first: most opens have nothing to prune and must not queue
-            # behind another writer for the write lock.
-            low, high, oldest = conn.execute(
-                "SELECT min(id), max(id), min(ts) FROM events"
-            ).fetchone()
-            closed = conn.execute(
-                "SELECT 1 FROM agents WHERE state IN ('exited', 'failed', 'lost')"
-                " AND coalesce(exited, created) < ? LIMIT 1",
-                (cutoff,),
-            ).fetchone()
-            return bool(closed) or (
-                oldest is not None and (oldest < cutoff or high - low >= MAX_EVENTS)
-            )
-
-        try:
-            if self._transaction(due, write=False):
-                self._gc(self.retention_seconds, None, max_events=MAX_EVENTS, anchored=True)
-        except RegistryError as exc:
-            logging.getLogger("agentscope").debug("registry not pruned: %s", exc)
 
     def _take_spool(self) -> None:
         """Record the launches ``agentscope exec`` left in the spool (see :mod:`._spool_intake`),
@@ -482,8 +456,7 @@ class Registry(LifecycleStore, OomStore):
             return EventRecord(event_id, when, fleet, agent, kind, json.loads(detail_json))
 
         record = self._transaction(body, write=True)
-        if time.monotonic() - self._pruned >= _PRUNE_EVERY:
-            self._prune_now()
+        self._history.after_write()
         return record
 
     def apply_closures(self, plan: ReconcilePlan, *, now: float | None = None) -> list[AgentRecord]:
@@ -555,61 +528,7 @@ class Registry(LifecycleStore, OomStore):
         )
         if now is not None:
             now = _numbers.real("now", now, low=-1e12, high=1e12)
-        return self._gc(retention_seconds, now, fleet=fleet, max_events=max_events)
-
-    def _gc(
-        self,
-        retention_seconds: float,
-        now: float | None,
-        *,
-        fleet: str | None = None,
-        max_events: int | None = None,
-        anchored: bool = False,
-    ) -> int:
-        clock = time.time() if now is None else now
-        scope, args = ("", ()) if fleet is None else (" AND fleet = ?", (fleet,))
-
-        def body(conn: sqlite3.Connection) -> int:
-            newest = None
-            if anchored:
-                newest = conn.execute(
-                    "SELECT max(t) FROM (SELECT max(ts) AS t FROM events"
-                    " UNION ALL SELECT max(coalesce(exited, created)) FROM agents)"
-                ).fetchone()[0]
-            cutoff = min(clock, clock if newest is None else newest) - retention_seconds
-            # The first event (by id) at or after the cutoff: it and every later
-            # one are kept, whatever their own ts says.
-            keep_from = conn.execute(
-                "SELECT coalesce((SELECT min(id) FROM events WHERE ts >= ?),"
-                " (SELECT coalesce(max(id), 0) + 1 FROM events))",
-                (cutoff,),
-            ).fetchone()[0]
-            cur = conn.execute(
-                "DELETE FROM agents WHERE state IN ('exited', 'failed', 'lost')"
-                f" AND coalesce(exited, created) < ?{scope} AND NOT EXISTS ("
-                " SELECT 1 FROM events e WHERE e.fleet = agents.fleet"
-                " AND e.agent = agents.name AND e.id >= ?)",
-                (cutoff, *args, keep_from),
-            )
-            conn.execute(
-                f"DELETE FROM events WHERE ts < ? AND id < ?{scope} AND NOT EXISTS ("
-                " SELECT 1 FROM agents a WHERE a.fleet = events.fleet"
-                " AND a.name = events.agent AND a.created <= events.ts)",
-                (cutoff, keep_from, *args),
-            )
-            if max_events is not None:
-                # ids only grow (AUTOINCREMENT): the span is a cheap upper
-                # bound of the count, checked before any scan.
-                low, high = conn.execute("SELECT min(id), max(id) FROM events").fetchone()
-                if low is not None and high - low >= max_events:
-                    conn.execute(
-                        "DELETE FROM events WHERE id <= (SELECT id FROM events"
-                        " ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                        (max_events,),
-                    )
-            return cur.rowcount
-
-        return self._transaction(body, write=True)
+        return self._history.gc(retention_seconds, now, fleet=fleet, max_events=max_events)
 
     def delete(self, unit: str) -> None:
         """Delete the row of ``unit`` and its events, whatever its state.
