@@ -43,6 +43,10 @@ then do not compress. systemd-oomd is stopped for the ``kernel`` and
 ``earlyoom`` rounds and runs in the others, as on that host: the guard's
 rounds count what oomd killed (its journal) as well.
 
+``--compact``: the kernel compacts its memory before each round, so that a
+round after another's squeeze starts with free memory in one piece (the
+misses of docs/benchmarks.md, "Which rounds miss", came after one).
+
 Per round: the runaway's lifetime (its first allocation until its shell saw
 it die), the manager's worst loop lag, the siblings' longest heartbeat gap,
 what was killed (the tool call's exit status, the kernel's ``oom_kill``
@@ -739,6 +743,12 @@ async def main_async(args: argparse.Namespace) -> None:
                 # left pages in swap, which made the next round's MemAvailable
                 # cross later (ubuntu, 2026-12-03: 11 s and 27 s to the crossing).
                 print(as_root("swap", "empty", timeout=180), flush=True)
+            if args.compact:
+                # The rounds that missed the targets came after another squeeze
+                # in the same boot, with kcompactd migrating 21,348 pages inside
+                # the round (docs/benchmarks.md, "Which rounds miss"): whether
+                # a round that starts with its free memory in one piece meets them.
+                print(as_root("memory", "compact", timeout=180), flush=True)
             t0 = time.monotonic()
             o = await squeeze(
                 name, manager, args.give_up, args.ballast_mb, args.profile, args.timeline
@@ -787,6 +797,11 @@ def main() -> None:
         "--timeline",
         action="store_true",
         help="print each round's half-second timeline: memory, PSI, swap, lags, silent siblings",
+    )
+    p.add_argument(
+        "--compact",
+        action="store_true",
+        help="compact the kernel's memory before each round (vm.compact_memory)",
     )
     p.add_argument("--idle-agents", type=int, default=50)
     p.add_argument("--idle-seconds", type=float, default=15.0)

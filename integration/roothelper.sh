@@ -26,6 +26,9 @@
 #   swap empty            every swapped page back in RAM (swapoff, then swapon of the
 #                         same devices at their priorities): a benchmark's rounds each
 #                         start as its first did, not with the last round's pages out
+#   memory compact        the kernel compacts all memory (vm.compact_memory): with
+#                         bench_squeeze.py --compact, a round starts with free memory
+#                         in one piece, not as the last round's squeeze left it
 #                         The distributions' drop-ins go where they put them, /usr/lib.
 set -u
 . /payload/env 2>/dev/null || true
@@ -95,6 +98,13 @@ swap)
     echo "$on" | while read -r name prio; do swapon -p "$prio" "$name" || exit 1; done \
         || { echo "swapon failed: swap left off"; exit 1; }
     echo "swap emptied: $(swapon --show=NAME,USED --noheadings | tr -s ' \n' ' ')"
+    ;;
+memory)
+    [ "${2:-}" = compact ] || { echo "memory: compact"; exit 2; }
+    before=$(awk '$1 == "pgmigrate_success" {print $2}' /proc/vmstat)
+    echo 1 >/proc/sys/vm/compact_memory || { echo "compact_memory failed"; exit 1; }
+    after=$(awk '$1 == "pgmigrate_success" {print $2}' /proc/vmstat)
+    echo "memory compacted: $((after - before)) pages migrated"
     ;;
 profile)
     lib=/usr/lib/systemd
