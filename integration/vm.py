@@ -296,6 +296,41 @@ def _start_qemu(cmd: list[str], work: Path) -> subprocess.Popen[bytes]:
         )
 
 
+class _CpuSampler:
+    """qemu's CPU seconds (user + system), read from /proc every few seconds.
+
+    Read while it runs because the exited process is reaped by Popen before
+    this runner sees it end. Whether the VMs keep the host's cores busy, or
+    wait (sleeps, timers) with cores to spare, decides how many to boot at
+    once (make test's JOBS): docs/benchmarks.md, "The test bed's speed".
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.seconds = 0.0
+        self._stat = Path(f"/proc/{pid}/stat")
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"cpu-{pid}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while True:
+            try:
+                # Fields after the command's ")" (a name may hold spaces):
+                # utime and stime are the 12th and 13th (proc(5): 14 and 15).
+                fields = self._stat.read_text().rpartition(")")[2].split()
+                self.seconds = (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, IndexError, ValueError):
+                return
+            if self._done.wait(2.0):
+                return
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return self.seconds
+
+
 def _stuck(work: Path, mode: str, started: float) -> str | None:
     """Why a VM that has not exited is not going anywhere, or None while it may be slow.
 
@@ -376,6 +411,7 @@ def boot(
         _log(f"booting {distro.name} (systemd {distro.systemd}), managers: {' '.join(managers)}")
         t0 = time.monotonic()
         deadline = t0 + timeout
+        qemu_cpu = 0.0
 
         def one_boot(mode: str) -> guestlog.Stream:
             out.write_bytes(b"")
@@ -384,9 +420,12 @@ def boot(
             accel_args = _ACCEL[mode]
             nonlocal proc
             proc = _start_qemu([*cmd[:1], *accel_args, *cmd[1:]], work)
+            cpu = _CpuSampler(proc.pid)
             stuck = functools.partial(_stuck, work, mode, started)
             st = guestlog.follow(proc, out, deadline, prefix, stuck, _STOPPING)
             _stop(proc)
+            nonlocal qemu_cpu
+            qemu_cpu += cpu.stop()
             if st.timed_out:
                 _log(f"{prefix}timeout after {timeout:.0f}s, stopping the VM")
             return st
@@ -457,7 +496,10 @@ def boot(
                 results[mgr] = (1, guestlog.no_result(st, mgr, elapsed, said), [])
             if (run or bench) and results[mgr][1] == "":
                 results[mgr] = (results[mgr][0], f"exit {results[mgr][0]}", [])
-        _log(f"{distro.name}: VM run took {elapsed:.0f}s")
+        _log(
+            f"{distro.name}: VM run took {elapsed:.0f}s; qemu's CPU {qemu_cpu:.0f}s"
+            f" ({qemu_cpu / max(elapsed, 1):.0%} of a core)"
+        )
         return results
     finally:
         if proc is not None:

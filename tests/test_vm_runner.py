@@ -233,3 +233,27 @@ def test_sid_runs_under_single_threaded_tcg(
     results = vm.boot("sid", ["system"], [], timeout=120, memory="768M", accel="tcg")
     assert results["system"][0] == 0
     assert fake_qemu.read_text().split() == ["tcg,thread=single"]
+
+
+def test_qemus_cpu_is_read_while_it_runs_and_kept_after_it_ends() -> None:
+    # The runner says how much of a core each VM kept busy (make test's JOBS
+    # rests on it); qemu is reaped before the runner sees it end, so the last
+    # reading taken while it ran is the figure.
+    import subprocess
+
+    burn = (
+        "import time\nt = time.process_time()\n"
+        "while time.process_time() - t < 0.5: pass\ntime.sleep(30)"
+    )
+    burner = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        cpu = vm._CpuSampler(burner.pid)
+        deadline = time.monotonic() + 10
+        while cpu.seconds < 0.4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        burner.kill()
+        burner.wait()
+    assert 0.4 <= cpu.stop() <= 1.5
+    gone = vm._CpuSampler(burner.pid)  # reaped: no /proc entry, and no error
+    assert gone.stop() == 0.0
