@@ -5,11 +5,8 @@ MANAGER ?= both
 K ?=
 # EVERYWHERE=1: the heavy tests in every suite, not two (integration/tests/conftest.py).
 EVERYWHERE ?=
-# Distros booted at once. One TCG thread a VM: two at a time kept 71-77 %
-# of a core each busy on a 2-core host, the rest of the machine idle while
-# the guests slept and waited (docs/benchmarks.md, "The test bed's speed"),
-# so the whole matrix boots at once and the cores stay busy.
-JOBS ?= 4
+# Distros booted at once (each VM idles much of its time under TCG).
+JOBS ?= 2
 VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS) $(if $(EVERYWHERE),--everywhere)
 
 .PHONY: help venv host-deps check lint typecheck unit lowest node-test integration images test demo bench clean-vm dashboard-shot man docs
