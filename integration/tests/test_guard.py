@@ -180,12 +180,17 @@ async def test_runaway_tool_call_is_killed_by_the_guard_not_the_kernel(
     assert await wait_until(rc.exists, 10)
     assert rc.read_text().strip() == f"rc={128 + signal.SIGKILL}"
     assert agent.alive(), "the agent's shell lives on after its tool call"
-    # Every sibling lives, and still beats after the kill.
-    after = time.time() + 1.0
-    await asyncio.sleep(1.5)
+    # Every sibling lives, and beats again after the kill: within seconds, not
+    # a fixed 1.5 s. The squeeze evicted the pages of `date` and `sleep`, and
+    # the first beats after it read them back from disk (once 3 s under TCG,
+    # sd247's user suite, 2026-12-04). How long siblings go silent is what
+    # benchmarks/bench_squeeze.py measures, on a bed that times it.
+    after = time.time()
     for sib, beat in zip(siblings, beats, strict=True):
         assert sib.alive()
-        assert float(beat.read_text().split()[-1]) > after - 1.0
+        assert await wait_until(lambda b=beat: float(b.read_text().split()[-1]) > after, 15), (
+            f"{sib.name} did not beat within 15 s of the kill"
+        )
     recorded = await fleet.events(kind="guard_kill")
     assert [(e.agent, e.kind) for e in recorded] == [("runaway", "guard_kill")]
 
