@@ -111,7 +111,10 @@ async def test_kills_while_no_monitor_ran_are_recorded_once_at_the_next_open() -
         # Root reads /dev/kmsg: every victim named, the gone scope's kills too.
         assert {(e.agent, e.detail["unit"]) for e in rest} == {("gone", gone.unit)}, details
         assert all(e.detail["source"] == "kmsg" for e in first), details
-        assert all(e.detail["comm"] in ("head", "tail") for e in first), details
+        assert all(e.detail["comm"] in ("head", "tail") for e in of_live), details
+        # gone's shell runs the pipe at the same oom_score_adj as its children:
+        # sid's kernel, still over the cap while tail exits, killed it too (CI).
+        assert all(e.detail["comm"] in ("head", "tail", "sh") for e in rest), details
         assert all(e.detail["rss_last_seen"] > 0 for e in first), details
     else:
         # Debian's defaults: the user reads neither /dev/kmsg nor the system journal.
