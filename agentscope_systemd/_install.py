@@ -177,13 +177,31 @@ def manifest_path(scope: Scope, *, home: PurePosixPath | None = None) -> PurePos
     return _home(home) / ".local/state/agentscope/install-manifest.json"
 
 
+# The installed generator is one file: _genconfig.py's code (what follows its
+# marker) in place of the block of generator.py that imports it.
+_GENCONFIG_CODE = "# agentscope install: the installed generator holds what follows this line.\n"
+_GENCONFIG_BLOCK = (
+    "# The config file's half, _genconfig.py",
+    "# The end of the config file's half.\n",
+)
+
+
 def generator_script(templates: dict[str, str], *, agentscope_exec: str, python: str) -> bytes:
-    """The installed generator: generator.py as one file, templates and exec path built in.
+    """The installed generator: one file of generator.py and _genconfig.py, with built-ins.
+
+    The built-ins: the unit templates and the monitor's executable.
 
     Raises:
-        RuntimeError: generator.py no longer has the lines this replaces.
+        RuntimeError: generator.py or _genconfig.py no longer has the lines this replaces.
     """
     source = Path(generator.__file__).read_text("utf-8")
+    config_half = Path(generator.__file__).with_name("_genconfig.py").read_text("utf-8")
+    _, marker, config_code = config_half.partition(_GENCONFIG_CODE)
+    start, end = source.find(_GENCONFIG_BLOCK[0]), source.find(_GENCONFIG_BLOCK[1])
+    if not marker or start < 0 or end < start:
+        raise RuntimeError("generator.py and _genconfig.py no longer have the lines joined here")
+    end += len(_GENCONFIG_BLOCK[1])
+    source = f"{source[:start]}{config_code.strip()}\n{source[end:]}"
     replacements = {
         "_EMBEDDED_TEMPLATES: dict[str, str] | None = None\n": (
             f"_EMBEDDED_TEMPLATES: dict[str, str] | None = {templates!r}\n"
