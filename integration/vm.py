@@ -93,6 +93,14 @@ _KVM_DEAD = re.compile(
 # a second or two; under TCG the payload's first line within ~20 s (measured
 # 2026-12-02: console ~3-6 s, payload ~15-25 s on an idle 2-core host).
 _SILENCE = {"kvm": 45.0, "tcg": 240.0}
+# A KVM guest that has not run at all. On this project's machine kind, with
+# bookworm's kernel (6.1, sd247's too), qemu under KVM neither exits nor says
+# a word: a core busy in the host's kernel, its vCPUs never in the guest
+# (guest_time 0 after 20 s, 2026-12-04), where trixie's kernel gets KVM's
+# internal error within 4 s. A guest that boots under KVM has run far more
+# than this by then: decompressing the kernel alone takes tenths of a second.
+_KVM_IDLE = 10.0
+_KVM_IDLE_CPU = 0.1
 
 
 def _log(msg: str) -> None:
@@ -312,16 +320,33 @@ class _CpuSampler:
         self._thread = threading.Thread(target=self._run, name=f"cpu-{pid}", daemon=True)
         self._thread.start()
 
+    def read(self) -> float | None:
+        """qemu's CPU seconds now (kept in ``seconds``), or None once it is gone."""
+        fields = self._fields()
+        if fields is None:
+            return None
+        # utime and stime (proc(5): fields 14 and 15).
+        self.seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return self.seconds
+
+    def guest(self) -> float | None:
+        """Seconds its vCPUs have run the guest (guest_time, proc(5) field 43)."""
+        fields = self._fields()
+        return None if fields is None else int(fields[40]) / os.sysconf("SC_CLK_TCK")
+
+    def _fields(self) -> list[str] | None:
+        try:
+            # The fields after the command's ")" (a name may hold spaces), from
+            # proc(5)'s field 3 on; each checked as a number by its reader.
+            fields = self._stat.read_text().rpartition(")")[2].split()
+            if len(fields) < 41 or not all(f.lstrip("-").isdigit() for f in fields[11:41]):
+                return None
+        except OSError:
+            return None
+        return fields
+
     def _run(self) -> None:
-        tick = os.sysconf("SC_CLK_TCK")
-        while True:
-            try:
-                # Fields after the command's ")" (a name may hold spaces):
-                # utime and stime are the 12th and 13th (proc(5): 14 and 15).
-                fields = self._stat.read_text().rpartition(")")[2].split()
-                self.seconds = (int(fields[11]) + int(fields[12])) / tick
-            except (OSError, IndexError, ValueError):
-                return
+        while self.read() is not None:
             if self._done.wait(2.0):
                 return
 
@@ -331,13 +356,15 @@ class _CpuSampler:
         return self.seconds
 
 
-def _stuck(work: Path, mode: str, started: float) -> str | None:
+def _stuck(work: Path, mode: str, started: float, cpu: _CpuSampler | None = None) -> str | None:
     """Why a VM that has not exited is not going anywhere, or None while it may be slow.
 
     A guest that stopped without qemu exiting (KVM's internal error or
-    emulation failure pauses it) or that printed nothing at all on either
+    emulation failure pauses it), a KVM guest that has used no CPU at all
+    within ``_KVM_IDLE`` seconds, or one that printed nothing at all on either
     serial port within ``_SILENCE[mode]`` seconds is stuck.
     """
+    silent = time.monotonic() - started
     if mode == "kvm":
         err = (
             (work / "qemu.err").read_text(errors="replace") if (work / "qemu.err").exists() else ""
@@ -345,7 +372,9 @@ def _stuck(work: Path, mode: str, started: float) -> str | None:
         if m := _KVM_DEAD.search(err):
             line = next((ln for ln in err.splitlines() if m.group(0) in ln), m.group(0))
             return f"qemu paused the guest: {line.strip()[:160]}"
-    silent = time.monotonic() - started
+        ran = cpu.guest() if cpu is not None else None
+        if silent > _KVM_IDLE and ran is not None and ran < _KVM_IDLE_CPU:
+            return f"its vCPUs ran the guest {ran:.2f}s in {silent:.0f}s"
     if silent > _SILENCE[mode] and not any(
         (work / name).exists() and (work / name).stat().st_size
         for name in ("console.log", "out.log")
@@ -421,7 +450,7 @@ def boot(
             nonlocal proc
             proc = _start_qemu([*cmd[:1], *accel_args, *cmd[1:]], work)
             cpu = _CpuSampler(proc.pid)
-            stuck = functools.partial(_stuck, work, mode, started)
+            stuck = functools.partial(_stuck, work, mode, started, cpu)
             st = guestlog.follow(proc, out, deadline, prefix, stuck, _STOPPING)
             _stop(proc)
             nonlocal qemu_cpu

@@ -22,7 +22,8 @@ import vm
 
 # A stand-in for qemu-system-x86_64: $MODE_KVM says what it does under KVM
 # (pause: print KVM's internal error and hang, as qemu does when it pauses the
-# guest; silent: hang without a word; boot: run); under TCG it always boots,
+# guest; silent: hang without a word and without CPU; spin: run 3 s without a
+# word, then boot; boot: run); under TCG it always boots,
 # after $TCG_DELAY seconds, and prints the payload's status on the second serial.
 FAKE_QEMU = r"""#!/bin/sh
 accel=""; serials=""
@@ -44,6 +45,10 @@ kvm*)
         echo "emulation failure" >&2
         exec sleep 600 ;;
     silent) exec sleep 600 ;;
+    spin)
+        # A guest that runs but says nothing for 3 s: CPU, no output.
+        (sleep 3; touch "$FAKE_LOG.go") &
+        while [ ! -e "$FAKE_LOG.go" ]; do :; done ;;
     esac ;;
 esac
 sleep "${TCG_DELAY:-0}"
@@ -132,6 +137,32 @@ def test_a_guest_silent_under_kvm_falls_back_after_the_bound(
     assert time.monotonic() - t0 < 15
     assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=single"]
     assert "no console output in" in capsys.readouterr().err
+
+
+def test_a_kvm_guest_that_never_runs_falls_back_to_tcg_before_the_silence_bound(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # bookworm's kernel under KVM on this machine kind: no word, no CPU.
+    monkeypatch.setenv("MODE_KVM", "silent")
+    monkeypatch.setattr(vm, "_KVM_IDLE", 1.0)
+    t0 = time.monotonic()
+    results = boot()
+    assert results["system"][0] == 0, results
+    assert time.monotonic() - t0 < 15, "the runner waited for the silence bound (45 s)"
+    assert fake_qemu.read_text().split() == ["kvm", "tcg,thread=single"]
+    assert "KVM did not work here (its vCPUs ran the guest 0.00s in" in capsys.readouterr().err
+
+
+def test_a_kvm_guest_that_runs_without_a_word_is_kept(
+    fake_qemu: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODE_KVM", "spin")
+    monkeypatch.setattr(vm, "_KVM_IDLE", 1.0)
+    # A shell has no vCPU: its CPU stands for the time a guest would have run.
+    monkeypatch.setattr(vm._CpuSampler, "guest", vm._CpuSampler.read)
+    results = boot()
+    assert results["system"][0] == 0, results
+    assert fake_qemu.read_text().split() == ["kvm"]
 
 
 def test_a_slow_guest_is_not_taken_for_a_stuck_one(
