@@ -35,14 +35,45 @@ __all__ = ["events", "monitor", "report", "top"]
 # The bounds of the numbers these commands take (docs/cli.md lists them).
 MAX_INTERVAL = 86400.0
 _TOP = whole_option("--top", 0, 10_000)
+_INTERVAL = duration_option("--interval", 0.1, MAX_INTERVAL)
+
+
+def _top_option(help: str) -> Any:
+    return typer.Option(help=help, metavar="N", parser=_TOP)
+
+
+def _interval_option(between: str) -> Any:
+    """``--interval`` of top and the monitor: the time between ``between``."""
+    return typer.Option(
+        help=f"Time between {between}: a time span (2, 500ms, 1min; 100ms to 1d).",
+        parser=_INTERVAL,
+        metavar="SPAN",
+    )
+
+
+def _monitor_option(
+    option: str,
+    help: str,
+    *,
+    metavar: str | None = None,
+    parser: Callable[[object], float] | None = None,
+    envvar: str | None = None,
+) -> Any:
+    """A monitor option, also read from ``$AGENTSCOPE_<OPTION>`` (a unit's Environment=)."""
+    name = option.partition("/")[0].removeprefix("--").replace("-", "_").upper()
+    return typer.Option(
+        option, help=help, metavar=metavar, envvar=envvar or f"AGENTSCOPE_{name}", parser=parser
+    )
+
+
+def _guard_percent(option: str, help: str) -> Any:
+    """A guard threshold in percent, 0 to 100."""
+    return _monitor_option(option, help, metavar="PCT", parser=real_option(option, 0, 100))
 
 
 def report(
     ctx: typer.Context,
-    top: Annotated[
-        int,
-        typer.Option(help="How many top processes to show (0-10000).", metavar="N", parser=_TOP),
-    ] = 10,
+    top: Annotated[int, _top_option("How many top processes to show (0-10000).")] = 10,
 ) -> None:
     """The memory report: per agent, and the top processes with their agents.
 
@@ -104,14 +135,7 @@ def events(
 
 def top(
     ctx: typer.Context,
-    interval: Annotated[
-        float,
-        typer.Option(
-            help="Time between refreshes: a time span (2, 500ms, 1min; 100ms to 1d).",
-            parser=duration_option("--interval", 0.1, MAX_INTERVAL),
-            metavar="SPAN",
-        ),
-    ] = 1.0,
+    interval: Annotated[float, _interval_option("refreshes")] = 1.0,
 ) -> None:
     """A live view of the fleet: agents with memory bars, PSI, recent events; q quits.
 
@@ -146,93 +170,76 @@ class _Stopped(Exception):
 
 def monitor(
     ctx: typer.Context,
-    interval: Annotated[
-        float,
-        typer.Option(
-            help="Time between samples: a time span (2, 500ms, 1min; 100ms to 1d).",
-            parser=duration_option("--interval", 0.1, MAX_INTERVAL),
-            metavar="SPAN",
-        ),
-    ] = 2.0,
-    top: Annotated[
-        int, typer.Option(help="Top processes kept per sample (0-10000).", metavar="N", parser=_TOP)
-    ] = 10,
+    interval: Annotated[float, _interval_option("samples")] = 2.0,
+    top: Annotated[int, _top_option("Top processes kept per sample (0-10000).")] = 10,
     listen: Annotated[
         str | None,
-        typer.Option(
-            help="Serve /health, /metrics and the read API (/v1/) on HOST:PORT (loopback) "
+        _monitor_option(
+            "--listen",
+            "Serve /health, /metrics and the read API (/v1/) on HOST:PORT (loopback) "
             "or on unix:PATH (a socket of mode 0600).",
             metavar="HOST:PORT|unix:PATH",
             envvar="AGENTSCOPE_MONITOR_LISTEN",
-            show_default=False,
         ),
     ] = None,
     listen_any: Annotated[
         bool,
-        typer.Option(
+        _monitor_option(
             "--listen-any",
-            help="Allow --listen on an address other than loopback.",
+            "Allow --listen on an address other than loopback.",
             envvar="AGENTSCOPE_MONITOR_LISTEN_ANY",
         ),
     ] = False,
     guard: Annotated[
         bool,
-        typer.Option(
+        _monitor_option(
             "--guard/--no-guard",
-            help="Run the memory guard: kill an agent's runaway before the host thrashes.",
-            envvar="AGENTSCOPE_GUARD",
+            "Run the memory guard: kill an agent's runaway before the host thrashes.",
         ),
     ] = False,
     guard_mem_available: Annotated[
         float,
-        typer.Option(
-            help="Guard: act when MemAvailable is at most PCT % of MemTotal ...",
-            metavar="PCT",
-            envvar="AGENTSCOPE_GUARD_MEM_AVAILABLE",
-            parser=real_option("--guard-mem-available", 0, 100),
+        _guard_percent(
+            "--guard-mem-available", "Guard: act when MemAvailable is at most PCT % of MemTotal ..."
         ),
     ] = 10.0,
     guard_swap_free: Annotated[
         float,
-        typer.Option(
-            help="... and SwapFree at most PCT % of SwapTotal (no swap counts as 0 %).",
-            metavar="PCT",
-            envvar="AGENTSCOPE_GUARD_SWAP_FREE",
-            parser=real_option("--guard-swap-free", 0, 100),
+        _guard_percent(
+            "--guard-swap-free",
+            "... and SwapFree at most PCT % of SwapTotal (no swap counts as 0 %).",
         ),
     ] = 20.0,
     guard_psi_full: Annotated[
         str,
-        typer.Option(
-            help="Guard: or act when PSI memory full avg10 stays at PCT % or more; 'off'.",
+        _monitor_option(
+            "--guard-psi-full",
+            "Guard: or act when PSI memory full avg10 stays at PCT % or more; 'off'.",
             metavar="PCT|off",
-            envvar="AGENTSCOPE_GUARD_PSI_FULL",
         ),
     ] = "60",
     guard_psi_seconds: Annotated[
         float,
-        typer.Option(
-            help="Guard: how long PSI full must stay over --guard-psi-full: a time span "
+        _monitor_option(
+            "--guard-psi-seconds",
+            "Guard: how long PSI full must stay over --guard-psi-full: a time span "
             "(10, 30s, 1min; at most 1h).",
             metavar="SPAN",
-            envvar="AGENTSCOPE_GUARD_PSI_SECONDS",
             parser=duration_option("--guard-psi-seconds", 0, 3600),
         ),
     ] = 10.0,
     guard_process: Annotated[
         bool,
-        typer.Option(
+        _monitor_option(
             "--guard-process",
-            help="Guard: run in a small process of its own, not a thread of the monitor.",
-            envvar="AGENTSCOPE_GUARD_PROCESS",
+            "Guard: run in a small process of its own, not a thread of the monitor.",
         ),
     ] = False,
     reclaim_escaped: Annotated[
         bool,
-        typer.Option(
+        _monitor_option(
             "--reclaim-escaped",
-            help="Move an agent's processes that left its scope back into it (and say so).",
-            envvar="AGENTSCOPE_RECLAIM_ESCAPED",
+            "Move an agent's processes that left its scope back into it (and say so).",
         ),
     ] = False,
 ) -> None:
