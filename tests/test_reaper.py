@@ -92,8 +92,12 @@ async def test_leftovers_linger_then_are_reaped_with_one_event(
 
 async def test_keep_keeps_the_leftovers(fleet: AsyncFleet, bus: FakeSystemd) -> None:
     agent = await fleet.launch("k", LEAVES_SLEEP, reap_after="keep")
+    # The leftover in the scope before its shell ends (on a loaded host the
+    # shell's fork came late and the agent ended plainly "exited").
+    await wait_for(lambda: "sleep" in comms(bus, agent.unit))
     await agent.wait()
-    await asyncio.sleep(1.0)
+    await wait_for(lambda: agent.state == "lingering")
+    await asyncio.sleep(1.0)  # time a reaper would have taken: none comes
     (listed,) = await fleet.agents()
     assert (listed.state, listed.leftovers, listed.reap_after) == ("lingering", 1, None)
     assert comms(bus, agent.unit) == ["sleep"]
