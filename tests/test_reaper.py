@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,8 +24,33 @@ from agentscope_systemd._registry._registry import AgentRecord, Registry
 from tests.fakesystemd import FakeSystemd, end_children
 from tests.test_fleet import make_fleet, stop_everything
 
-# Its main process (sh) ends at once; the sleep it started stays in its scope.
-LEAVES_SLEEP = ["sh", "-c", "sleep 600 & sleep 0.2"]
+
+def leaves_sleep_at(gate: Path) -> list[str]:
+    """An agent whose sh starts a ``sleep`` that stays in its scope, then ends
+    once a line comes through the FIFO ``gate`` (:func:`release_when_left`).
+
+    The fake manager finds a forked child while its parent lives: on a
+    loaded host its 10 ms tick can miss a 0.2 s window (then the agent ends
+    plainly "exited"), and dash execs its last command, so a ``sleep`` in
+    the scope may be the main process itself.
+    """
+    os.mkfifo(gate)
+    return ["sh", "-c", 'sleep 600 & read -r _ < "$0"', str(gate)]
+
+
+async def release_when_left(bus: FakeSystemd, agent: Any, gate: Path) -> None:
+    """Let ``agent``'s sh end once its scope holds the leftover ``sleep``."""
+    await wait_for(lambda: "sleep" in comms(bus, agent.unit))
+    fds: list[int] = []
+
+    def reader_waits() -> bool:  # ENXIO until sh's read has the FIFO open
+        with contextlib.suppress(OSError):
+            fds.append(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
+        return bool(fds)
+
+    await wait_for(reader_waits)
+    os.write(fds[0], b"go\n")
+    os.close(fds[0])
 
 
 @pytest.fixture(autouse=True)
@@ -64,10 +91,11 @@ def comms(bus: FakeSystemd, unit: str) -> list[str]:
 
 
 async def test_leftovers_linger_then_are_reaped_with_one_event(
-    fleet: AsyncFleet, bus: FakeSystemd
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path
 ) -> None:
-    agent = await fleet.launch("a", LEAVES_SLEEP, reap_after=1.0)
-    await wait_for(lambda: "sleep" in comms(bus, agent.unit))
+    gate = tmp_path / "gate"
+    agent = await fleet.launch("a", leaves_sleep_at(gate), reap_after=1.0)
+    await release_when_left(bus, agent, gate)
     assert await agent.wait() == 0
     await wait_for(lambda: agent.state == "lingering")
     (listed,) = await fleet.agents()
@@ -90,11 +118,12 @@ async def test_leftovers_linger_then_are_reaped_with_one_event(
     ]
 
 
-async def test_keep_keeps_the_leftovers(fleet: AsyncFleet, bus: FakeSystemd) -> None:
-    agent = await fleet.launch("k", LEAVES_SLEEP, reap_after="keep")
-    # The leftover in the scope before its shell ends (on a loaded host the
-    # shell's fork came late and the agent ended plainly "exited").
-    await wait_for(lambda: "sleep" in comms(bus, agent.unit))
+async def test_keep_keeps_the_leftovers(
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    agent = await fleet.launch("k", leaves_sleep_at(gate), reap_after="keep")
+    await release_when_left(bus, agent, gate)
     await agent.wait()
     await wait_for(lambda: agent.state == "lingering")
     await asyncio.sleep(1.0)  # time a reaper would have taken: none comes
@@ -117,8 +146,8 @@ async def test_the_next_open_reaps_what_a_closed_fleet_left(
 ) -> None:
     # The setting lives in the registry row: a new manager honours it.
     async with make_fleet(tmp_path, bus) as first:
-        agent = await first.launch("o", LEAVES_SLEEP, reap_after=0.5)
-        await wait_for(lambda: "sleep" in comms(bus, agent.unit))
+        agent = await first.launch("o", leaves_sleep_at(tmp_path / "gate"), reap_after=0.5)
+        await release_when_left(bus, agent, tmp_path / "gate")
     unit = agent.unit
     await bus.connect()  # the manager runs on when the fleet's connection closes
     await wait_for(lambda: comms(bus, unit) == ["sleep"])
@@ -228,12 +257,17 @@ def test_reap_after_survives_in_the_row(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("jump", [40 * 86400.0, -40 * 86400.0])
 async def test_a_wall_clock_jump_neither_hastens_nor_stalls_a_reap(
-    fleet: AsyncFleet, bus: FakeSystemd, monkeypatch: pytest.MonkeyPatch, jump: float
+    fleet: AsyncFleet,
+    bus: FakeSystemd,
+    monkeypatch: pytest.MonkeyPatch,
+    jump: float,
+    tmp_path: Path,
 ) -> None:
     from agentscope_systemd._fleet import _reaper
 
     grace = 1.5
-    agent = await fleet.launch("j", LEAVES_SLEEP, reap_after=grace)
+    agent = await fleet.launch("j", leaves_sleep_at(tmp_path / "gate"), reap_after=grace)
+    await release_when_left(bus, agent, tmp_path / "gate")
     await wait_for(lambda: agent.state == "lingering")
     started = time.monotonic()
     monkeypatch.setattr(_reaper, "_now", lambda: time.time() + jump)
