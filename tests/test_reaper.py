@@ -163,11 +163,11 @@ async def test_the_next_open_reaps_what_a_closed_fleet_left(
 
 
 async def test_a_monitor_tick_reaps_an_adopted_agents_leftovers(
-    fleet: AsyncFleet, bus: FakeSystemd
+    fleet: AsyncFleet, bus: FakeSystemd, tmp_path: Path
 ) -> None:
-    proc = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 0.5"])
+    proc = subprocess.Popen(leaves_sleep_at(tmp_path / "gate"))
     agent = await fleet.adopt(proc.pid, "ad", reap_after=0)
-    await wait_for(lambda: "sleep" in comms(bus, agent.unit))
+    await release_when_left(bus, agent, tmp_path / "gate")
     monitor = fleet.monitor(
         interval=0.2, cgroup_root=bus.cgroup_root, kmsg=None, psi_triggers=False
     )
