@@ -257,16 +257,25 @@ async def raw_bus() -> AsyncIterator[MessageBus]:
 def own_children() -> set[str]:
     """This process's children, whichever of its threads forked them.
 
-    ``/proc/PID/task/PID/children`` lists the main thread's only: the library
-    forks from worker threads, and a thread's children move to another thread
-    of the process when it exits, so one thread's list changes under a test.
+    Read from each process's parent in /proc/PID/stat, which names the
+    parent process, not its thread. The threads' ``task/*/children`` lists
+    were read before, but the library forks from worker threads, and a
+    thread's children move to another thread when it exits: a scan in
+    between missed them (CI rehearsal, sd247: an empty set right after a
+    launch).
     """
+    me = str(os.getpid())
     found: set[str] = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            found.update((task / "children").read_text().split())
-        except FileNotFoundError:  # the thread ended meanwhile
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
             continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            continue
+        # Zombies too: a child not reaped is one the test must see.
+        if stat.rpartition(")")[2].split()[1] == me:  # a name may hold ") "
+            found.add(entry.name)
     return found
 
 
