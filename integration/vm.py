@@ -360,7 +360,7 @@ def _stuck(work: Path, mode: str, started: float, cpu: _CpuSampler | None = None
     """Why a VM that has not exited is not going anywhere, or None while it may be slow.
 
     A guest that stopped without qemu exiting (KVM's internal error or
-    emulation failure pauses it), a KVM guest that has used no CPU at all
+    emulation failure pauses it), a KVM guest whose vCPUs have not run it
     within ``_KVM_IDLE`` seconds, or one that printed nothing at all on either
     serial port within ``_SILENCE[mode]`` seconds is stuck.
     """

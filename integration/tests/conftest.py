@@ -32,6 +32,7 @@ from roothelper import as_root
 
 import agentscope_systemd
 from agentscope_systemd import AsyncFleet
+from agentscope_systemd._kernel._proc import read_stat
 
 MANAGER = os.environ.get("AGENTSCOPE_TEST_MANAGER", "system")
 SYSTEMD = int(os.environ.get("AGENTSCOPE_TEST_SYSTEMD", "0"))
@@ -264,17 +265,14 @@ def own_children() -> set[str]:
     between missed them (CI rehearsal, sd247: an empty set right after a
     launch).
     """
-    me = str(os.getpid())
+    me = os.getpid()
     found: set[str] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
-            continue
+        st = read_stat(int(entry.name))  # None: it ended meanwhile
         # Zombies too: a child not reaped is one the test must see.
-        if stat.rpartition(")")[2].split()[1] == me:  # a name may hold ") "
+        if st is not None and st.ppid == me:
             found.add(entry.name)
     return found
 
