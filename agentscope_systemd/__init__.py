@@ -14,7 +14,8 @@ Names are imported on first use (PEP 562): ``agentscope exec`` starts with
 ``import agentscope_systemd._managers._wire`` and must not pay for the whole library.
 """
 
-TYPE_CHECKING = False
+from ._typecheck import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from ._errors import AgentExists as AgentExists
     from ._errors import AgentNotFound as AgentNotFound

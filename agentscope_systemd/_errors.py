@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False
+from ._typecheck import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path

@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 
 from ._errors import InvalidConfig
+from ._typecheck import TYPE_CHECKING
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: collections costs an import
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Callable
 
 __all__ = [

@@ -1404,6 +1404,7 @@ EXEC_IMPORTS = {
     "agentscope_systemd._registry",
     "agentscope_systemd._registry._spool",
     "agentscope_systemd._managers._wire",
+    "agentscope_systemd._typecheck",  # TYPE_CHECKING without typing: no imports
     "agentscope_systemd._cli",
     "agentscope_systemd._cli._errors",
     "agentscope_systemd._cli._exec",

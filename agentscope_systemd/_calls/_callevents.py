@@ -27,9 +27,9 @@ import os
 
 from .._errors import AgentscopeError
 from .._registry import _spool
+from .._typecheck import TYPE_CHECKING
 from ._calls import CALL_PREFIX
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only
     from collections.abc import Mapping, Sequence
 

@@ -33,8 +33,8 @@ import os
 
 from .. import _names, _numbers
 from .._errors import AgentscopeError
+from .._typecheck import TYPE_CHECKING
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 

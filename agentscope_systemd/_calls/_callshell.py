@@ -19,8 +19,8 @@ import os
 import sys
 
 from .._errors import LaunchError
+from .._typecheck import TYPE_CHECKING
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 

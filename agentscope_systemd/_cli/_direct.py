@@ -22,14 +22,14 @@ import contextlib
 import sys
 import time
 
+from .._typecheck import TYPE_CHECKING
 from . import _fleet
 from ._errors import BadInput, Failed, Interrupted
 from ._options import Options
 from ._parse import duration_option, parse_since, whole_option
 from ._words import option_value
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: typing and collections cost imports
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Sequence
     from typing import Any
 

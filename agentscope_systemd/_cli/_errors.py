@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import sys
 
-TYPE_CHECKING = False
+from .._typecheck import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from typing import TextIO
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import os
 import sys
 
+from .._typecheck import TYPE_CHECKING
 from ._errors import BadInput, CannotRun, CommandNotFound
 from ._options import Options
 from ._words import Words
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Callable, Sequence
     from typing import Any
 

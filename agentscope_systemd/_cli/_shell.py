@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
-TYPE_CHECKING = False
+from .._typecheck import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import NoReturn

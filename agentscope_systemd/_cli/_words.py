@@ -13,8 +13,9 @@ words through this module before it execs.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+from .._typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Iterator, Sequence
 
 __all__ = ["Words", "option_value"]

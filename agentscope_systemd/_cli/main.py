@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import sys
 
+from .._typecheck import TYPE_CHECKING
 from ._options import MANAGER_FLAGS, Options, choose_manager
 from ._words import option_value
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Callable, Sequence
     from typing import NoReturn
 

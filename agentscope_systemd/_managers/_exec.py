@@ -23,10 +23,10 @@ from .. import _names
 from .._calls import _calls
 from .._errors import BusError, LaunchError, SystemdUnavailable
 from .._registry import _spool
+from .._typecheck import TYPE_CHECKING
 from . import _scope, _scopeprops, _wire
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["SlowPath", "adopt_self"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 
 from .. import _names
+from .._typecheck import TYPE_CHECKING
 from . import _wire
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any

@@ -19,8 +19,8 @@ import os
 
 from .. import _numbers
 from .._errors import InvalidConfig
+from .._typecheck import TYPE_CHECKING
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any

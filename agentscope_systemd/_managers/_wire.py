@@ -18,9 +18,9 @@ import os
 import struct
 
 from .._errors import BusError, SystemdTimeout, SystemdUnavailable
+from .._typecheck import TYPE_CHECKING
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Mapping, Sequence
     from typing import Any
 

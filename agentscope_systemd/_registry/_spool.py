@@ -23,9 +23,9 @@ from .. import _names, _numbers
 from .._errors import InvalidName
 from .._kernel._statline import split_stat
 from .._managers._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
+from .._typecheck import TYPE_CHECKING
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: collections and typing cost imports
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Mapping, Sequence
 
 __all__ = [
