@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING
 
 from .. import _names, _numbers
@@ -22,6 +23,7 @@ from .._managers._manager import ScopeRequest
 from .._managers._scopefiles import write_oom_score_adj
 from .._monitor._escape import move_into
 from ._agent import Agent
+from ._fleet_registry import FleetPart
 
 # psutil walks a process tree to adopt it, and only then: opening a fleet to
 # list it (``agentscope ls``) does not pay for its import (issue 28).
@@ -32,28 +34,20 @@ if TYPE_CHECKING:
     from ._agent import Agent
     from ._fleet_launch import Launcher
     from ._fleet_monitor import Monitors
-    from ._fleet_registry import FleetCore
 
 __all__ = ["Adopter"]
 
 log = logging.getLogger("agentscope")
 
 
-class Adopter:
+@dataclass(eq=False, repr=False)
+class Adopter(FleetPart):
     """The fleet's adopt (see the module's docstring); one per fleet object."""
 
-    def __init__(
-        self,
-        core: FleetCore,
-        monitors: Monitors,
-        launcher: Launcher,
-        *,
-        agent_oom_score_adj: int,
-    ) -> None:
-        self.name, self._manager, self._store, self._roster, self._tasks = core
-        self._monitors = monitors
-        self._launcher = launcher
-        self.agent_oom_score_adj = agent_oom_score_adj
+    _monitors: Monitors
+    _launcher: Launcher
+    _: KW_ONLY
+    agent_oom_score_adj: int
 
     async def adopt(
         self,

@@ -11,23 +11,17 @@ event of the agent. A stop waits for its job: one that did not end
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from .. import _names
 from .._errors import AgentNotFound, AgentscopeError
 from .._registry._registry import CLOSED_STATES
-
-if TYPE_CHECKING:
-    from ._fleet_registry import FleetCore
+from ._fleet_registry import FleetPart
 
 __all__ = ["Control"]
 
 
-class Control:
+class Control(FleetPart):
     """The fleet's part that stops, signals, freezes and thaws its agents by name."""
-
-    def __init__(self, core: FleetCore) -> None:
-        self.name, self._manager, self._store, self._roster, self._tasks = core
 
     async def resolve(self, name: str) -> str:
         """The unit of a running agent of this fleet, known here or in its manager.

@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from .. import _names
@@ -28,6 +29,7 @@ from .._kernel._proc import read_stat
 from .._managers._manager import ScopeRequest
 from .._registry import _claim
 from .._registry._registry import Registry
+from ._fleet_registry import FleetPart
 from ._fleet_tmux import TmuxChild
 from ._spawn import GatedChild, spawn_gated
 
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from .._managers._manager import Controls
     from ._agent import Agent
     from ._fleet_monitor import Monitors
-    from ._fleet_registry import FleetCore
     from ._fleet_tmux import Terminals
 
 __all__ = ["LaunchArgs", "Launcher", "Stdio"]
@@ -58,27 +59,26 @@ class LaunchArgs(NamedTuple):
     reap_after: float | None
 
 
-class Launcher:
+def _spawn_slots() -> asyncio.Semaphore:
+    """How many launches fork at once.
+
+    Each launch in flight holds a thread inside Popen until its exec; a few
+    at a time keep the GIL (and the event loop) free for the rest.
+    """
+    return asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
+
+
+@dataclass(eq=False, repr=False)
+class Launcher(FleetPart):
     """The fleet's launch path (see the module's docstring); one per fleet object."""
 
-    def __init__(
-        self,
-        core: FleetCore,
-        monitors: Monitors,
-        terminals: Terminals,
-        *,
-        agent_oom_score_adj: int,
-    ) -> None:
-        # A launch lets the registry writes among the fleet's tasks finish.
-        self.name, self._manager, self._store, self._roster, self._tasks = core
-        self._monitors = monitors
-        self._terminals = terminals
-        self.agent_oom_score_adj = agent_oom_score_adj
-        self._slice_checked = False
-        self._slice_lock = asyncio.Lock()
-        # Each launch in flight holds a thread inside Popen until its exec; a
-        # few at a time keep the GIL (and the event loop) free for the rest.
-        self._spawn_slots = asyncio.Semaphore(max(4, 2 * (os.cpu_count() or 1)))
+    _monitors: Monitors
+    _terminals: Terminals
+    _: KW_ONLY
+    agent_oom_score_adj: int
+    _slice_checked: bool = field(init=False, default=False)
+    _slice_lock: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
+    _spawn_slots: asyncio.Semaphore = field(init=False, default_factory=_spawn_slots)
 
     async def launch(self, args: LaunchArgs, *, admission_wait: float, streams: bool) -> Agent:
         """See :meth:`.AsyncFleet.launch` (its arguments checked)."""

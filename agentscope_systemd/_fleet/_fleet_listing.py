@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._errors import InvalidTransition, RegistryError
@@ -19,11 +20,11 @@ from .._kernel._proc import exec_comm
 from .._managers._scopefiles import cgroup_present, read_figures
 from .._registry._registry import CLOSED_STATES, in_flight
 from ._agent import Agent
+from ._fleet_registry import FleetPart
 
 if TYPE_CHECKING:
     from ._fleet_monitor import Monitors
     from ._fleet_reconcile import Reconciler
-    from ._fleet_registry import FleetCore
     from ._fleet_tmux import Terminals
     from ._reaper import Reaper
 
@@ -32,22 +33,14 @@ __all__ = ["Listing"]
 log = logging.getLogger("agentscope")
 
 
-class Listing:
+@dataclass(eq=False, repr=False)
+class Listing(FleetPart):
     """The fleet's part that records the exits it sees and lists its agents."""
 
-    def __init__(
-        self,
-        core: FleetCore,
-        reconciler: Reconciler,
-        reaper: Reaper,
-        terminals: Terminals,
-        monitors: Monitors,
-    ) -> None:
-        self.name, self._manager, self._store, self._roster, self._tasks = core
-        self._reconciler = reconciler
-        self._reaper = reaper
-        self._terminals = terminals
-        self._monitors = monitors
+    _reconciler: Reconciler
+    _reaper: Reaper
+    _terminals: Terminals
+    _monitors: Monitors
 
     def note_exit(self, agent: Agent, status: int | None) -> None:
         """A launched child was reaped: record it (from the pidfd callback)."""

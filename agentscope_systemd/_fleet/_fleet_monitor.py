@@ -13,10 +13,12 @@ import asyncio
 import logging
 import os
 import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import RegistryError
 from . import _tmux
+from ._fleet_registry import FleetPart
 
 # The monitor, the guard, the report and the monitor's events are imported
 # where they are used: a fleet opened to list its agents (``agentscope ls``)
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
     from .._monitor._recovery import Baseline
     from .._monitor._report import MemoryReport
     from ._fleet_recovery import OomRecovery
-    from ._fleet_registry import FleetCore
     from ._fleet_tmux import Terminals
     from ._reaper import Reaper
 
@@ -39,7 +40,8 @@ __all__ = ["Monitors"]
 log = logging.getLogger("agentscope")
 
 
-class Monitors:
+@dataclass(eq=False, repr=False)
+class Monitors(FleetPart):
     """The fleet's monitors: made with the fleet's parts wired in, their events recorded.
 
     Held by the fleet: :meth:`monitor` makes one (``AsyncFleet.monitor``),
@@ -48,18 +50,10 @@ class Monitors:
     ``AsyncFleet.report``.
     """
 
-    def __init__(
-        self,
-        core: FleetCore,
-        recovery: OomRecovery,
-        reaper: Reaper,
-        terminals: Terminals,
-    ) -> None:
-        self.name, self._manager, self._store, self._roster, self._tasks = core
-        self._recovery = recovery
-        self._reaper = reaper
-        self._terminals = terminals
-        self._monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
+    _recovery: OomRecovery
+    _reaper: Reaper
+    _terminals: Terminals
+    _monitors: weakref.WeakSet[Monitor] = field(init=False, default_factory=weakref.WeakSet)
 
     def monitor(
         self,

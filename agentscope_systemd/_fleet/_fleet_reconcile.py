@@ -13,16 +13,17 @@ import asyncio
 import dataclasses
 import functools
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._errors import AgentExists, RegistryError
 from .._managers._scopefiles import cgroup_present, read_scopes
 from .._registry import _claim
 from .._registry._registry import AgentRecord, LiveScope, in_flight, reconcile
+from ._fleet_registry import FleetPart
 from ._reconcile_plan import Revival
 
 if TYPE_CHECKING:
-    from ._fleet_registry import FleetCore
     from ._reaper import Reaper
 
 __all__ = ["Reconciler"]
@@ -30,12 +31,11 @@ __all__ = ["Reconciler"]
 log = logging.getLogger("agentscope")
 
 
-class Reconciler:
+@dataclass(eq=False, repr=False)
+class Reconciler(FleetPart):
     """The fleet's part that lists its live scopes and reconciles its rows with them at open."""
 
-    def __init__(self, core: FleetCore, reaper: Reaper) -> None:
-        self.name, self._manager, self._store, self._roster, self._tasks = core
-        self._reaper = reaper
+    _reaper: Reaper
 
     async def live(self) -> dict[str, tuple[str, str]]:
         """This fleet's scopes systemd runs: {unit: (agent name, active state)}; one call."""

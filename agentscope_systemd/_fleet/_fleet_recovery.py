@@ -48,6 +48,7 @@ from .._monitor._recovery import (
     unit_of_memcg,
 )
 from .._registry._registry import OomRecording, Registry
+from ._fleet_registry import FleetPart
 
 # A kill's event (the monitor's events module) is made only for a kill found:
 # an open with nothing to recover (every ``agentscope ls``) never imports it.
@@ -161,7 +162,7 @@ def _boot_before(boot: str) -> tuple[KernelLine, ...]:
     return () if read is None else read.lines
 
 
-class OomRecovery:
+class OomRecovery(FleetPart):
     """The fleet's part that recovers OOM kills and stores the live ones with their counters.
 
     Held by the fleet: :meth:`recover` at its open, :meth:`on_monitor_start`
@@ -174,7 +175,7 @@ class OomRecovery:
     read_journal: bool = True
 
     def __init__(self, core: FleetCore) -> None:
-        self.fleet, self._manager, self._store, _, _ = core
+        super().__init__(core)
         # Live kills emitted by a monitor and not stored yet, by unit: what a
         # stored watermark must not claim yet. Stored one at a time, in order.
         self._oom_inflight: dict[str | None, int] = {}
@@ -246,7 +247,7 @@ class OomRecovery:
         try:
             return await asyncio.to_thread(self._recover_sync, registry, slice_dir, baseline)
         except (OSError, ValueError, RegistryError) as exc:
-            log.warning("could not recover the OOM kills of fleet %s: %s", self.fleet, exc)
+            log.warning("could not recover the OOM kills of fleet %s: %s", self.name, exc)
             return []
 
     def _slice_relpath(self, slice_dir: Path) -> str:
@@ -259,7 +260,7 @@ class OomRecovery:
     def _recover_sync(
         self, registry: Registry, slice_dir: Path, baseline: Baseline | None
     ) -> list[OomKill]:
-        raw = registry.oom_mark(self.fleet)
+        raw = registry.oom_mark(self.name)
         stored = None if raw is None else Watermark.from_json(raw)
         boot = read_boot_id()
         counters = baseline if baseline is not None else read_baseline(slice_dir)
@@ -290,7 +291,7 @@ class OomRecovery:
         )
         units = {u for k in found if (u := unit_of_memcg(k.memcg, slice_rel)) is not None}
         kills: list[OomKill] = []
-        prefix = f"agentscope-{self.fleet}-"
+        prefix = f"agentscope-{self.name}-"
 
         def planner(
             stored_raw: str | None,
@@ -312,11 +313,11 @@ class OomRecovery:
                 events.append((k.agent, detail))
             return OomRecording(events, plan.seen, plan.watermark.to_json())
 
-        registry.recover_oom_kills(self.fleet, units, planner)
+        registry.recover_oom_kills(self.name, units, planner)
         if kills:
             log.warning(
                 "fleet %s: %d OOM kill(s) while no monitor ran, recorded now",
-                self.fleet,
+                self.name,
                 len(kills),
             )
         return kills
@@ -373,7 +374,7 @@ class OomRecovery:
 
         use = mark is not None and accounted is not None
         registry.record_oom_kill(
-            self.fleet,
+            self.name,
             agent,
             detail,
             seen=seen,

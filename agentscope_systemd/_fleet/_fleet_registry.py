@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from .._managers._manager import ScopeManager
 
-__all__ = ["FleetCore", "FleetRegistry", "Roster"]
+__all__ = ["FleetCore", "FleetPart", "FleetRegistry", "Roster"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -37,8 +37,7 @@ P = ParamSpec("P")
 class FleetCore(NamedTuple):
     """What every part of a fleet holds: made once by the fleet, handed to each part.
 
-    A part takes it as ``self.name, self._manager, self._store, self._roster,
-    self._tasks = core``.
+    A part unpacks it as :class:`FleetPart` does.
     """
 
     name: str
@@ -47,6 +46,25 @@ class FleetCore(NamedTuple):
     roster: Roster
     #: The fleet's background tasks: it waits for them as it stops an agent or closes.
     tasks: set[asyncio.Task[Any]]
+
+
+@dataclass(eq=False, repr=False)
+class FleetPart:
+    """A part of a fleet: its :class:`FleetCore`, then the other parts it calls.
+
+    Each part (``Listing``, ``Launcher``, ``Terminals``, ...) is a dataclass
+    over this one, ``@dataclass(eq=False, repr=False)`` (one object per
+    fleet, compared by identity), whose fields are the parts and options it
+    is made with, in the order the fleet passes them: ``Listing(core,
+    reconciler, reaper, terminals, monitors)``. The core is unpacked here,
+    once for all of them, into ``name`` (the fleet's), ``_manager``,
+    ``_store``, ``_roster`` and ``_tasks``.
+    """
+
+    core: InitVar[FleetCore]
+
+    def __post_init__(self, core: FleetCore) -> None:
+        self.name, self._manager, self._store, self._roster, self._tasks = core
 
 
 @dataclass

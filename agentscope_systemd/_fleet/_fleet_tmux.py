@@ -15,6 +15,7 @@ import os
 import signal as _signal
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 from .._errors import BusError, TmuxError
@@ -22,11 +23,11 @@ from .._managers import _wire
 from .._managers._manager import ScopeRequest
 from .._registry._registry import AgentRecord
 from . import _tmux
+from ._fleet_registry import FleetPart
 from ._spawn import spawn_gated
 from ._tmux import TmuxServer, Window
 
 if TYPE_CHECKING:
-    from ._fleet_registry import FleetCore
     from ._reaper import Reaper
 
 __all__ = ["Terminals", "TmuxChild"]
@@ -35,7 +36,8 @@ log = logging.getLogger("agentscope")
 DEVNULL = subprocess.DEVNULL
 
 
-class Terminals:
+@dataclass(eq=False, repr=False)
+class Terminals(FleetPart):
     """The fleet's tmux part: its server in its own scope, panes as agents, their windows.
 
     Held by the fleet: :meth:`load` at open, :meth:`open_pane` in a tmux
@@ -45,37 +47,27 @@ class Terminals:
     agent by name.
     """
 
-    def __init__(
-        self,
-        core: FleetCore,
-        server: TmuxServer,
-        reaper: Reaper,
-        resolve: Callable[[str], Awaitable[str]],
-        *,
-        agent_oom_score_adj: int,
-        manager_oom_score_adj: int | None,
-    ) -> None:
-        self.fleet, self._manager, self._store, self._roster, self._tasks = core
-        #: The fleet's tmux server, on its private socket.
-        self.server = server
-        self._reaper = reaper
-        self._resolve = resolve
-        self.agent_oom_score_adj = agent_oom_score_adj
-        self.manager_oom_score_adj = manager_oom_score_adj
-        self._lock = asyncio.Lock()
+    #: The fleet's tmux server, on its private socket.
+    server: TmuxServer
+    _reaper: Reaper
+    _resolve: Callable[[str], Awaitable[str]]
+    _: KW_ONLY
+    agent_oom_score_adj: int
+    manager_oom_score_adj: int | None
+    _lock: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
 
     async def load(self) -> None:
         """Which open agents run in tmux windows, from their launch events (after a restart)."""
         assert self._store.registry is not None
         if not await asyncio.to_thread(self.server.dir.exists):
             return  # this fleet never had a tmux agent since boot
-        rows = await self._store.call(self._store.registry.agents, self.fleet)
+        rows = await self._store.call(self._store.registry.agents, self.name)
         if not rows:
             return
         units = {r.unit for r in rows}
         since = min(r.created for r in rows) - 1
         events = await self._store.call(
-            self._store.registry.events, self.fleet, kind="launched", since=since
+            self._store.registry.events, self.name, kind="launched", since=since
         )
         for ev in events:
             unit, terminal = ev.detail.get("unit"), ev.detail.get("terminal")
@@ -93,7 +85,7 @@ class Terminals:
         async with self._lock:
             if await asyncio.to_thread(tmux.alive):
                 return tmux
-            unit = _tmux.tmux_unit(self.fleet)
+            unit = _tmux.tmux_unit(self.name)
             try:
                 await self._start_tmux_server(tmux, unit)
             except BusError as exc:
@@ -126,7 +118,7 @@ class Terminals:
                 oom_score_adj=self.manager_oom_score_adj,
             )
             try:
-                description = _tmux.tmux_description(self.fleet)
+                description = _tmux.tmux_description(self.name)
                 await self._manager.start_scope(
                     ScopeRequest(unit, "tmux", [child.pid], None, description)
                 )
@@ -144,7 +136,7 @@ class Terminals:
                 )
         finally:
             await asyncio.to_thread(err.close)
-        log.info("started the tmux server of fleet %s in %s (%s)", self.fleet, unit, tmux.socket)
+        log.info("started the tmux server of fleet %s in %s (%s)", self.name, unit, tmux.socket)
         await self._store.event(None, "tmux_started", unit=unit, socket=str(tmux.socket))
 
     async def open_pane(
@@ -199,7 +191,7 @@ class Terminals:
         pid = rec.pid if rec is not None else known.pid if known is not None else -1
         window = await asyncio.to_thread(self.server.window_of, pid)
         if window is None:
-            raise _tmux.not_a_tmux_agent(self.fleet, name)
+            raise _tmux.not_a_tmux_agent(self.name, name)
         return window
 
     async def logs(self, name: str, lines: int) -> list[str]:

@@ -35,6 +35,7 @@ from .._kernel._cgroup import read_subtree_procs
 from .._kernel._proc import PROC_ROOT, read_stat, read_statm_rss, same_process
 from .._managers._scopeprops import DEFAULT_REAP_AFTER, parse_reap_after
 from .._registry._registry import AgentRecord
+from ._fleet_registry import FleetPart
 
 if TYPE_CHECKING:
     from ._fleet_registry import FleetCore
@@ -165,7 +166,7 @@ def _look(slice_dir: Path, rows: Sequence[AgentRecord]) -> list[_Seen]:
     return out
 
 
-class Reaper:
+class Reaper(FleetPart):
     """The part of AsyncFleet that applies the rule; it owns the reaps due while it is open.
 
     :meth:`sweep` judges rows (the fleet's open ones by default),
@@ -174,7 +175,7 @@ class Reaper:
     """
 
     def __init__(self, core: FleetCore) -> None:
-        self.name, self._manager, self._store, self._roster, self._tasks = core
+        super().__init__(core)
         self._closed = False
         # Lingering agents' reaps due while the fleet is open.
         self._reap_timers: dict[str, asyncio.TimerHandle] = {}
