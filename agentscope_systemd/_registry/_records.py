@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeVar, cast, get_args
+from dataclasses import dataclass, fields
+from typing import Any, Final, Literal, TypeVar, get_args
 
 from .._contract import event_envelope
-from .._dicts import Record
+from .._dicts import Record, as_dict
 from .._managers._scopeprops import DEFAULT_REAP_AFTER
 
 __all__ = [
@@ -56,12 +56,6 @@ _TRANSITIONS: Final[Mapping[str, frozenset[str]]] = {
     "failed": frozenset(),
     "lost": frozenset(),
 }
-
-_AGENT_COLUMNS: Final = (
-    "id, fleet, name, unit, pid, start_time, argv, cwd, created, state, "
-    "exit_status, exited, oom_kills, memory_current, memory_peak, reap_after, lingering"
-)
-_EVENT_COLUMNS: Final = "id, ts, fleet, agent, kind, detail"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +89,12 @@ class AgentRecord(Record):
         return self.state in CLOSED_STATES
 
 
+# A row is read with its record's fields as its columns, in order: the record
+# is the one list of them (a new column is a new field, and nothing else).
+_AGENT_FIELDS: Final = tuple(f.name for f in fields(AgentRecord))
+_AGENT_COLUMNS: Final = ", ".join(_AGENT_FIELDS)
+
+
 @dataclass(frozen=True, slots=True)
 class EventRecord:
     """One event (one row of ``events``); ``agent`` is None for fleet-wide events."""
@@ -108,14 +108,10 @@ class EventRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The event as a JSON-ready dict: the contract's ``agentscope.event`` shape."""
-        return event_envelope(
-            id=self.id,
-            ts=self.ts,
-            fleet=self.fleet,
-            agent=self.agent,
-            kind=self.kind,
-            detail=self.detail,
-        )
+        return event_envelope(**as_dict(self))  # its fields are the envelope's
+
+
+_EVENT_COLUMNS: Final = ", ".join(f.name for f in fields(EventRecord))
 
 
 def _json_or(raw: Any, fallback: Callable[[Any], _T], kind: type) -> Any:
@@ -133,26 +129,12 @@ def _unreadable(raw: Any) -> dict[str, Any]:
 
 
 def _agent_from_row(row: Sequence[Any]) -> AgentRecord:
-    argv = _json_or(row[6], lambda raw: ["<unreadable argv>"], list)
-    return AgentRecord(
-        id=row[0],
-        fleet=row[1],
-        name=row[2],
-        unit=row[3],
-        pid=row[4],
-        start_time=row[5],
-        argv=tuple(str(a) for a in argv),
-        cwd=row[7],
-        created=row[8],
-        state=cast(AgentState, row[9]),
-        exit_status=row[10],
-        exited=row[11],
-        oom_kills=row[12],
-        memory_current=row[13],
-        memory_peak=row[14],
-        reap_after=_reap_after_from_column(row[15]),
-        lingering=row[16],
-    )
+    """A row selected as ``_AGENT_COLUMNS``; two columns are stored otherwise than held."""
+    values = dict(zip(_AGENT_FIELDS, row, strict=True))
+    argv = _json_or(values["argv"], lambda raw: ["<unreadable argv>"], list)
+    values["argv"] = tuple(str(a) for a in argv)
+    values["reap_after"] = _reap_after_from_column(values["reap_after"])
+    return AgentRecord(**values)
 
 
 def _reap_after_from_column(value: float | None) -> float | None:
@@ -166,14 +148,9 @@ def _reap_after_to_column(value: float | None) -> float:
 
 
 def _event_from_row(row: Sequence[Any]) -> EventRecord:
-    return EventRecord(
-        id=row[0],
-        ts=row[1],
-        fleet=row[2],
-        agent=row[3],
-        kind=row[4],
-        detail=_json_or(row[5], _unreadable, dict),
-    )
+    """A row selected as ``_EVENT_COLUMNS``; its detail is stored as JSON."""
+    id_, ts, fleet, agent, kind, detail = row
+    return EventRecord(id_, ts, fleet, agent, kind, _json_or(detail, _unreadable, dict))
 
 
 def _insert_event(
