@@ -34,7 +34,7 @@ import os
 import select
 import time
 from collections.abc import Callable, Collection
-from dataclasses import fields, replace
+from dataclasses import KW_ONLY, dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
@@ -127,53 +127,45 @@ def _sanitise(text: str) -> str:
 Protected = Callable[[], tuple[Collection[int], Collection[str]]]
 
 
+@dataclass(eq=False)
 class _Loop:
-    """The state of one :func:`run_guard` call."""
+    """The state of one :func:`run_guard` call: its arguments, then what it keeps."""
 
-    def __init__(
-        self,
-        config: GuardConfig,
-        slice_path: Path,
-        proc_root: Path,
-        unit_agent: Callable[[str], str | None],
-        protected: Protected,
-        on_kill: Callable[[GuardKill], None],
-        on_reading: Callable[[HostReading, Trigger | None], None] | None,
-        *,
-        cgroup_root: Path,
-        lock: SliceLock,
-        on_held: Callable[[GuardHeld], None] | None = None,
-        on_relay: Callable[[GuardKill], None] | None = None,
-    ) -> None:
-        self.config = config
-        self.slice_path = slice_path
-        self.proc_root = proc_root
-        self.unit_agent = unit_agent
-        self.protected = protected
-        self.on_kill = on_kill
-        self.on_reading = on_reading
-        self.on_held = on_held
-        self.on_relay = on_relay
-        self.lock = lock
-        self.cgroup_root = Path(cgroup_root)
+    config: GuardConfig
+    slice_path: Path
+    proc_root: Path
+    unit_agent: Callable[[str], str | None]
+    protected: Protected
+    on_kill: Callable[[GuardKill], None]
+    on_reading: Callable[[HostReading, Trigger | None], None] | None
+    _: KW_ONLY
+    cgroup_root: Path
+    lock: SliceLock
+    on_held: Callable[[GuardHeld], None] | None = None
+    on_relay: Callable[[GuardKill], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.cgroup_root = Path(self.cgroup_root)
         # Process mode: the "slice" is a mirror of process trees, the agents
         # share the manager's cgroup and its limits (_proctrees, _guardlimit).
-        self.trees = is_mirror(slice_path, self.cgroup_root)
-        self.limits = LimitWatch(self.cgroup_root, slice_path, proc_root, shared=self.trees)
+        self.trees = is_mirror(self.slice_path, self.cgroup_root)
+        self.limits = LimitWatch(
+            self.cgroup_root, self.slice_path, self.proc_root, shared=self.trees
+        )
         # Where the agents are charged, for whose shortage: the slice, or in
         # process mode the cgroup they share with the manager (its own, from
         # /proc/self/cgroup): that cgroup against those beside it.
-        self.charged = Path(self.limits.chain[0]) if self.trees else slice_path
-        self.cause = CauseTracker(cgroup_root, self.charged)
+        self.charged = Path(self.limits.chain[0]) if self.trees else self.slice_path
+        self.cause = CauseTracker(self.cgroup_root, self.charged)
         # The first charges now: a squeeze under way at the first reading is
         # then blamed on who grew since, not on size alone (_guardcause).
         self.cause.sample(time.monotonic())
         # Whose shortage under a limit: the slice against the rest of the
         # limited cgroup (one tracker per limit, the root's is self.cause).
         self.limit_causes: dict[str, CauseTracker] = {}
-        self.clock = PressureClock(config)
+        self.clock = PressureClock(self.config)
         self.prev: HostReading | None = None
-        self.host = HostReader(proc_root)
+        self.host = HostReader(self.proc_root)
         # (pid, start time) of the last kills: a victim still listed (a zombie
         # its parent has not reaped, one stuck exiting) is never chosen again.
         self.killed: dict[tuple[int, int], None] = {}
@@ -181,7 +173,7 @@ class _Loop:
         self.ready: tuple[float, SliceProcess | None] | None = None
         # The victims' command lines, read by a thread of their own: a read
         # of /proc/PID/cmdline can wait seconds in a squeeze (_guardnames).
-        self.names = CmdlineBook(proc_root, CMDLINE_LEN)
+        self.names = CmdlineBook(self.proc_root, CMDLINE_LEN)
         # Said once per squeeze: the guard held its hand (reset when it clears).
         self.held = False
         # The last reading was over a threshold and nothing was killed.
