@@ -2262,6 +2262,28 @@ def test_a_table_on_an_80_column_terminal_keeps_its_unit_names_whole() -> None:
     assert terminal.width == 80  # the console is left as it was
 
 
+def test_a_table_on_a_dumb_terminal_keeps_its_unit_names_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A serial console (the demo's VM run when make's output is not a
+    # terminal) or an editor's shell: rich holds TERM=dumb at 80 columns,
+    # COLUMNS or not, and a width set alone did not widen it.
+    import io
+
+    from rich.console import Console
+
+    from agentscope_systemd._cli._context import show
+
+    monkeypatch.setenv("TERM", "dumb")
+    monkeypatch.setenv("COLUMNS", "100")
+    out = io.StringIO()
+    terminal = Console(file=out, force_terminal=True, color_system=None)
+    assert terminal.is_dumb_terminal
+    show(_render.ls_table([_agent("builder-1", unit=_LONG_UNIT).to_dict()], now=NOW), terminal)
+    assert any(_LONG_UNIT in line for line in out.getvalue().splitlines()), out.getvalue()
+    assert terminal.width == 80
+
+
 # -- the text monitor names what happened -------------------------------------------
 
 

@@ -80,12 +80,19 @@ def show(renderable: RenderableType, out: Console | None = None) -> None:
     out = out if out is not None else console()
     # Measured as if the screen had no edge: a measurement is capped at the width.
     needed = Measurement.get(out, out.options.update_width(_NO_EDGE), renderable).maximum
-    width = out.width
-    out.width = max(width, needed)
+    size = out.size
+    if needed <= size.width:
+        out.print(renderable)
+        return
+    # Width and height both: rich holds a dumb terminal (TERM=dumb, as on a
+    # serial console or in an editor's shell) at 80 columns unless both are
+    # set (rich/console.py, Console.size); a width alone folded the demo's
+    # unit names in the VM console. The size the console had is set back.
+    out.size = (needed, size.height)
     try:
         out.print(renderable)
     finally:
-        out.width = width
+        out.size = size
 
 
 _NO_EDGE = 100_000
