@@ -17,10 +17,10 @@ from agentscope_systemd._monitor import _monitor
 from agentscope_systemd._monitor._escape import (
     MAX_CGROUP,
     Escapee,
+    Mover,
     clean,
     find_escapes,
     read_children,
-    reclaim,
     unit_of_cgroup,
     write_procs,
 )
@@ -346,7 +346,7 @@ async def test_reclaim_accepted_but_not_moved_is_not_called_a_success(
     async def attach(unit: str, pids: Sequence[int]) -> None:
         moved.append((unit, list(pids)))  # says yes, moves nothing
 
-    outcome = await reclaim([e], attach, slice_path, cgroup_root=cgroup_root, proc_root=proc)
+    outcome = await Mover(attach, slice_path, cgroup_root=cgroup_root, proc_root=proc).reclaim([e])
     assert moved == [(SCOPE, [101])]
     assert outcome[101] is not None
     assert RUN_SCOPE in outcome[101]
@@ -381,9 +381,9 @@ async def test_a_non_delegated_scope_takes_its_escapee_back_through_cgroup_procs
             raise PermissionError(13, "Permission denied")
         make_proc(proc, pid, comm="sleep", cgroup=SCOPE_CG, ppid=100, start_time=600)
 
-    outcome = await reclaim(
-        [e], attach, slice_path, cgroup_root=cgroup_root, proc_root=proc, write=write
-    )
+    outcome = await Mover(
+        attach, slice_path, cgroup_root=cgroup_root, proc_root=proc, write=write
+    ).reclaim([e])
     assert written == [(SCOPE, 101)]
     if allowed:
         assert outcome == {101: None}
@@ -468,9 +468,9 @@ async def test_reclaim_moves_only_the_same_descendant(
     def write(base: Path, scope: str, pid: int) -> None:
         written.append((scope, pid))
 
-    outcome = await reclaim(
-        [e], attach, slice_path, cgroup_root=cgroup_root, proc_root=proc, write=write
-    )
+    outcome = await Mover(
+        attach, slice_path, cgroup_root=cgroup_root, proc_root=proc, write=write
+    ).reclaim([e])
     assert (asked, written) == ([], [])  # neither systemd nor cgroup.procs was asked
     assert outcome[101] is not None
     assert ("exited" if change == "reused" else "no longer a descendant") in outcome[101]
@@ -490,13 +490,12 @@ async def test_reclaim_checks_again_right_before_the_write(
         make_proc(proc, 101, comm="sshd", cgroup="/system.slice/ssh.service", ppid=1, start_time=7)
         raise NOT_DELEGATED
 
-    outcome = await reclaim(
-        [e],
+    outcome = await Mover(
         attach,
         slice_path,
         cgroup_root=cgroup_root,
         proc_root=proc,
         write=lambda base, scope, pid: written.append(pid),
-    )
+    ).reclaim([e])
     assert written == []
     assert "exited" in (outcome[101] or "")

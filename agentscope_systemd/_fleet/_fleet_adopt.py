@@ -4,7 +4,7 @@
 checks and name claim as a launch (through the fleet's :class:`._fleet_launch.Launcher`),
 then the manager's ``start_scope`` with the
 process tree's PIDs; children forked meanwhile are moved after it
-(``_escape.move_into``), and every process gets the agents' oom_score_adj.
+(``_escape.Mover.move_into``), and every process gets the agents' oom_score_adj.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .._kernel import _fdlimit
 from .._kernel._proc import read_cgroup, read_stat
 from .._managers._manager import ScopeRequest
 from .._managers._scopefiles import write_oom_score_adj
-from .._monitor._escape import move_into
+from .._monitor._escape import Mover
 from ._agent import Agent
 from ._fleet_registry import FleetPart
 
@@ -90,13 +90,9 @@ class Adopter(FleetPart):
             # systemd refuses AttachProcessesToUnit for a scope without
             # Delegate=yes (every agent scope): move_into then writes each pid
             # into the scope's cgroup.procs, as the escape audit's reclaim does.
-            moved = await move_into(
-                unit,
-                late,
-                self._manager.attach,
-                await self._manager.slice_cgroup(),
-                cgroup_root=self._manager.cgroup_root,
-            )
+            slice_path = await self._manager.slice_cgroup()
+            mover = Mover(self._manager.attach, slice_path, cgroup_root=self._manager.cgroup_root)
+            moved = await mover.move_into(unit, late)
             stuck = {p: why for p, why in moved.items() if why is not None}
             if stuck:
                 log.warning(

@@ -48,9 +48,9 @@ __all__ = [
     "Attach",
     "EscapeLedger",
     "Escapee",
+    "Mover",
     "find_escapes",
     "inside",
-    "reclaim",
     "slice_cgroup_path",
     "unit_of_cgroup",
     "write_procs",
@@ -333,37 +333,6 @@ def write_procs(slice_path: Path, scope: str, pid: int) -> None:
         os.close(slice_fd)
 
 
-async def reclaim(
-    escapees: Sequence[Escapee],
-    attach: Attach,
-    slice_path: Path,
-    *,
-    cgroup_root: Path = CGROUP_ROOT,
-    proc_root: Path = PROC_ROOT,
-    write: Callable[[Path, str, int], None] = write_procs,
-) -> dict[int, str | None]:
-    """Move ``escapees`` back into their scopes; per pid, None if it worked, else why not.
-
-    See :func:`move_into`, the rule both this and a fleet's adopt use. Each
-    escapee's identity is checked again at the moment it is moved (#31):
-    the same process (pid and start time) and still a descendant of its
-    agent (its parent chain leads into the agent's scope); else it is left
-    where it is, with the reason. A reused pid is never written into an
-    agent's ``cgroup.procs``.
-    """
-    slice_cg = slice_cgroup_path(slice_path, cgroup_root)
-    known = {e.pid: e for e in escapees}
-
-    def verify(scope: str, pid: int) -> str | None:
-        e = known.get(pid)
-        if e is None or slice_cg is None:
-            return "not an escapee found by the audit"
-        return _still_escapee(e, f"{slice_cg}/{scope}", proc_root)
-
-    moves = [(e.scope, e.pid) for e in escapees]
-    return await _move(moves, attach, slice_path, cgroup_root, proc_root, write, verify)
-
-
 #: Parent links followed from an escapee to its agent's scope, at most.
 _MAX_CHAIN = 256
 
@@ -391,93 +360,110 @@ def _still_escapee(e: Escapee, scope_cg: str, proc_root: Path) -> str | None:
     return f"no longer a descendant of {e.scope} (its parent chain leads elsewhere): left alone"
 
 
-async def move_into(
-    scope: str,
-    pids: Sequence[int],
-    attach: Attach,
-    slice_path: Path,
-    *,
-    cgroup_root: Path = CGROUP_ROOT,
-    proc_root: Path = PROC_ROOT,
-    write: Callable[[Path, str, int], None] = write_procs,
-) -> dict[int, str | None]:
-    """Move ``pids`` into ``scope`` of the slice; per pid, None if it worked, else why not.
+@dataclass(frozen=True)
+class Mover:
+    """How processes are moved into the scopes of an agents slice, and checked after.
 
-    First ``attach`` (systemd's ``AttachProcessesToUnit``), one call per
-    scope. systemd refuses it for a unit without ``Delegate=yes``, which
-    every agent scope is ("Process migration not available on non-delegated
-    units"): then each pid is written into the scope's ``cgroup.procs``
-    (``write``, :func:`write_procs`). Whether a process is back is read from
-    its ``/proc/PID/cgroup`` afterwards, never assumed from a reply.
+    The one rule for the escape audit's :meth:`reclaim` and a fleet's adopt
+    (:meth:`move_into`). First ``attach`` (systemd's
+    ``AttachProcessesToUnit``), one call per scope. systemd refuses it for a
+    unit without ``Delegate=yes``, which every agent scope is ("Process
+    migration not available on non-delegated units"): then each pid is
+    written into the scope's ``cgroup.procs`` (``write``,
+    :func:`write_procs`). Whether a process is back is read from its
+    ``/proc/PID/cgroup`` afterwards, never assumed from a reply.
     """
-    moves = [(scope, pid) for pid in pids]
-    return await _move(moves, attach, slice_path, cgroup_root, proc_root, write)
 
+    attach: Attach
+    slice_path: Path
+    cgroup_root: Path = CGROUP_ROOT
+    proc_root: Path = PROC_ROOT
+    write: Callable[[Path, str, int], None] = write_procs
 
-async def _move(
-    moves: Sequence[tuple[str, int]],
-    attach: Attach,
-    slice_path: Path,
-    cgroup_root: Path,
-    proc_root: Path,
-    write: Callable[[Path, str, int], None],
-    verify: Callable[[str, int], str | None] | None = None,
-) -> dict[int, str | None]:
-    import asyncio
+    async def reclaim(self, escapees: Sequence[Escapee]) -> dict[int, str | None]:
+        """Move ``escapees`` back into their scopes; per pid, None if it worked, else why not.
 
-    from .._errors import AgentscopeError, BusError
+        Each escapee's identity is checked again at the moment it is moved
+        (#31): the same process (pid and start time) and still a descendant
+        of its agent (its parent chain leads into the agent's scope); else it
+        is left where it is, with the reason. A reused pid is never written
+        into an agent's ``cgroup.procs``.
+        """
+        slice_cg = slice_cgroup_path(self.slice_path, self.cgroup_root)
+        known = {e.pid: e for e in escapees}
 
-    slice_cg = slice_cgroup_path(slice_path, cgroup_root)
-    unverified: dict[int, str] = {}
-    if verify is not None:  # checked before systemd is asked, and again before each write
-        checked = await asyncio.to_thread(lambda: [(s, p, verify(s, p)) for s, p in moves])
-        unverified = {p: why for _s, p, why in checked if why is not None}
-        moves = [(s, p) for s, p, why in checked if why is None]
-    by_scope: dict[str, list[int]] = {}
-    for scope, pid in moves:
-        by_scope.setdefault(scope, []).append(pid)
-    refused: dict[str, str] = {}
-    direct: set[str] = set()
-    for scope, pids in by_scope.items():
-        if await asyncio.to_thread(os.path.isdir, slice_path / scope / AGENT_LEAF):
-            direct.add(scope)  # systemd would write the scope's own cgroup.procs: refused
-            continue
-        try:
-            await attach(scope, pids)
-        except BusError as exc:
-            if _NOT_DELEGATED in exc.message:
-                direct.add(scope)
-            else:
-                refused[scope] = clean(str(exc), MAX_CGROUP)
-        except AgentscopeError as exc:
-            refused[scope] = clean(str(exc), MAX_CGROUP)
+        def verify(scope: str, pid: int) -> str | None:
+            e = known.get(pid)
+            if e is None or slice_cg is None:
+                return "not an escapee found by the audit"
+            return _still_escapee(e, f"{slice_cg}/{scope}", self.proc_root)
 
-    def move_and_check() -> dict[int, str | None]:
-        result: dict[int, str | None] = {}
+        return await self._move([(e.scope, e.pid) for e in escapees], verify)
+
+    async def move_into(self, scope: str, pids: Sequence[int]) -> dict[int, str | None]:
+        """Move ``pids`` into ``scope`` of the slice; per pid, None if it worked, else why not."""
+        return await self._move([(scope, pid) for pid in pids])
+
+    async def _move(
+        self,
+        moves: Sequence[tuple[str, int]],
+        verify: Callable[[str, int], str | None] | None = None,
+    ) -> dict[int, str | None]:
+        import asyncio
+
+        from .._errors import AgentscopeError, BusError
+
+        slice_cg = slice_cgroup_path(self.slice_path, self.cgroup_root)
+        unverified: dict[int, str] = {}
+        if verify is not None:  # checked before systemd is asked, and again before each write
+            checked = await asyncio.to_thread(lambda: [(s, p, verify(s, p)) for s, p in moves])
+            unverified = {p: why for _s, p, why in checked if why is not None}
+            moves = [(s, p) for s, p, why in checked if why is None]
+        by_scope: dict[str, list[int]] = {}
         for scope, pid in moves:
-            error = refused.get(scope)
-            if scope in direct:
-                why = verify(scope, pid) if verify is not None else None
-                if why is not None:
-                    result[pid] = why
-                    continue
-                try:
-                    write(slice_path, scope, pid)
-                except (OSError, ValueError) as exc:
-                    error = clean(f"cannot write {scope}/cgroup.procs: {exc}", MAX_CGROUP)
-            cgroup = read_cgroup(pid, proc_root)
-            if (
-                slice_cg is not None
-                and cgroup is not None
-                and inside(cgroup, f"{slice_cg}/{scope}")
-            ):
-                result[pid] = None
-            elif error is not None:
-                result[pid] = error
-            elif cgroup is None:
-                result[pid] = "the process exited"
-            else:
-                result[pid] = f"the move was accepted, but it is in {clean(cgroup, 200)}"
-        return result
+            by_scope.setdefault(scope, []).append(pid)
+        refused: dict[str, str] = {}
+        direct: set[str] = set()
+        for scope, pids in by_scope.items():
+            if await asyncio.to_thread(os.path.isdir, self.slice_path / scope / AGENT_LEAF):
+                direct.add(scope)  # systemd would write the scope's own cgroup.procs: refused
+                continue
+            try:
+                await self.attach(scope, pids)
+            except BusError as exc:
+                if _NOT_DELEGATED in exc.message:
+                    direct.add(scope)
+                else:
+                    refused[scope] = clean(str(exc), MAX_CGROUP)
+            except AgentscopeError as exc:
+                refused[scope] = clean(str(exc), MAX_CGROUP)
 
-    return {**unverified, **await asyncio.to_thread(move_and_check)}
+        def move_and_check() -> dict[int, str | None]:
+            result: dict[int, str | None] = {}
+            for scope, pid in moves:
+                error = refused.get(scope)
+                if scope in direct:
+                    why = verify(scope, pid) if verify is not None else None
+                    if why is not None:
+                        result[pid] = why
+                        continue
+                    try:
+                        self.write(self.slice_path, scope, pid)
+                    except (OSError, ValueError) as exc:
+                        error = clean(f"cannot write {scope}/cgroup.procs: {exc}", MAX_CGROUP)
+                cgroup = read_cgroup(pid, self.proc_root)
+                if (
+                    slice_cg is not None
+                    and cgroup is not None
+                    and inside(cgroup, f"{slice_cg}/{scope}")
+                ):
+                    result[pid] = None
+                elif error is not None:
+                    result[pid] = error
+                elif cgroup is None:
+                    result[pid] = "the process exited"
+                else:
+                    result[pid] = f"the move was accepted, but it is in {clean(cgroup, 200)}"
+            return result
+
+        return {**unverified, **await asyncio.to_thread(move_and_check)}

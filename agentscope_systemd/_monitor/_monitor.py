@@ -51,7 +51,7 @@ from .._guard._guardthread import Guard, GuardHandle
 from .._kernel._cgroup import CGROUP_ROOT
 from .._kernel._proc import PROC_ROOT
 from ._attribution import PressureSample, PressureWindow
-from ._escape import Attach, Escapee, EscapeLedger, reclaim
+from ._escape import Attach, Escapee, EscapeLedger, Mover
 from ._killcount import KillCounter
 from ._logwatch import LogWatch
 from ._recovery import Baseline
@@ -543,13 +543,13 @@ class Monitor:
             return
         outcome: dict[int, str | None] = {}
         if self._reclaim is not None:
-            outcome = await reclaim(
-                new,
+            mover = Mover(
                 self._reclaim,
                 self.slice_path,
                 cgroup_root=self.cgroup_root,
                 proc_root=self.proc_root,
             )
+            outcome = await mover.reclaim(new)
         for e in new:
             tried = e.pid in outcome
             error = outcome.get(e.pid)
