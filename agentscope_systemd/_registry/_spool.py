@@ -193,9 +193,28 @@ class Entry:
         except ValueError:  # InvalidConfig is one
             return None
         fleet, name, unit, slice_dir, cwd = fields[1], fields[2], fields[3], fields[7], fields[8]
-        if not _valid(fleet, name, unit, pid, start, created, slice_dir, cwd, argv):
-            return None
-        return cls(fleet, name, unit, pid, start, created, slice_dir, cwd, argv, reap_after)
+        entry = cls(fleet, name, unit, pid, start, created, slice_dir, cwd, argv, reap_after)
+        return entry if entry._valid() else None
+
+    def _valid(self) -> bool:
+        """Whether each field is what an exec writes (checked before belief)."""
+        fleet, name, unit = self.fleet, self.name, self.unit
+        try:
+            _names.validate_name("fleet", fleet)
+            _names.validate_name("agent", name)
+        except InvalidName:
+            return False
+        prefix, suffix = f"agentscope-{fleet}-{name}-", ".scope"
+        token = unit[len(prefix) : -len(suffix)]
+        if not (unit.startswith(prefix) and unit.endswith(suffix) and len(token) == 6):
+            return False
+        if not set(token) <= _HEX:
+            return False
+        if not os.path.isabs(self.slice_dir) or ".." in self.slice_dir.split("/"):
+            return False
+        if self.cwd and not os.path.isabs(self.cwd):
+            return False
+        return bool(self.argv) and self.pid > 0 and self.start_time >= 0 and self.created >= 0
 
     def file_names(self) -> tuple[str, str]:
         """The names this entry may have in the spool: its agent's, or its unit's once freed."""
@@ -210,36 +229,6 @@ class Entry:
         if os.path.isdir(os.path.join(self.slice_dir, self.unit)):
             return "running"
         return "starting" if self.alive() else "lost"
-
-
-def _valid(
-    fleet: str,
-    name: str,
-    unit: str,
-    pid: int,
-    start: int,
-    created: float,
-    slice_dir: str,
-    cwd: str,
-    argv: Sequence[str],
-) -> bool:
-    """Whether an entry's fields are each what an exec writes (checked before belief)."""
-    try:
-        _names.validate_name("fleet", fleet)
-        _names.validate_name("agent", name)
-    except InvalidName:
-        return False
-    prefix, suffix = f"agentscope-{fleet}-{name}-", ".scope"
-    token = unit[len(prefix) : -len(suffix)]
-    if not (unit.startswith(prefix) and unit.endswith(suffix) and len(token) == 6):
-        return False
-    if not set(token) <= _HEX:
-        return False
-    if not os.path.isabs(slice_dir) or ".." in slice_dir.split("/"):
-        return False
-    if cwd and not os.path.isabs(cwd):
-        return False
-    return bool(argv) and pid > 0 and start >= 0 and created >= 0
 
 
 def claim(spool: str, entry: Entry) -> str | None:
