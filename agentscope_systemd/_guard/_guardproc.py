@@ -190,7 +190,7 @@ class GuardChild(GuardBase):
         if self._proc is not None:
             raise RuntimeError("this GuardChild was started before")
         self._ready = threading.Event()
-        pids, units = self._protected()
+        pids, units = self.protected()
         lock_dir = _guardlock.default_lock_dir()
         # The directory holding the package first, then the parent's absolute
         # entries; never "" or a relative one (the working directory).
@@ -259,16 +259,14 @@ class GuardChild(GuardBase):
         try:
             msg = json.loads(raw)
             if "kill" in msg:
-                self._killed(_kill_of(msg["kill"], self._unit_agent))
+                self._killed(_kill_of(msg["kill"], self.unit_agent))
             elif "relayed" in msg:
-                kill = _kill_of(msg["relayed"], self._unit_agent)
+                kill = _kill_of(msg["relayed"], self.unit_agent)
                 if kill.agent is not None:  # another guard's kill of one of ours
-                    self._on_kill(kill)
+                    self.on_kill(kill)
             elif "held" in msg:
-                if self._on_held is not None:
-                    self._on_held(
-                        GuardHeld(**{k: v for k, v in msg["held"].items() if k != "kind"})
-                    )
+                if self.on_held is not None:
+                    self.on_held(GuardHeld(**{k: v for k, v in msg["held"].items() if k != "kind"}))
             elif "trigger" in msg:
                 self._seen(_reading_of(msg["reading"]), msg["trigger"])
             elif "notes" in msg:

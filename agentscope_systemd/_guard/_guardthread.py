@@ -12,17 +12,16 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
 from .._errors import HostUnderPressure
-from .._kernel._cgroup import CGROUP_ROOT
-from .._kernel._proc import PROC_ROOT
-from ._guard import Protected, run_guard
+from ._guard import run_guard
 from ._guardbase import GuardBase
 from ._guardkill import prepare_process
-from ._guardpolicy import GuardConfig, GuardHeld, GuardKill, HostReading, Trigger
+from ._guardpolicy import HostReading, Trigger
 
 __all__ = ["READY_WAIT", "Guard", "GuardHandle", "admit"]
 
@@ -37,6 +36,7 @@ READY_WAIT = 10.0
 # The guard thread
 
 
+@dataclass(eq=False, repr=False)
 class Guard(GuardBase):
     """:func:`run_guard` in a daemon thread of this process (what a Monitor starts).
 
@@ -46,35 +46,14 @@ class Guard(GuardBase):
     health checks); ``kills`` counts its kills.
     """
 
-    def __init__(
-        self,
-        config: GuardConfig,
-        slice_path: Path,
-        *,
-        on_kill: Callable[[GuardKill], None],
-        unit_agent: Callable[[str], str | None] = lambda unit: None,
-        protected: Protected = lambda: ((), ()),
-        proc_root: Path = PROC_ROOT,
-        psi_trigger: bool | None = None,
-        cgroup_root: Path = CGROUP_ROOT,
-        lock_dir: Path | Literal["default"] | None = "default",
-        on_held: Callable[[GuardHeld], None] | None = None,
-    ) -> None:
-        super().__init__(
-            config,
-            slice_path,
-            on_kill=on_kill,
-            unit_agent=unit_agent,
-            protected=protected,
-            proc_root=proc_root,
-            cgroup_root=cgroup_root,
-            on_held=on_held,
-        )
-        self._psi_trigger = psi_trigger
-        self._lock_dir = lock_dir
-        self._thread: threading.Thread | None = None
-        self._stop_r = self._stop_w = -1
-        self._first = threading.Event()
+    _: KW_ONLY
+    psi_trigger: bool | None = None
+    lock_dir: Path | Literal["default"] | None = "default"
+    # Set by start(): the thread, the pipe that stops it, "it took a reading".
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _stop_r: int = field(default=-1, init=False)
+    _stop_w: int = field(default=-1, init=False)
+    _first: threading.Event = field(default_factory=threading.Event, init=False)
 
     @property
     def running(self) -> bool:
@@ -116,14 +95,14 @@ class Guard(GuardBase):
                 self.slice_path,
                 stop_fd=self._stop_r,
                 on_kill=self._killed,
-                unit_agent=self._unit_agent,
-                protected=self._protected,
+                unit_agent=self.unit_agent,
+                protected=self.protected,
                 on_reading=self._seen,
                 proc_root=self.proc_root,
-                psi_trigger=self._psi_trigger,
+                psi_trigger=self.psi_trigger,
                 cgroup_root=self.cgroup_root,
-                lock_dir=self._lock_dir,
-                on_held=self._on_held,
+                lock_dir=self.lock_dir,
+                on_held=self.on_held,
                 on_first=self._first.set,
             )
         except Exception:
