@@ -38,8 +38,9 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _names
 from .._errors import AgentscopeError, BusError, LaunchError, ModeUnavailable
@@ -47,9 +48,6 @@ from .._kernel._cgroup import CGROUP_ROOT, cgroup_chain, read_ceiling, read_subt
 from ._manager import Controls, ListedScope, LocalManager, ScopeRequest, stop_escalating
 from ._procscopes import read_meta, write_atomic
 from ._wire import FAILED, UNIT_EXISTS
-
-if TYPE_CHECKING:
-    from ._bus import Manager
 
 __all__ = ["HEADROOM", "MIN_AGENT_MAX", "CgroupManager", "default_agent_max"]
 
@@ -89,30 +87,23 @@ def default_agent_max(limit: int | None) -> tuple[int | None, str | None]:
     return cap, None
 
 
+@dataclass(eq=False, repr=False)
 class CgroupManager(LocalManager):
     """A fleet's scopes as cgroups of its own delegated subtree (see the module's docstring)."""
 
-    def __init__(
-        self,
-        manager: Manager,
-        fleet: str,
-        slice: str,
-        runtime: Path,
-        *,
-        cgroup_root: Path = CGROUP_ROOT,
-        own_cgroup: str | None = None,
-    ) -> None:
-        super().__init__(MODE, manager, fleet, slice)
-        self._root = Path(cgroup_root)
-        self._own = own_cgroup
-        self._meta = runtime / "cgroup-scopes" / slice
-        self._base: Path | None = None
-        self.default_max: int | None = None
-        self.limit_note: str | None = None
+    mode = MODE
+    _: KW_ONLY
+    cgroup_root: Path = CGROUP_ROOT
+    own_cgroup: str | None = None
+    # Set at connect, from the limit over the fleet (default_agent_max).
+    default_max: int | None = field(default=None, init=False)
+    limit_note: str | None = field(default=None, init=False)
+    _base: Path | None = field(default=None, init=False)
+    _meta: Path = field(init=False)
 
-    @property
-    def cgroup_root(self) -> Path:
-        return self._root
+    def __post_init__(self) -> None:
+        self.cgroup_root = Path(self.cgroup_root)
+        self._meta = self.runtime / "cgroup-scopes" / self.slice
 
     @property
     def address(self) -> str:
@@ -122,8 +113,8 @@ class CgroupManager(LocalManager):
         await asyncio.to_thread(self._connect)
 
     def _connect(self) -> None:
-        own = self._own if self._own is not None else _own_cgroup()
-        base = self._root / own.strip("/")
+        own = self.own_cgroup if self.own_cgroup is not None else _own_cgroup()
+        base = self.cgroup_root / own.strip("/")
         if base.name == MANAGER_LEAF:  # this process was moved there before
             base = base.parent
         try:
@@ -146,7 +137,7 @@ class CgroupManager(LocalManager):
             raise ModeUnavailable(MODE, f"cannot set up {base}: {exc}", _ENABLE) from exc
         self._base = base
         limit = None
-        for path in cgroup_chain(self._root, base):
+        for path in cgroup_chain(self.cgroup_root, base):
             ceiling = read_ceiling(path)
             if ceiling is not None and ceiling.limit is not None:
                 limit = ceiling.limit
@@ -166,8 +157,8 @@ class CgroupManager(LocalManager):
 
     def expected_slice_cgroup(self) -> Path:
         if self._base is None:
-            own = self._own if self._own is not None else _own_cgroup()
-            base = self._root / own.strip("/")
+            own = self.own_cgroup if self.own_cgroup is not None else _own_cgroup()
+            base = self.cgroup_root / own.strip("/")
             return (base.parent if base.name == MANAGER_LEAF else base) / self.slice
         return self._slice()
 

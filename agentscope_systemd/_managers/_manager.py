@@ -252,6 +252,7 @@ async def stop_escalating(
             raise AgentscopeError(f"{what} still has processes {KILL_WAIT:.0f} s after SIGKILL")
 
 
+@dataclass(eq=False, repr=False)
 class LocalManager:
     """What the managers that run scopes themselves (cgroup, process) share.
 
@@ -260,13 +261,18 @@ class LocalManager:
     A scope they do not run is refused with systemd's own error
     (:meth:`no_such_unit`), so the fleet acts on it as on systemd's (see the
     module's docstring).
+
+    A dataclass (one object per fleet, compared by identity) of what both
+    are made with: which systemd manager the fleet names, the fleet, its
+    slice and its runtime directory (where each keeps its own record of its
+    scopes). Each is a dataclass over this one that adds its own options,
+    and names its ``mode`` as a class attribute.
     """
 
-    def __init__(self, mode: str, manager: Manager, fleet: str, slice: str) -> None:
-        self.manager: Manager = manager
-        self.mode = mode
-        self.fleet = fleet
-        self.slice = slice
+    manager: Manager
+    fleet: str
+    slice: str
+    runtime: Path
 
     @property
     def version(self) -> str:

@@ -39,8 +39,9 @@ import shutil
 import signal
 import time
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _names
 from .._errors import BusError, LaunchError, ModeUnsupported
@@ -59,9 +60,6 @@ from ._manager import Controls, ListedScope, LocalManager, ScopeRequest, stop_es
 # A scope that runs already is refused with systemd's name for it
 # (UNIT_EXISTS): the fleet acts on it alike.
 from ._wire import UNIT_EXISTS
-
-if TYPE_CHECKING:
-    from ._bus import Manager
 
 __all__ = [
     "ProcessManager",
@@ -83,28 +81,19 @@ def mirror_root(runtime: Path) -> Path:
     return runtime / "process-scopes"
 
 
+@dataclass(eq=False, repr=False)
 class ProcessManager(LocalManager):
     """A fleet's scopes as process trees (see the module's docstring)."""
 
-    def __init__(
-        self,
-        manager: Manager,
-        fleet: str,
-        slice: str,
-        runtime: Path,
-        *,
-        proc_root: Path = PROC_ROOT,
-        cgroup_root: Path = CGROUP_ROOT,
-    ) -> None:
-        super().__init__(MODE, manager, fleet, slice)
-        self._dir = mirror_root(runtime) / slice
-        self._proc = proc_root
-        self._cgroup_root = cgroup_root
-        self._lock = asyncio.Lock()
+    mode = MODE
+    _: KW_ONLY
+    proc_root: Path = PROC_ROOT
+    cgroup_root: Path = CGROUP_ROOT
+    _dir: Path = field(init=False)  # its mirror of the scopes, under mirror_root
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
-    @property
-    def cgroup_root(self) -> Path:
-        return self._cgroup_root
+    def __post_init__(self) -> None:
+        self._dir = mirror_root(self.runtime) / self.slice
 
     @property
     def address(self) -> str:
@@ -148,7 +137,7 @@ class ProcessManager(LocalManager):
         members = {}
         pids = scope.pids
         for pid in pids:
-            st = read_stat(pid, self._proc)
+            st = read_stat(pid, self.proc_root)
             if st is None:
                 shutil.rmtree(d, ignore_errors=True)
                 raise LaunchError(f"process {pid} of {unit} ended before its scope started")
@@ -177,10 +166,10 @@ class ProcessManager(LocalManager):
         """The scope's live processes now: recorded ones still alive, and their descendants."""
         if children is None:
             children = self._children()
-        return tree_members(self._recorded(unit), children, self._proc)
+        return tree_members(self._recorded(unit), children, self.proc_root)
 
     def _children(self) -> dict[int, list[int]]:
-        return children_of(self._proc)
+        return children_of(self.proc_root)
 
     def _units(self) -> list[str]:
         try:
@@ -237,7 +226,7 @@ class ProcessManager(LocalManager):
         """Send ``sig`` to every member of ``unit`` (pid and start time checked); any there?"""
         live = self._refresh(unit, self._children())
         for pid, start in live.items():
-            signal_process(pid, start, sig, self._proc)
+            signal_process(pid, start, sig, self.proc_root)
         return bool(live)
 
     async def kill_unit(self, unit: str, sig: int) -> None:
@@ -260,7 +249,7 @@ class ProcessManager(LocalManager):
         if not members:
             raise self.no_such_unit("AttachProcessesToUnit", unit)
         for pid in pids:
-            st = read_stat(pid, self._proc)
+            st = read_stat(pid, self.proc_root)
             if st is not None:
                 members[pid] = st.start_time
         self._store(unit, members)
