@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,27 @@ def test_pid_by_pid_a_process_moved_out_of_the_call_is_spared(
     assert cc1.wait(WAIT) == -signal.SIGKILL
     assert make.poll() is None
     assert kill_tree(str(tree.slice / unit / "call-gone-1"), str(tree.proc)) == []
+
+
+def test_a_refused_memory_lock_says_the_limit_and_how_to_lift_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    # An unprivileged monitor (the user manager's demo, a harness as a user):
+    # mlockall is refused past RLIMIT_MEMLOCK, and the warning names the limit
+    # and the two ways to lift it instead of leaving the user to guess.
+    import resource
+
+    from agentscope_systemd._guard import _guardkill
+    from agentscope_systemd._guard._guardpolicy import GuardConfig
+
+    monkeypatch.setattr(_guardkill, "_lock_memory", lambda: "Cannot allocate memory")
+    monkeypatch.setattr(_guardkill, "_said", set())
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (8 << 20, 8 << 20))
+    notes = _guardkill.prepare_process(GuardConfig(oom_score_adj=None), tmp_path)
+    assert len(notes) == 1
+    assert "mlockall: Cannot allocate memory" in notes[0]
+    assert "RLIMIT_MEMLOCK is 8192 KiB" in notes[0]
+    assert "ulimit -l" in notes[0]
+    assert "LimitMEMLOCK=" in notes[0]
+    assert "CAP_IPC_LOCK" in notes[0]
+    assert notes[0] in caplog.text

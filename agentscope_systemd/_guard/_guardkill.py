@@ -20,6 +20,7 @@ import ctypes
 import errno
 import logging
 import os
+import resource
 import signal
 import time
 from dataclasses import dataclass
@@ -65,6 +66,16 @@ def _lock_memory() -> str | None:
     return os.strerror(err)
 
 
+def _lock_advice() -> str:
+    """The memory-lock limit and how to lift it: the rest of the refusal's note."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft // 1024} KiB"
+    return (
+        f"RLIMIT_MEMLOCK is {limit} and the process maps more; to lock it, raise the"
+        " limit (ulimit -l, or LimitMEMLOCK= in the unit it runs in) or grant CAP_IPC_LOCK"
+    )
+
+
 def prepare_process(config: GuardConfig, proc_root: Path = PROC_ROOT) -> list[str]:
     """Lock this process's memory and set its oom_score_adj as ``config`` asks.
 
@@ -79,7 +90,10 @@ def prepare_process(config: GuardConfig, proc_root: Path = PROC_ROOT) -> list[st
     if config.lock_memory:
         reason = _lock_memory()
         if reason is not None:
-            note = f"cannot lock the guard's memory (mlockall: {reason}); running unlocked"
+            note = (
+                f"cannot lock the guard's memory (mlockall: {reason}); running unlocked: "
+                + _lock_advice()
+            )
             _say_once("mlock", "%s", note)
             notes.append(note)
     if config.oom_score_adj is not None:
