@@ -26,7 +26,7 @@ from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
 from agentscope_systemd import AsyncFleet, Escaped, Monitor
-from agentscope_systemd._monitor._escape import Escapee, find_escapes, reclaim
+from agentscope_systemd._monitor._escape import Escapee, Mover, find_escapes
 from agentscope_systemd._monitor._monitor import ESCAPE_AUDIT_EVERY
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -172,7 +172,7 @@ async def test_an_escapee_is_moved_only_while_it_is_that_descendant(fleet: Async
         os.kill(middle, signal.SIGKILL)
         assert _wait(lambda: _ppid(orphan.pid) != middle, 10)
         reused = dataclasses.replace(stays, start_time=stays.start_time + 1)
-        outcome = await reclaim([reused, orphan], fleet._manager.attach, slice_path)
+        outcome = await Mover(fleet._manager.attach, slice_path).reclaim([reused, orphan])
         assert outcome[stays.pid] is not None
         assert "exited" in outcome[stays.pid]
         assert outcome[orphan.pid] is not None
@@ -180,7 +180,7 @@ async def test_an_escapee_is_moved_only_while_it_is_that_descendant(fleet: Async
         assert _cgroup(stays.pid) == stays.cgroup
         assert _cgroup(orphan.pid) == orphan.cgroup
         # The real one, still the agent's descendant, is moved back.
-        outcome = await reclaim([stays], fleet._manager.attach, slice_path)
+        outcome = await Mover(fleet._manager.attach, slice_path).reclaim([stays])
         assert outcome == {stays.pid: None}
         assert _cgroup(stays.pid).endswith((f"/{agent.unit}", f"/{agent.unit}/agent"))
     finally:
