@@ -175,3 +175,20 @@ def test_a_refused_memory_lock_says_the_limit_and_how_to_lift_it(
     assert "LimitMEMLOCK=" in notes[0]
     assert "CAP_IPC_LOCK" in notes[0]
     assert notes[0] in caplog.text
+
+
+def test_a_refused_memory_lock_under_no_limit_does_not_blame_the_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import resource
+
+    from agentscope_systemd._guard import _guardkill
+    from agentscope_systemd._guard._guardpolicy import GuardConfig
+
+    monkeypatch.setattr(_guardkill, "_lock_memory", lambda: "Operation not permitted")
+    monkeypatch.setattr(_guardkill, "_said", set())
+    infinity = resource.RLIM_INFINITY
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (infinity, infinity))
+    (note,) = _guardkill.prepare_process(GuardConfig(oom_score_adj=None), tmp_path)
+    assert "RLIMIT_MEMLOCK is unlimited, so the kernel refused for another reason" in note
+    assert "ulimit -l" not in note

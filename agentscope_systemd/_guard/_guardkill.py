@@ -69,10 +69,11 @@ def _lock_memory() -> str | None:
 def _lock_advice() -> str:
     """The memory-lock limit and how to lift it: the rest of the refusal's note."""
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft // 1024} KiB"
+    if soft == resource.RLIM_INFINITY:  # not the limit: raising it would not help
+        return "RLIMIT_MEMLOCK is unlimited, so the kernel refused for another reason"
     return (
-        f"RLIMIT_MEMLOCK is {limit} and the process maps more; to lock it, raise the"
-        " limit (ulimit -l, or LimitMEMLOCK= in the unit it runs in) or grant CAP_IPC_LOCK"
+        f"RLIMIT_MEMLOCK is {soft // 1024} KiB and the process maps more; to lock it, raise"
+        " the limit (ulimit -l, or LimitMEMLOCK= in the unit it runs in) or grant CAP_IPC_LOCK"
     )
 
 
