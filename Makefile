@@ -9,7 +9,7 @@ EVERYWHERE ?=
 JOBS ?= 2
 VM_ARGS = $(if $(DISTRO),$(foreach d,$(DISTRO),-d $(d))) -m $(MANAGER) $(if $(K),-k "$(K)") -j $(JOBS) $(if $(EVERYWHERE),--everywhere)
 
-.PHONY: help venv host-deps check lint typecheck unit lowest node-test integration images test demo bench clean-vm dashboard-shot man docs
+.PHONY: help venv gate host-deps check lint typecheck unit lowest node-test integration images test demo bench clean-vm dashboard-shot man docs
 
 help:
 	@echo "make demo          the main job: a fleet in a VM, a runaway agent, the guard's kill named"
@@ -49,15 +49,23 @@ host-deps:
 	@bash integration/host-deps.sh
 
 lint: venv
-	$(PY) -m ruff check agentscope_systemd tests integration benchmarks dashboards deploy
-	$(PY) -m ruff format --check agentscope_systemd tests integration benchmarks dashboards deploy
+	$(PY) -m ruff check agentscope_systemd tests integration benchmarks dashboards deploy native hatch_build.py
+	$(PY) -m ruff format --check agentscope_systemd tests integration benchmarks dashboards deploy native hatch_build.py
 
 typecheck: venv
 	$(PY) -m mypy --strict agentscope_systemd
 
 check: lint typecheck
 
-unit: venv
+# The compiled launch gate beside _spawn.py in this checkout, as a wheel has it
+# (hatch_build.py): the host tests import the checkout, not the venv's copy.
+# Without a C compiler it is not built and the gate runs in Python (said).
+GATE = agentscope_systemd/_fleet/agentscope-gate
+gate: $(GATE)
+$(GATE): native/gate.c native/build_gate.py
+	python3 native/build_gate.py $@
+
+unit: venv gate
 	$(PY) -m pytest tests
 	@$(MAKE) --no-print-directory node-test
 
@@ -78,7 +86,7 @@ $(LOW_STAMP): pyproject.toml .ci/floors.py
 
 # -p no:libtmux: the pytest plugin of libtmux 0.37 (its own test helpers,
 # none of ours) fails to load under pytest 9; the library is what is tested.
-lowest: $(LOW_STAMP)
+lowest: $(LOW_STAMP) gate
 	@echo "lowest: $$(tr '\n' ' ' < .venv-lowest/floors.txt)"
 	$(LOW_PY) -m pytest -q -p no:cacheprovider -p no:libtmux tests
 

@@ -17,6 +17,10 @@ command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v mke2fs >/dev/null || need+=(e2fsprogs)
 command -v debugfs >/dev/null || need+=(e2fsprogs)
 command -v make >/dev/null || need+=(make)
+# The wheel's compiled launch gate (native/build_gate.py), built static so that
+# the host's build runs in every guest: a compiler and the C library's archive.
+command -v cc >/dev/null || need+=(gcc)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 # mmdebstrap's default mode needs these to fetch and unpack Debian's packages.
 [ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)

@@ -124,6 +124,9 @@ def _build_wheel(dest: Path) -> Path:
         ],
         check=True,
         stdin=subprocess.DEVNULL,
+        # The guests run what users' installs run: the compiled launch gate,
+        # static so that this host's build runs on systemd 247's older libc.
+        env={**os.environ, "AGENTSCOPE_BUILD_GATE": "static"},
     )
     (wheel,) = dest.glob("agentscope_systemd-*.whl")
     return wheel

@@ -1710,6 +1710,22 @@ def test_doctor_json(monkeypatch: pytest.MonkeyPatch, fleet: FakeFleet) -> None:
     assert by_name["linger"]["fix"] == "sudo loginctl enable-linger dev"
 
 
+def test_doctor_says_which_launch_gate_this_install_has() -> None:
+    def gate(program: str | None) -> list[dict[str, Any]]:
+        return [
+            c for c in _doctor.checks(_facts(launch_gate=program)) if c["name"] == "launch_gate"
+        ]
+
+    (compiled,) = gate("/venv/lib/agentscope_systemd/_fleet/agentscope-gate")
+    assert compiled["status"] == "pass"
+    assert compiled["detail"].endswith("/agentscope-gate")
+    (python,) = gate("")
+    assert python["status"] == "warn"
+    assert "preexec_fn" in python["detail"]
+    assert "C compiler" in python["fix"]
+    assert gate(None) == []  # not looked: no verdict
+
+
 def test_doctor_says_who_names_oom_victims() -> None:
     def victims(**over: Any) -> dict[str, Any]:
         (check,) = [c for c in _doctor.checks(_facts(**over)) if c["name"] == "oom_victims"]

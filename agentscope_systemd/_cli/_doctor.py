@@ -60,6 +60,9 @@ class Facts:
     #: The manager mode the fleet gets here and why (agentscope_systemd.lowlevel.choose_mode).
     mode: str | None = None
     mode_reason: str | None = None
+    #: The compiled launch gate's path; "" where this install has none (the gate
+    #: runs in Python, in preexec_fn: _fleet/_spawn.py); None: not looked.
+    launch_gate: str | None = None
 
 
 async def _manager_facts(manager: str) -> tuple[str | None, str | None, str | None]:
@@ -152,6 +155,8 @@ def gather(opts: Options) -> Facts:
         oomd_facts = asyncio.run(_oomd_facts(manager, str(caps.get("slice") or _AGENTS_SLICE)))
     journal = journal_access()
     choice = choose_mode(opts.manager)
+    from agentscope_systemd._fleet._spawn import gate_program
+
     return Facts(
         manager=manager,
         user=user,
@@ -169,6 +174,7 @@ def gather(opts: Options) -> Facts:
         container=inspect_container(),
         mode=choice.mode,
         mode_reason=choice.reason,
+        launch_gate=gate_program() or "",
         **{"oomd_state": oomd, **oomd_facts},
     )
 
@@ -354,6 +360,19 @@ def _container_checks(facts: Facts, box: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _gate_check(program: str) -> dict[str, Any]:
+    if program:
+        return _check("launch_gate", "pass", f"launches pass the compiled gate {program}")
+    return _check(
+        "launch_gate",
+        "warn",
+        "this install has no compiled launch gate: each launch runs the gate as Python "
+        "in the forked copy of this threaded process (preexec_fn), and cannot use vfork",
+        "install a C compiler (Debian: gcc libc6-dev; Fedora: gcc glibc-static), then "
+        "reinstall agentscope-systemd (docs/install.md, the launch gate)",
+    )
+
+
 def _cgroup_v2_check(unified: bool, fix: str) -> dict[str, Any]:
     if unified:
         return _check("cgroup_v2", "pass", "unified cgroup v2 hierarchy")
@@ -514,6 +533,8 @@ def checks(facts: Facts, slice_name: str = "app-agentscope-agents.slice") -> lis
     else:
         out.append(_check("oom_score_adj", "pass", f"this process has oom_score_adj {adj}"))
     out.append(_victims_check(facts))
+    if facts.launch_gate is not None:
+        out.append(_gate_check(facts.launch_gate))
     if facts.mode is not None:  # next to the systemd check, which it explains
         out.insert(1, _check("manager_mode", "pass", f"{facts.mode}: {facts.mode_reason}"))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -94,6 +95,24 @@ async def test_agent_in_own_scope_with_policies(
     assert oom_score_adj(agent.pid) == 800
     assert oom_score_adj(os.getpid()) >= 200
     assert Path(f"/proc/{agent.pid}/exe").resolve().name == "sleep"
+
+
+def test_launches_pass_the_compiled_gate() -> None:
+    # The wheel the guests install carries the launch gate as a static program
+    # (integration/vm.py builds it on the host): it runs on this guest's libc,
+    # every launch of this suite went through it, and doctor says so.
+    from agentscope_systemd._fleet._spawn import gate_program
+
+    program = gate_program()
+    assert program is not None
+    # Run bare, it refuses its arguments (exit 126): it loaded and ran here.
+    assert subprocess.run([program], check=False, timeout=30).returncode == 126
+    doctor = subprocess.run(
+        ["agentscope", "doctor", "--json"], capture_output=True, text=True, timeout=120
+    )
+    (check,) = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "launch_gate"]
+    assert check["status"] == "pass", check
+    assert program in check["detail"], check
 
 
 @pytest.mark.heavy("scale-launch")
