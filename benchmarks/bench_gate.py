@@ -1,12 +1,16 @@
 """The launch gate: the compiled program against the Python one in ``preexec_fn``.
 
-Runs on the host (no systemd needed: the gate's own cost, without a scope):
+On the host (no systemd needed: the gate's own cost, without a scope):
 ``python benchmarks/bench_gate.py`` from a checkout where ``make gate`` built
 the program. Each round spawns ``true`` at the gate, releases it and waits,
 alternating the two gates so that both see the same load; it prints the
 median milliseconds of each and their ratio, and the same for a spawn with
 256 MiB more heap in this process (a preexec_fn fork copies the page
 tables of the whole manager; the program's vfork does not).
+
+In a VM of the test bed (``make bench BENCH=bench_gate.py``), where systemd
+runs, it also times whole launches, ``launch(["true"])`` + ``wait()`` on one
+open fleet, alternating the two gates in the same run.
 """
 
 from __future__ import annotations
@@ -51,6 +55,28 @@ async def _round(program: Path, rounds: int) -> tuple[float, float]:
     return statistics.median(times[program]), statistics.median(times[missing])
 
 
+async def _launches(program: Path, rounds: int) -> tuple[float, float]:
+    import uuid
+
+    import agentscope_systemd
+
+    missing = program.with_name("no-gate-here")
+    times: dict[Path, list[float]] = {program: [], missing: []}
+    async with agentscope_systemd.AsyncFleet(f"benchgate{uuid.uuid4().hex[:6]}") as fleet:
+        for i in range(rounds):
+            for which in (program, missing):
+                _spawn._PROGRAM = which
+                t0 = time.perf_counter()
+                agent = await fleet.launch(f"g{i}-{which.name}", ["true"])
+                await agent.wait()
+                times[which].append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times[program]), statistics.median(times[missing])
+
+
+def _systemd() -> bool:
+    return os.path.isdir("/run/systemd/system")
+
+
 def main() -> None:
     program = _spawn._PROGRAM
     if _spawn.gate_program() is None:
@@ -67,6 +93,13 @@ def main() -> None:
             f"ratio {python / compiled:.2f}x"
         )
         del heap
+    if _systemd():
+        rounds = min(N, 50)
+        compiled, python = asyncio.run(_launches(program, rounds))
+        print(
+            f"  launch + wait of true, {rounds} each: program {compiled:.1f} ms, "
+            f"preexec_fn {python:.1f} ms, ratio {python / compiled:.2f}x"
+        )
 
 
 if __name__ == "__main__":
