@@ -8,14 +8,20 @@ does what the fast path does.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from .._calls._calls import DEFAULTS_ENV
 from ._call import call_command
 from ._context import options
 
 __all__ = ["call"]
+
+
+def _cap(metavar: str, what: str, key: str) -> Any:
+    """A cap's option; a call that names none takes its agent's, from :data:`DEFAULTS_ENV`."""
+    return typer.Option(metavar=metavar, help=f"{what}; default ${DEFAULTS_ENV[key]}.")
 
 
 def call(
@@ -25,23 +31,14 @@ def call(
     ],
     memory_max: Annotated[
         str | None,
-        typer.Option(
-            metavar="SIZE",
-            help="Cap the call's memory (memory.max): 2G, 25%, infinity; "
-            "default $AGENTSCOPE_CALL_MEMORY_MAX.",
-        ),
+        _cap("SIZE", "Cap the call's memory (memory.max): 2G, 25%, infinity", "memory_max"),
     ] = None,
     memory_swap_max: Annotated[
         str | None,
         typer.Option(metavar="SIZE", help="The call's swap (memory.swap.max); default 0: none."),
     ] = None,
     tasks_max: Annotated[
-        str | None,
-        typer.Option(
-            metavar="N",
-            help="At most N processes and threads in the call (pids.max); "
-            "default $AGENTSCOPE_CALL_TASKS_MAX.",
-        ),
+        str | None, _cap("N", "At most N processes and threads in the call (pids.max)", "tasks_max")
     ] = None,
     name: Annotated[
         str | None,

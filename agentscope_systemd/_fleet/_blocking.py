@@ -18,8 +18,6 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Concatenate,
-    Generic,
-    NoReturn,
     ParamSpec,
     TypeVar,
     overload,
@@ -27,6 +25,7 @@ from typing import (
 
 from .. import _names, _numbers
 from .._errors import AgentscopeError
+from .._live import Live
 from .._managers._bus import SystemdBus
 from ._fleet import Agent, AsyncFleet, Capabilities, probe
 
@@ -99,39 +98,6 @@ class BlockingCall:
         return self.popen.wait(timeout)
 
 
-class _Live(property, Generic[T]):
-    """A facade's read-only attribute that reads its core object's of the same name, live.
-
-    The one rule of every attribute the blocking objects pass through:
-    ``core`` is the facade's attribute holding the core object (a
-    :class:`BlockingAgent`'s :class:`Agent`, a :class:`Fleet`'s
-    :class:`AsyncFleet`, a :class:`BlockingMonitor`'s :class:`Monitor`),
-    ``of`` the core class its docstring refers to. The loop thread updates
-    the core object; a read takes no trip to the loop.
-    """
-
-    def __init__(self, core: str, of: str) -> None:
-        super().__init__()
-        self._core, self._of = core, of
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-        self.__doc__ = f"See :attr:`{self._of}.{name}`."
-
-    @overload
-    def __get__(self, facade: None, owner: type | None = None, /) -> _Live[T]: ...
-    @overload
-    def __get__(self, facade: object, owner: type | None = None, /) -> T: ...
-    def __get__(self, facade: object, owner: type | None = None, /) -> _Live[T] | T:
-        if facade is None:
-            return self
-        value: T = getattr(getattr(facade, self._core), self._name)
-        return value
-
-    def __set__(self, facade: object, value: object, /) -> NoReturn:
-        raise AttributeError(f"{self._name} is read-only: the {self._of}'s own, read live")
-
-
 class BlockingAgent:
     """An agent as the blocking :class:`Fleet` hands it out.
 
@@ -155,17 +121,17 @@ class BlockingAgent:
         return f"<BlockingAgent {self.name} pid={self.pid} unit={self.unit}>"
 
     # The agent's figures, read live from the core's Agent (the loop updates them).
-    cgroup: _Live[str | None] = _Live("_agent", "Agent")
-    state: _Live[str] = _Live("_agent", "Agent")
-    started: _Live[float] = _Live("_agent", "Agent")
-    memory_current: _Live[int | None] = _Live("_agent", "Agent")
-    memory_peak: _Live[int | None] = _Live("_agent", "Agent")
-    oom_kills: _Live[int] = _Live("_agent", "Agent")
-    leftovers: _Live[int] = _Live("_agent", "Agent")
-    calls: _Live[int] = _Live("_agent", "Agent")
-    reap_after: _Live[float | None] = _Live("_agent", "Agent")
-    property_issues: _Live[list[dict[str, Any]]] = _Live("_agent", "Agent")
-    returncode: _Live[int | None] = _Live("_agent", "Agent")
+    cgroup: Live[str | None] = Live("_agent", "Agent")
+    state: Live[str] = Live("_agent", "Agent")
+    started: Live[float] = Live("_agent", "Agent")
+    memory_current: Live[int | None] = Live("_agent", "Agent")
+    memory_peak: Live[int | None] = Live("_agent", "Agent")
+    oom_kills: Live[int] = Live("_agent", "Agent")
+    leftovers: Live[int] = Live("_agent", "Agent")
+    calls: Live[int] = Live("_agent", "Agent")
+    reap_after: Live[float | None] = Live("_agent", "Agent")
+    property_issues: Live[list[dict[str, Any]]] = Live("_agent", "Agent")
+    returncode: Live[int | None] = Live("_agent", "Agent")
 
     def to_dict(self) -> dict[str, Any]:
         return self._agent.to_dict()
@@ -197,8 +163,8 @@ class BlockingMonitor:
         self._monitor = monitor
         self._iter: AsyncIterator[MonitorEvent] | None = None
 
-    failures: _Live[int] = _Live("_monitor", "Monitor")
-    consecutive_failures: _Live[int] = _Live("_monitor", "Monitor")
+    failures: Live[int] = Live("_monitor", "Monitor")
+    consecutive_failures: Live[int] = Live("_monitor", "Monitor")
 
     def guard_running(self) -> bool:
         """The monitor's memory guard runs (False without one, or once it stopped)."""
@@ -342,10 +308,10 @@ class Fleet:
         self.slice = self._fleet.slice
 
     # The core's properties, read through (no trip to the loop).
-    systemd_version: _Live[str] = _Live("_fleet", "AsyncFleet")
-    bus_address: _Live[str] = _Live("_fleet", "AsyncFleet")
-    mode: _Live[str] = _Live("_fleet", "AsyncFleet")
-    mode_reason: _Live[str] = _Live("_fleet", "AsyncFleet")
+    systemd_version: Live[str] = Live("_fleet", "AsyncFleet")
+    bus_address: Live[str] = Live("_fleet", "AsyncFleet")
+    mode: Live[str] = Live("_fleet", "AsyncFleet")
+    mode_reason: Live[str] = Live("_fleet", "AsyncFleet")
 
     def __enter__(self) -> Fleet:
         return self

@@ -24,6 +24,7 @@ from typing import Any
 from .. import _names
 from .._errors import AgentscopeError, BusError, LaunchError
 from .._kernel._cgroup import cgroup_v2_mounted, memory_controller_enabled
+from .._live import Live
 from .._monitor._escape import unit_of_cgroup
 from . import _scope, _scopeprops, _wire
 from ._bus import INFINITY, Manager, SystemdBus
@@ -75,17 +76,10 @@ class SystemdManager:
         self._oom_policy = _scope.OOMPolicyFallback()
         self._slice_cgroup: Path | None = None
 
-    @property
-    def cgroup_root(self) -> Path:
-        return self._bus.cgroup_root
-
-    @property
-    def version(self) -> str:
-        return self._bus.version
-
-    @property
-    def address(self) -> str:
-        return self._bus.address
+    # The bus's own: it learns them as it connects.
+    cgroup_root: Live[Path] = Live("_bus", "SystemdBus")
+    version: Live[str] = Live("_bus", "SystemdBus")
+    address: Live[str] = Live("_bus", "SystemdBus")
 
     async def connect(self) -> None:
         await self._bus.connect()
