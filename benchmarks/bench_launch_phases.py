@@ -7,6 +7,8 @@ from outside (the registry trips, the D-Bus calls, the gated child's
 private names it wraps may move. It prints the median of each phase over
 ``BENCH_N`` launches, the floor (``bench_launch._job_floor``) and the cost
 of a ``Popen`` with and without a ``preexec_fn`` (fork instead of vfork).
+Where the compiled gate is installed and no ``agentscope_base`` is given,
+launches alternate between it and the Python gate instead.
 
 To compare two versions under the same load (a TCG guest shares its host),
 put a copy of the other version's ``agentscope`` package next to this file
@@ -23,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import types
 import uuid
@@ -65,8 +66,8 @@ def _read_child_stamps() -> None:
 
 
 def _instrument_package(pkg: types.ModuleType) -> None:
-    fleet_mod = importlib.import_module(f"{pkg.__name__}._fleet_launch")
-    spawn_mod = importlib.import_module(f"{pkg.__name__}._spawn")
+    fleet_mod = importlib.import_module(f"{pkg.__name__}._fleet._fleet_launch")
+    spawn_mod = importlib.import_module(f"{pkg.__name__}._fleet._spawn")
     orig_spawn = fleet_mod.spawn_gated
 
     async def spawn_gated(*args: Any, **kwargs: Any) -> Any:
@@ -88,12 +89,13 @@ def _instrument_package(pkg: types.ModuleType) -> None:
     fleet_mod.spawn_gated = spawn_gated
 
     class Popen(subprocess.Popen):  # type: ignore[type-arg]
+        # Only the spawn module sees this class: every Popen here is a launch's.
+        # With the Python gate it returns at the agent's exec; with the
+        # compiled gate, at the gate program's (its "ready" is spawn:pid).
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            if threading.current_thread().name == "agentscope-spawn":
-                _mark("popen:enter")
+            _mark("popen:enter")
             super().__init__(*args, **kwargs)
-            if threading.current_thread().name == "agentscope-spawn":
-                _mark("popen:exec")
+            _mark("popen:exec")
 
     shim = types.ModuleType("subprocess")
     shim.__dict__.update(subprocess.__dict__)
@@ -109,7 +111,7 @@ def _instrument_package(pkg: types.ModuleType) -> None:
 
     spawn_mod._gate = gate
 
-    agent_cls = importlib.import_module(f"{pkg.__name__}._agent").Agent
+    agent_cls = importlib.import_module(f"{pkg.__name__}._fleet._agent").Agent
     orig_reap = agent_cls._reap
 
     def reap(self: Any) -> int | None:
@@ -172,28 +174,50 @@ def _instrument_fleet(fleet: Any) -> None:
     bus._bus.add_message_handler(on_message)
 
 
-# (label, from, to): the phases printed, in launch order.
+# (label, from, to, gate): the phases printed, in launch order; a gate's own
+# phases only for launches through it. The compiled program is exec'd by
+# Popen at once and says "ready"; the Python gate runs in preexec_fn, and
+# Popen returns at the agent's exec.
 _PHASES = [
-    ("checks, refusal, slice: until the fork", "launch:begin", "spawn:begin"),
-    ("spawn thread start until Popen", "spawn:begin", "popen:enter"),
-    ("fork + after-fork hooks (until gate)", "popen:enter", "gate:enter"),
-    ("gate entered until PID on the loop", "gate:enter", "spawn:pid"),
-    ("record_launch until StartTransientUnit", "spawn:pid", "call:StartTransientUnit:begin"),
+    ("checks, refusal, slice: until the fork", "launch:begin", "spawn:begin", None),
+    ("spawn thread start until Popen", "spawn:begin", "popen:enter", None),
+    ("program: vfork + exec of the gate", "popen:enter", "popen:exec", "program"),
+    ("program: gate until ready on the loop", "popen:exec", "spawn:pid", "program"),
+    ("python: fork + after-fork hooks", "popen:enter", "gate:enter", "python"),
+    ("python: gate entered until PID on loop", "gate:enter", "spawn:pid", "python"),
+    ("record_launch until StartTransientUnit", "spawn:pid", "call:StartTransientUnit:begin", None),
     (
         "StartTransientUnit until its reply",
         "call:StartTransientUnit:begin",
         "call:StartTransientUnit:reply",
+        None,
     ),
-    ("reply until JobRemoved", "call:StartTransientUnit:reply", "jobremoved"),
-    ("JobRemoved until go", "jobremoved", "release:begin"),
-    ("go until the gate opens (child)", "release:begin", "gate:open"),
-    ("gate open until exec seen (thread)", "gate:open", "popen:exec"),
-    ("exec seen until the loop resumes", "popen:exec", "release:end"),
-    ("mark running + rest of launch()", "release:end", "launch:end"),
-    ("true runs until its pidfd fires", "launch:end", "exit:seen"),
-    ("pidfd until wait() returns", "exit:seen", "wait:end"),
-    ("TOTAL launch + wait", "launch:begin", "wait:end"),
+    ("reply until JobRemoved", "call:StartTransientUnit:reply", "jobremoved", None),
+    ("JobRemoved until go", "jobremoved", "release:begin", None),
+    ("program: go until the agent's exec seen", "release:begin", "release:end", "program"),
+    ("python: go until the gate opens (child)", "release:begin", "gate:open", "python"),
+    ("python: gate open until exec seen", "gate:open", "popen:exec", "python"),
+    ("python: exec seen until the loop resumes", "popen:exec", "release:end", "python"),
+    ("mark running + rest of launch()", "release:end", "launch:end", None),
+    ("true runs until its pidfd fires", "launch:end", "exit:seen", None),
+    ("pidfd until wait() returns", "exit:seen", "wait:end", None),
+    ("TOTAL launch + wait", "launch:begin", "wait:end", None),
 ]
+
+
+def _use_gate(pkg: types.ModuleType, gate: str) -> None:
+    """Launch ``pkg``'s next agents through ``gate``: "program" (if installed) or "python"."""
+    spawn = importlib.import_module(f"{pkg.__name__}._fleet._spawn")
+    if not hasattr(spawn, "_PROGRAM"):
+        return  # a version from before the compiled gate
+    installed = spawn._PROGRAM.with_name("agentscope-gate")
+    spawn._PROGRAM = installed if gate == "program" else installed.with_name("no-gate-here")
+
+
+def _gate_of(pkg: types.ModuleType) -> str:
+    spawn = importlib.import_module(f"{pkg.__name__}._fleet._spawn")
+    has = getattr(spawn, "gate_program", None)
+    return "program" if has is not None and has() is not None else "python"
 
 
 async def _one(
@@ -265,8 +289,16 @@ async def main() -> None:
     trips: dict[str, list[tuple[str, int, int, int, int]]] = {}
     runs: dict[str, list[dict[str, int]]] = {}
     errors: dict[str, list[str]] = {label: [] for label, _ in variants}
+    gates = {label: _gate_of(pkg) for label, pkg in variants}
+    if len(variants) == 1 and gates["this"] == "program":
+        variants = [("program", agentscope_systemd), ("python", agentscope_systemd)]
+        gates = {"program": "program", "python": "python"}
+    instrumented: set[str] = set()
     for label, pkg in variants:
-        _instrument_package(pkg)
+        if pkg.__name__ not in instrumented:
+            _instrument_package(pkg)
+            instrumented.add(pkg.__name__)
+        _use_gate(pkg, gates[label])
         fleet = pkg.AsyncFleet(f"ph{label}{tag}")
         # Each its own registry, next to the default one (same file system).
         fleet.registry_path = default_registry_path(fleet.manager).with_name(f"ph-{label}.db")
@@ -282,7 +314,8 @@ async def main() -> None:
     # never the other version's.
     for block in range(0, N, _BLOCK):
         order = variants if block // _BLOCK % 2 == 0 else variants[::-1]
-        for label, _ in order:
+        for label, pkg in order:
+            _use_gate(pkg, gates[label])
             fleet = fleets[label]
             for i in range(block, min(block + _BLOCK, N)):
                 runs[label].append(await _one(fleet, f"p{i}", trips[label], errors[label]))
@@ -299,8 +332,13 @@ async def main() -> None:
     print(f"launch phases ({first.manager} manager, systemd {first.systemd_version}, ms, ", end="")
     print(f"median of {N}, {' and '.join(labels)} interleaved):")
     print(f"  {'phase':42s}" + "".join(f"{label:>8s}" for label in labels))
-    for name, a, b in _PHASES:
-        print(f"  {name:42s}" + "".join(_median(runs[label], a, b) for label in labels))
+    print(f"  {'gate':42s}" + "".join(f"{gates[label]:>8s}" for label in labels))
+    for name, a, b, gate in _PHASES:
+        cells = (
+            _median(runs[label], a, b) if gate in (None, gates[label]) else f"{'-':>8s}"
+            for label in labels
+        )
+        print(f"  {name:42s}" + "".join(cells))
     print(f"  {'floor: StartTransientUnit until JobRemoved':42s}{floor * 1000:8.2f}")
     print("  registry trips (median ms of thread hops / time in the thread, count):")
     for label in labels:
