@@ -288,11 +288,11 @@ async def main() -> None:
     fleets: dict[str, Any] = {}
     trips: dict[str, list[tuple[str, int, int, int, int]]] = {}
     runs: dict[str, list[dict[str, int]]] = {}
-    errors: dict[str, list[str]] = {label: [] for label, _ in variants}
     gates = {label: _gate_of(pkg) for label, pkg in variants}
     if len(variants) == 1 and gates["this"] == "program":
         variants = [("program", agentscope_systemd), ("python", agentscope_systemd)]
         gates = {"program": "program", "python": "python"}
+    errors: dict[str, list[str]] = {label: [] for label, _ in variants}
     instrumented: set[str] = set()
     for label, pkg in variants:
         if pkg.__name__ not in instrumented:
