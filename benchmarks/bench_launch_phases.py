@@ -5,8 +5,9 @@ The library is not instrumented: this script wraps a few of its internals
 from outside (the registry trips, the D-Bus calls, the gated child's
 ``Popen`` and gate) and stamps ``time.perf_counter_ns`` around them, so the
 private names it wraps may move. It prints the median of each phase over
-``BENCH_N`` launches, the floor (``bench_launch._job_floor``) and the cost
-of a ``Popen`` with and without a ``preexec_fn`` (fork instead of vfork).
+``BENCH_N`` launches back to back, then over 20 launches each 0.5 s after
+the previous exit, the floor (``bench_launch._job_floor``) and the cost of
+a ``Popen`` with and without a ``preexec_fn`` (fork instead of vfork).
 Where the compiled gate is installed and no ``agentscope_base`` is given,
 launches alternate between it and the Python gate instead.
 
@@ -40,6 +41,7 @@ from bench_launch import _job_floor
 
 N = int(os.environ.get("BENCH_N", "50"))
 _BLOCK = 5
+_SPACE = 0.5  # seconds between an agent's exit and the next launch, in the spaced pass
 
 # The current launch's stamps (name -> perf_counter_ns, first one wins) and
 # registry trips (function, submitted, started, ended, resumed).
@@ -221,7 +223,11 @@ def _gate_of(pkg: types.ModuleType) -> str:
 
 
 async def _one(
-    fleet: Any, name: str, trips: list[tuple[str, int, int, int, int]], errors: list[str]
+    fleet: Any,
+    name: str,
+    trips: list[tuple[str, int, int, int, int]],
+    errors: list[str],
+    pause: float = 0.0,
 ) -> dict[str, int]:
     _stamps.clear()
     _mark("launch:begin")
@@ -234,6 +240,8 @@ async def _one(
     _mark("launch:end")
     await agent.wait()
     _mark("wait:end")
+    if pause:
+        await asyncio.sleep(pause)
     _read_child_stamps()
     trips.extend(_trips)
     _trips.clear()
@@ -280,6 +288,17 @@ def _median(runs: list[dict[str, int]], a: str, b: str) -> str:
     return f"{statistics.median(vals):8.2f}" if vals else f"{'-':>8s}"
 
 
+def _table(runs: dict[str, list[dict[str, int]]], labels: list[str], gates: dict[str, str]) -> None:
+    print(f"  {'phase':42s}" + "".join(f"{label:>8s}" for label in labels))
+    print(f"  {'gate':42s}" + "".join(f"{gates[label]:>8s}" for label in labels))
+    for name, a, b, gate in _PHASES:
+        cells = (
+            _median(runs[label], a, b) if gate in (None, gates[label]) else f"{'-':>8s}"
+            for label in labels
+        )
+        print(f"  {name:42s}" + "".join(cells))
+
+
 async def main() -> None:
     variants: list[tuple[str, types.ModuleType]] = [("this", agentscope_systemd)]
     with contextlib.suppress(ImportError):
@@ -311,16 +330,22 @@ async def main() -> None:
         _trips.clear()
     # Blocks of a few launches each, so that a launch overlaps the previous
     # exit's registry write of its own version, as in a plain sequence, and
-    # never the other version's.
-    for block in range(0, N, _BLOCK):
-        order = variants if block // _BLOCK % 2 == 0 else variants[::-1]
-        for label, pkg in order:
-            _use_gate(pkg, gates[label])
-            fleet = fleets[label]
-            for i in range(block, min(block + _BLOCK, N)):
-                runs[label].append(await _one(fleet, f"p{i}", trips[label], errors[label]))
-            await asyncio.gather(*fleet._tasks)
-            _trips.clear()
+    # never the other version's. Back to back, then spaced: launched right
+    # after the previous agent's exit, a launch waits for systemd to finish
+    # with that scope (its StartTransientUnit reply comes late), which
+    # hides what the launch itself costs.
+    spaced: dict[str, list[dict[str, int]]] = {label: [] for label, _ in variants}
+    for out, count, pause in ((runs, N, 0.0), (spaced, min(N, 20), _SPACE)):
+        for block in range(0, count, _BLOCK):
+            order = variants if block // _BLOCK % 2 == 0 else variants[::-1]
+            for label, pkg in order:
+                _use_gate(pkg, gates[label])
+                fleet = fleets[label]
+                for i in range(block, min(block + _BLOCK, count)):
+                    name = f"{'s' if pause else 'p'}{i}"
+                    out[label].append(await _one(fleet, name, trips[label], errors[label], pause))
+                await asyncio.gather(*fleet._tasks)
+                _trips.clear()
     first = fleets[variants[0][0]]
     floor = statistics.median(await _job_floor(first.manager, first.slice, N))
     plain, gated = _popen_costs(20)
@@ -331,14 +356,11 @@ async def main() -> None:
     labels = [label for label, _ in variants]
     print(f"launch phases ({first.manager} manager, systemd {first.systemd_version}, ms, ", end="")
     print(f"median of {N}, {' and '.join(labels)} interleaved):")
-    print(f"  {'phase':42s}" + "".join(f"{label:>8s}" for label in labels))
-    print(f"  {'gate':42s}" + "".join(f"{gates[label]:>8s}" for label in labels))
-    for name, a, b, gate in _PHASES:
-        cells = (
-            _median(runs[label], a, b) if gate in (None, gates[label]) else f"{'-':>8s}"
-            for label in labels
-        )
-        print(f"  {name:42s}" + "".join(cells))
+    _table(runs, labels, gates)
+    print(
+        f"the same, each launch {_SPACE} s after the previous agent's exit, median of {min(N, 20)}:"
+    )
+    _table(spaced, labels, gates)
     print(f"  {'floor: StartTransientUnit until JobRemoved':42s}{floor * 1000:8.2f}")
     print("  registry trips (median ms of thread hops / time in the thread, count):")
     for label in labels:
