@@ -67,9 +67,13 @@ def _read_child_stamps() -> None:
         _stamps.setdefault(name, int(value))
 
 
+def _spawn_of(pkg: types.ModuleType) -> types.ModuleType:
+    return importlib.import_module(f"{pkg.__name__}._fleet._spawn")
+
+
 def _instrument_package(pkg: types.ModuleType) -> None:
     fleet_mod = importlib.import_module(f"{pkg.__name__}._fleet._fleet_launch")
-    spawn_mod = importlib.import_module(f"{pkg.__name__}._fleet._spawn")
+    spawn_mod = _spawn_of(pkg)
     orig_spawn = fleet_mod.spawn_gated
 
     async def spawn_gated(*args: Any, **kwargs: Any) -> Any:
@@ -209,7 +213,7 @@ _PHASES = [
 
 def _use_gate(pkg: types.ModuleType, gate: str) -> None:
     """Launch ``pkg``'s next agents through ``gate``: "program" (if installed) or "python"."""
-    spawn = importlib.import_module(f"{pkg.__name__}._fleet._spawn")
+    spawn = _spawn_of(pkg)
     if not hasattr(spawn, "_PROGRAM"):
         return  # a version from before the compiled gate
     installed = spawn._PROGRAM.with_name("agentscope-gate")
@@ -217,8 +221,7 @@ def _use_gate(pkg: types.ModuleType, gate: str) -> None:
 
 
 def _gate_of(pkg: types.ModuleType) -> str:
-    spawn = importlib.import_module(f"{pkg.__name__}._fleet._spawn")
-    has = getattr(spawn, "gate_program", None)
+    has = getattr(_spawn_of(pkg), "gate_program", None)
     return "program" if has is not None and has() is not None else "python"
 
 

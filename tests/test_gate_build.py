@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from native import build_gate
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _build_gate() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_gate", ROOT / "native" / "build_gate.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _interpreter(elf: bytes) -> bool:
@@ -37,35 +28,33 @@ def _interpreter(elf: bytes) -> bool:
 
 
 def test_none_builds_nothing(tmp_path: Path) -> None:
-    assert _build_gate().build(tmp_path / "gate", "none") is None
+    assert build_gate.build(tmp_path / "gate", "none") is None
     assert not (tmp_path / "gate").exists()
 
 
 def test_an_unknown_choice_is_refused_with_the_choices(tmp_path: Path) -> None:
-    gate = _build_gate()
-    with pytest.raises(gate.GateBuildError, match="auto, static, none"):
-        gate.build(tmp_path / "gate", "yes")
+    with pytest.raises(build_gate.GateBuildError, match="auto, static, none"):
+        build_gate.build(tmp_path / "gate", "yes")
 
 
 def test_without_a_compiler_auto_says_so_and_static_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gate = _build_gate()
     monkeypatch.setenv("CC", "/bin/false")
-    assert gate.build(tmp_path / "gate", "auto") is None
+    assert build_gate.build(tmp_path / "gate", "auto") is None
     assert "will run in Python" in capsys.readouterr().err
-    with pytest.raises(gate.GateBuildError, match="libc6-dev"):
-        gate.build(tmp_path / "gate", "static")
+    with pytest.raises(build_gate.GateBuildError, match="libc6-dev"):
+        build_gate.build(tmp_path / "gate", "static")
 
 
 def test_the_environment_chooses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTSCOPE_BUILD_GATE", "none")
-    assert _build_gate().build(tmp_path / "gate") is None
+    assert build_gate.build(tmp_path / "gate") is None
 
 
 def test_the_wheel_carries_the_gate_as_an_executable(tmp_path: Path) -> None:
     pytest.importorskip("hatchling")
-    if _build_gate().build(tmp_path / "probe", "auto") is None:
+    if build_gate.build(tmp_path / "probe", "auto") is None:
         pytest.skip("no C compiler here")
     subprocess.run(
         [

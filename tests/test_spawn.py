@@ -21,6 +21,7 @@ import pytest
 
 from agentscope_systemd._fleet import _spawn as spawn_mod
 from agentscope_systemd._fleet._spawn import spawn_gated
+from native import build_gate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,11 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def gate_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The compiled gate, built from this checkout's source (make gate builds the same)."""
-    sys.path.insert(0, str(ROOT / "native"))
-    try:
-        import build_gate
-    finally:
-        sys.path.remove(str(ROOT / "native"))
     out = tmp_path_factory.mktemp("gate") / "agentscope-gate"
     if build_gate.build(out, "auto") is None:
         pytest.skip("no C compiler here to build the launch gate with")

@@ -130,6 +130,7 @@ async def _oomd_facts(manager: str, slice_name: str) -> dict[str, Any]:
 def gather(opts: Options) -> Facts:
     """Probe systemd, the cgroup tree and this process for :func:`checks`."""
     import agentscope_systemd
+    from agentscope_systemd._fleet._spawn import gate_program
     from agentscope_systemd.lowlevel import (
         choose_mode,
         inspect_container,
@@ -155,8 +156,6 @@ def gather(opts: Options) -> Facts:
         oomd_facts = asyncio.run(_oomd_facts(manager, str(caps.get("slice") or _AGENTS_SLICE)))
     journal = journal_access()
     choice = choose_mode(opts.manager)
-    from agentscope_systemd._fleet._spawn import gate_program
-
     return Facts(
         manager=manager,
         user=user,
