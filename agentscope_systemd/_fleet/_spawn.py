@@ -434,4 +434,11 @@ class _PreexecChild(GatedChild):
                 with contextlib.suppress(OSError):  # the child is gone already
                     os.write(go_w, _ABORT)
                 os.close(go_w)
-                await asyncio.gather(popen_fut, return_exceptions=True)
+                (outcome,) = await asyncio.gather(popen_fut, return_exceptions=True)
+                if isinstance(outcome, subprocess.Popen):
+                    # Popen returned, so the child did not fail in the gate: it
+                    # died before it (a cancel closed pid_r under its write,
+                    # and SIGPIPE, restored for the child, took it), which
+                    # Popen reads as an exec. Reap it here, as abort() would.
+                    outcome.kill()
+                    await asyncio.to_thread(outcome.wait)
