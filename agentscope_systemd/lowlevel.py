@@ -104,6 +104,7 @@ from ._names import scope_pattern as scope_pattern
 from ._names import scope_unit_name as scope_unit_name
 from ._names import validate_name as validate_name
 from ._names import validate_slice as validate_slice
+from ._registry._records import EventFilter as EventFilter
 from ._registry._registry import Registry as Registry
 
 __all__ = [
@@ -116,6 +117,7 @@ __all__ = [
     "CgroupMemory",
     "ContainerView",
     "Escapee",
+    "EventFilter",
     "HostReading",
     "JournalAccess",
     "KernelOomKill",

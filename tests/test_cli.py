@@ -1,9 +1,9 @@
 """The command line over a fake fleet: parsing, exit codes, JSON shapes, rendering.
 
 Every command reaches the library through ``agentscope_systemd._cli._fleet.open_fleet``; the
-fake below stands in for ``agentscope_systemd.Fleet`` with the API the CLI assumes
-(see ``agentscope_systemd._cli._fleet.FleetLike``). Set AGENTSCOPE_UPDATE_SNAPSHOTS=1 to rewrite
-tests/snapshots/ and docs/cli.md.
+fake below stands in for ``agentscope_systemd.Fleet``, whose signatures it keeps (a test
+checks), and the CLI is type-checked against the real one. Set
+AGENTSCOPE_UPDATE_SNAPSHOTS=1 to rewrite tests/snapshots/ and docs/cli.md.
 """
 
 from __future__ import annotations
@@ -257,6 +257,25 @@ class FakeFleet:
         extra += ["reclaim_escaped"] if reclaim_escaped else []
         self._op("monitor", interval, top, *extra)
         yield iter([FakeRecord(e, id=e["id"]) for e in EVENTS])
+
+
+def test_the_fake_fleet_keeps_the_real_fleets_signatures() -> None:
+    # The commands are type-checked against agentscope_systemd.Fleet; this
+    # fake must not let them pass with a call the real Fleet would refuse.
+    import inspect
+
+    for name, fake in inspect.getmembers(FakeFleet, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        real = inspect.signature(getattr(agentscope_systemd.Fleet, name)).parameters
+        for p in inspect.signature(fake).parameters.values():
+            if p.kind is p.VAR_KEYWORD or p.name == "self":
+                continue  # the fake takes the rest as the real one does, unchecked
+            assert p.name in real, f"Fleet.{name} has no {p.name!r}"
+            assert (p.kind, p.default) == (real[p.name].kind, real[p.name].default), (
+                f"Fleet.{name}({p.name}): fake {p.kind.name}={p.default!r}, "
+                f"real {real[p.name].kind.name}={real[p.name].default!r}"
+            )
 
 
 @pytest.fixture
@@ -1276,21 +1295,28 @@ class SignalledStream:
     after the events it already has. Its first event comes with ``signum`` sent
     to this process; ``in_flight`` are events still on their way then."""
 
-    guard_running = True
-
-    def __init__(self, signum: int, in_flight: Sequence[FakeRecord] = ()) -> None:
-        self.signum, self.in_flight = signum, list(in_flight)
+    def __init__(
+        self, signum: int, in_flight: Sequence[FakeRecord] = (), *, guard: bool = True
+    ) -> None:
+        self.signum, self.in_flight, self.guard = signum, list(in_flight), guard
         self.closed = threading.Event()
         self.started = False
+
+    def guard_running(self) -> bool:
+        return self.guard
 
     def __iter__(self) -> SignalledStream:
         return self
 
+    def first(self) -> FakeRecord:
+        """The first event; the signal is sent as it is handed over."""
+        os.kill(os.getpid(), self.signum)
+        return FakeRecord(EVENTS[0], id=1)
+
     def __next__(self) -> FakeRecord:
         if not self.started:
             self.started = True
-            os.kill(os.getpid(), self.signum)
-            return FakeRecord(EVENTS[0], id=1)
+            return self.first()
         self.closed.wait(5)  # nothing more comes until the monitor closes
         if self.in_flight:
             return self.in_flight.pop(0)
@@ -1343,6 +1369,107 @@ def test_a_stopped_monitor_prints_the_guard_kill_still_on_its_way(
     kinds = [json.loads(line)["kind"] for line in result.stdout.splitlines()]
     assert kinds == [EVENTS[0]["kind"], "guard_kill"]
     assert "stopped before its last events" not in result.stderr
+
+
+@dataclass
+class PrintSignals(FakeRecord):
+    """An event that sends ``signum`` to this process while it is being printed."""
+
+    signum: int = signal.SIGTERM
+    sent: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.sent:  # once: a second signal cuts a stop short
+            self.sent = True
+            os.kill(os.getpid(), self.signum)  # the handler runs before this returns
+        return super().to_dict()
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_a_signal_while_an_event_is_printed_loses_no_event(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch, signum: int, code: int
+) -> None:
+    # CI, sd247, user manager: the guard killed two tool calls, both in the
+    # log, and the stop that followed at once lost the second from --json. The
+    # signal had come after the event left the monitor's queue and before it
+    # was printed; the handler's exception then dropped it.
+    kill = PrintSignals(GUARD_KILL, signum=signum)
+
+    class Stream(SignalledStream):
+        def first(self) -> FakeRecord:
+            return kill
+
+    @contextmanager
+    def monitor(*args: Any, **kwargs: Any) -> Iterator[SignalledStream]:
+        yield Stream(signum, [FakeRecord(EVENTS[0], id=1)])
+
+    monkeypatch.setattr(fleet, "monitor", monitor)
+    result = run("--json", "monitor", "--guard")
+    assert result.code == code, result.stderr
+    kinds = [json.loads(line)["kind"] for line in result.stdout.splitlines()]
+    assert kinds == ["guard_kill", EVENTS[0]["kind"]]
+
+
+def test_a_second_ctrl_c_cuts_the_monitors_drain_short(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first stop waits up to 10 s for the events still on their way; a
+    # user who presses Ctrl-C again does not want to wait for them.
+    class Stuck(SignalledStream):
+        def __next__(self) -> FakeRecord:
+            if not self.started:
+                self.started = True
+                return self.first()
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            time.sleep(30)  # a stream that never ends, closed or not
+            raise StopIteration
+
+    @contextmanager
+    def monitor(*args: Any, **kwargs: Any) -> Iterator[SignalledStream]:
+        yield Stuck(signal.SIGINT)
+
+    monkeypatch.setattr(fleet, "monitor", monitor)
+    t0 = time.monotonic()
+    result = run("monitor")
+    assert result.code == 130, result.stderr
+    assert time.monotonic() - t0 < 5
+
+
+def _http_get(path: Path, target: str) -> str:
+    """``GET target`` over the unix socket ``path``: the reply's body."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(str(path))
+        sock.sendall(f"GET {target} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
+        reply = b"".join(iter(lambda: sock.recv(65536), b""))
+    return reply.split(b"\r\n\r\n", 1)[1].decode()
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_monitor_metrics_say_whether_its_guard_runs(
+    fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, running: bool
+) -> None:
+    # agentscope_guard_running feeds the AgentscopeGuardStopped alert
+    # (docs/dashboards.md). The command once passed the facade's method where
+    # a boolean was wanted, and the metric said 1 for a guard that had died.
+    sock = tmp_path / "monitor.sock"
+    scraped: list[str] = []
+
+    class Stream(SignalledStream):
+        def first(self) -> FakeRecord:
+            scraped.append(_http_get(sock, "/metrics"))  # the face serves by now
+            return super().first()
+
+    @contextmanager
+    def monitor(*args: Any, **kwargs: Any) -> Iterator[SignalledStream]:
+        yield Stream(signal.SIGTERM, guard=running)
+
+    monkeypatch.setattr(fleet, "monitor", monitor)
+    result = run("monitor", "--guard", "--listen", f"unix:{sock}")
+    assert result.code == 0, result.stderr
+    (text,) = scraped
+    line = next(x for x in text.splitlines() if x.startswith("agentscope_guard_running{"))
+    assert line.endswith(" 1.0" if running else " 0.0"), line
 
 
 # -- exec -------------------------------------------------------------------------------

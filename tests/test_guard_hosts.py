@@ -769,7 +769,7 @@ def test_memory_in_a_memfd_is_charged_to_the_process_that_holds_it(tree: Tree) -
 def test_with_no_registry_the_guard_runs_alone_and_says_kills_are_not_recorded(
     tree: Tree, sleeper: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agentscope_systemd._cli._cmd_monitor import _guard_alone
+    from agentscope_systemd._cli._cmd_monitor import _guard_alone, _Stop
     from agentscope_systemd._cli._notify import Notifier
     from agentscope_systemd._cli._options import Options
 
@@ -781,6 +781,7 @@ def test_with_no_registry_the_guard_runs_alone_and_says_kills_are_not_recorded(
         RegistryError("/x/registry.db", "database is locked"),
         0.05,
         Notifier({}),
+        _Stop(),
         slice_path=tree.slice,
         proc_root=tree.proc,
         cgroup_root=tree.cg,

@@ -926,6 +926,14 @@ def test_events_until_agent_and_last_are_filters(reg: Registry) -> None:
     ]
 
 
+def test_events_refuse_a_filter_they_do_not_have(reg: Registry) -> None:
+    # The filters are passed on as keywords (EventFilter): a misspelt one must
+    # fail as a wrong keyword does, not be ignored and return every event.
+    reg.record_event("ci", "a", "k", {}, ts=1000.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'agnet'"):
+        reg.events("ci", agnet="b")  # type: ignore[call-arg]
+
+
 def _poll_steps(reg: Registry, after_id: int) -> int:
     """SQLite VM steps (in thousands) one ``--follow`` poll takes."""
     conn = reg._conn

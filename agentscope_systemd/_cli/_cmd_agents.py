@@ -11,6 +11,7 @@ import errno
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -310,36 +311,41 @@ def kill(
     signal_agent(options(ctx), name, signal_)
 
 
-def freeze(
-    ctx: typer.Context,
-    name: Annotated[str, _AGENT],
-) -> None:
+def _freezer(frozen: bool, done: str, doc: str) -> Callable[..., None]:
+    """``freeze`` or ``thaw``: one command, the freezer set one way or the other."""
+
+    def command(ctx: typer.Context, name: Annotated[str, _AGENT]) -> None:
+        with fleet_of(ctx) as fleet:
+            (fleet.freeze if frozen else fleet.thaw)(name)
+        said(ctx, "state", {"name": name, "frozen": frozen}, f"{done} {name}")
+
+    command.__name__ = command.__qualname__ = "freeze" if frozen else "thaw"
+    command.__doc__ = doc
+    return command
+
+
+freeze = _freezer(
+    True,
+    "froze",
     """Freeze every process of an agent (cgroup freezer).
 
     Examples:
 
     \b
       agentscope freeze builder
-    """
-    with fleet_of(ctx) as fleet:
-        fleet.freeze(name)
-    said(ctx, "state", {"name": name, "frozen": True}, f"froze {name}")
-
-
-def thaw(
-    ctx: typer.Context,
-    name: Annotated[str, _AGENT],
-) -> None:
+    """,
+)
+thaw = _freezer(
+    False,
+    "thawed",
     """Thaw a frozen agent.
 
     Examples:
 
     \b
       agentscope thaw builder
-    """
-    with fleet_of(ctx) as fleet:
-        fleet.thaw(name)
-    said(ctx, "state", {"name": name, "frozen": False}, f"thawed {name}")
+    """,
+)
 
 
 def attach(

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from . import _fleet
 from ._context import emit_json, fleet_of, options, show, valid_agent
 from ._direct import LIMIT, print_events
 from ._errors import BadInput, Failed, Interrupted
@@ -24,9 +23,11 @@ if TYPE_CHECKING:
     import queue
     from types import FrameType
 
+    from agentscope_systemd import Fleet
+    from agentscope_systemd._fleet._blocking import BlockingMonitor
     from agentscope_systemd.watchdog import FatalLog
 
-    from ._fleet import FleetLike, Options
+    from ._fleet import Options
     from ._http import FaceState
     from ._notify import Notifier
 
@@ -168,6 +169,41 @@ class _Stopped(Exception):
         self.signum = signum
 
 
+class _Stop:
+    """The monitor's SIGTERM and SIGINT handler.
+
+    Until the event loop runs, a signal raises :class:`_Stopped` at once
+    (opening the fleet may wait on the bus). Once :meth:`defer` is called it
+    only records the signal, and the loop stops at its next look
+    (:meth:`check`): an exception raised there could land after an event
+    left the queue and before it was printed, and lose it (CI, sd247, user
+    manager: a guard kill in the log, missing from ``--json``). A second
+    signal while stopping raises at once: it cuts the drain short.
+    """
+
+    #: how long the loop waits for an event before it looks again
+    POLL = 0.2
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._deferred = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self._deferred and self.signum is None:
+            self.signum = signum
+            return
+        raise _Stopped(signum)
+
+    def defer(self) -> None:
+        """From now on a first signal is a flag for :meth:`check`."""
+        self._deferred = True
+
+    def check(self) -> None:
+        """Raise :class:`_Stopped` if a signal came."""
+        if self.signum is not None:
+            raise _Stopped(self.signum)
+
+
 def monitor(
     ctx: typer.Context,
     interval: Annotated[float, _interval_option("samples")] = 2.0,
@@ -287,10 +323,8 @@ def monitor(
     fatal = _monitor_fatal_log(opts)
     from agentscope_systemd import RegistryError
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        raise _Stopped(signum)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop = _Stop()
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     face: HttpFace | None = None
     interrupted = False
     try:
@@ -302,7 +336,7 @@ def monitor(
                     raise
                 # The guard must not depend on the registry (issue #25): it
                 # runs alone, and says its kills are not being recorded.
-                _guard_alone(opts, guard_config, exc, interval, notifier)
+                _guard_alone(opts, guard_config, exc, interval, notifier, stop)
                 return
             stream = stack.enter_context(
                 fleet.monitor(
@@ -315,7 +349,7 @@ def monitor(
 
                 state = FaceState(fleet.name, fleet.manager, interval, __version__)
                 if guard_config:
-                    state.guard = lambda: stream.guard_running
+                    state.guard = stream.guard_running
                 # The read API's events come from this fleet, whose core reads
                 # its registry off its loop (agentscope_systemd/_cli/_readapi.py says why not a
                 # registry of the face's own); the face closes before it.
@@ -323,7 +357,7 @@ def monitor(
                 stack.callback(face.close)
                 sys.stderr.write(f"serving /health, /metrics and /v1/ on {face.url}\n")
                 sys.stderr.flush()
-            _monitor_loop(fleet, stream, interval, notifier, opts.json, state)
+            _monitor_loop(fleet, stream, interval, notifier, opts.json, stop, state)
     except _Stopped as stopped:
         if stopped.signum == signal.SIGINT:  # Ctrl-C: 130 once stopped cleanly
             interrupted = True
@@ -431,6 +465,7 @@ def _guard_alone(
     reason: Exception,
     interval: float,
     notifier: Notifier,
+    stop: _Stop,
     *,
     slice_path: Any = None,
     proc_root: Any = None,
@@ -443,6 +478,7 @@ def _guard_alone(
     first (stderr, STATUS=). ``slice_path`` and the roots default to the
     manager's agents slice on this host; ``until`` ends it (tests).
     """
+    import contextlib
     import queue
     from pathlib import Path
 
@@ -476,12 +512,16 @@ def _guard_alone(
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
+    stop.defer()
+    due = time.monotonic() + period
     try:
         while not until():
-            try:
-                show_event(inbox.get(timeout=period))
-            except queue.Empty:
+            stop.check()
+            with contextlib.suppress(queue.Empty):
+                show_event(inbox.get(timeout=min(stop.POLL, max(0.0, due - time.monotonic()))))
+            if time.monotonic() >= due:
                 notifier.send(WATCHDOG=1, STATUS=note)
+                due = time.monotonic() + period
     finally:
         guard.stop()
         while not inbox.empty():  # a kill of a moment ago still goes out
@@ -489,11 +529,12 @@ def _guard_alone(
 
 
 def _monitor_loop(
-    fleet: FleetLike,
-    stream: _fleet.GuardedStream,
+    fleet: Fleet,
+    stream: BlockingMonitor,
     interval: float,
     notifier: Notifier,
     as_json: bool,
+    stop: _Stop,
     face: FaceState | None = None,
 ) -> None:
     import queue
@@ -508,12 +549,12 @@ def _monitor_loop(
     # and the thread stops with the loop: a stream that never ends must not
     # outlive the command or fill memory.
     inbox: queue.Queue[object] = queue.Queue(maxsize=1024)
-    stop = threading.Event()
+    ended = threading.Event()
     # sd_watchdog_enabled(3): ping at half the interval the manager asked for.
     period = min(interval, notifier.watchdog / 2) if notifier.watchdog else interval
 
     def deliver(item: object) -> bool:
-        while not stop.is_set():
+        while not ended.is_set():
             try:
                 inbox.put(item, timeout=0.2)
                 return True
@@ -544,10 +585,12 @@ def _monitor_loop(
     try:  # from here on, any way out (a signal included) stops the pump
         threading.Thread(target=pump, name="agentscope-monitor", daemon=True).start()
         notifier.send(READY=1, STATUS=_sample(fleet, face))
+        stop.defer()
         due = time.monotonic() + period
         while True:
+            stop.check()
             try:
-                item = inbox.get(timeout=max(0.0, due - time.monotonic()))
+                item = inbox.get(timeout=min(stop.POLL, max(0.0, due - time.monotonic())))
             except queue.Empty:
                 item = None
             if item is _END:
@@ -556,6 +599,8 @@ def _monitor_loop(
                 raise item
             if item is not None:
                 print_event(item)
+            elif time.monotonic() < due:
+                continue  # nothing came yet: look for a stop again
             # One sample a period, however many events come: a burst of
             # events must not turn into a burst of full samples.
             if time.monotonic() >= due:
@@ -572,11 +617,11 @@ def _monitor_loop(
         _drain(stream, inbox, print_event)
         raise
     finally:
-        stop.set()
+        ended.set()
 
 
 def _drain(
-    stream: _fleet.GuardedStream, inbox: queue.Queue[object], print_event: Callable[[Any], None]
+    stream: BlockingMonitor, inbox: queue.Queue[object], print_event: Callable[[Any], None]
 ) -> None:
     """Close ``stream`` and show what it still yields, for at most :data:`_DRAIN_TIMEOUT`."""
     import queue
@@ -594,7 +639,7 @@ def _drain(
     sys.stderr.write("agentscope monitor: stopped before its last events came out\n")
 
 
-def _sample(fleet: FleetLike, face: FaceState | None) -> str:
+def _sample(fleet: Fleet, face: FaceState | None) -> str:
     """The STATUS= line; with an HTTP face, also a memory report (no /proc scan) for it.
 
     A report that fails is counted as a scrape error, not fatal: the files
@@ -617,7 +662,7 @@ def _sample(fleet: FleetLike, face: FaceState | None) -> str:
     return status
 
 
-def _status(fleet: FleetLike, listed: Sequence[Any]) -> str:
+def _status(fleet: Fleet, listed: Sequence[Any]) -> str:
     from ._render import format_bytes
 
     agents = [a.to_dict() for a in listed]

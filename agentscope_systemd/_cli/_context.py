@@ -18,7 +18,9 @@ if TYPE_CHECKING:  # rich is imported by what prints with it, not by --json
     import typer
     from rich.console import Console, RenderableType
 
-    from ._fleet import FleetLike, HistoryLike
+    from agentscope_systemd import Fleet
+
+    from ._fleet import HistoryLike
 
 __all__ = [
     "console",
@@ -38,7 +40,7 @@ def options(ctx: typer.Context) -> Options:
     return obj if isinstance(obj, Options) else Options()
 
 
-def fleet_of(ctx: typer.Context) -> contextlib.closing[FleetLike]:
+def fleet_of(ctx: typer.Context) -> contextlib.closing[Fleet]:
     """The fleet the global options name, open, closed on the way out."""
     return contextlib.closing(_fleet.open_fleet(options(ctx)))
 

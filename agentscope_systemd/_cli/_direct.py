@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # annotations only
     from collections.abc import Sequence
     from typing import Any
 
-    from ._fleet import FleetLike
+    from agentscope_systemd import Fleet
+    from agentscope_systemd._registry._records import EventRecord
 
 __all__ = [
     "DIRECT",
@@ -248,7 +249,7 @@ def signal_agent(opts: Options, name: str, signal_: str) -> None:
 
 
 def _stop_all(
-    fleet: FleetLike, timeout: float, *, progress: bool
+    fleet: Fleet, timeout: float, *, progress: bool
 ) -> tuple[list[str], list[dict[str, str]]]:
     from rich.markup import escape
     from rich.progress import Progress
@@ -317,7 +318,7 @@ def print_events(
             last = _print_events(history.events(after_id=last, **filters), opts.json) or last
 
 
-def _print_events(records: Sequence[_fleet.EventLike], as_json: bool) -> int | None:
+def _print_events(records: Sequence[EventRecord], as_json: bool) -> int | None:
     if as_json:
         from agentscope_systemd._contract import json_line
     else:

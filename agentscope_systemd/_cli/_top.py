@@ -10,13 +10,15 @@ import termios
 import time
 import tty
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
 
-from ._fleet import FleetLike
 from ._render import top_view
+
+if TYPE_CHECKING:
+    from agentscope_systemd import Fleet
 
 __all__ = ["run_top", "snapshot"]
 
@@ -24,7 +26,7 @@ _RECENT_EVENTS = 8
 _EVENT_WINDOW = 3600.0
 
 
-def snapshot(fleet: FleetLike, now: float) -> dict[str, Any]:
+def snapshot(fleet: Fleet, now: float) -> dict[str, Any]:
     """What one screen shows: agents, host pressure and recent events, as plain data."""
     agents = [a.to_dict() for a in fleet.agents()]
     pressure = fleet.report(top=0).to_dict().get("pressure")
@@ -57,7 +59,7 @@ def _wait_key(fd: int | None, timeout: float) -> str | None:
     return os.read(fd, 1).decode(errors="replace") if ready else None
 
 
-def run_top(fleet: FleetLike, interval: float = 1.0) -> None:
+def run_top(fleet: Fleet, interval: float = 1.0) -> None:
     """Refresh the view every ``interval`` seconds until ``q`` (or Ctrl-C: exit 130)."""
     console = Console()
     with _keys() as fd, Live(console=console, auto_refresh=False, screen=True) as live:

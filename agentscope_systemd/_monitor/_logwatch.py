@@ -18,6 +18,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +41,7 @@ __all__ = ["LogWatch"]
 log = logging.getLogger("agentscope.monitor")
 
 
+@dataclass(eq=False, repr=False)
 class LogWatch:
     """The monitor's part that follows the kernel's log and systemd-oomd's lines.
 
@@ -49,32 +51,22 @@ class LogWatch:
     for a sample soon.
     """
 
-    def __init__(
-        self,
-        counter: KillCounter,
-        *,
-        kmsg: Path | None,
-        journal: bool,
-        slice_path: Path,
-        cgroup_root: Path,
-        unit_agent: Callable[[str], str | None],
-        emit: Callable[[Event], None],
-        wake: Callable[[], None],
-    ) -> None:
-        self._counter = counter
-        self.kmsg = kmsg
-        self._journal_wanted = journal
-        self._slice_path = slice_path
-        self._cgroup_root = cgroup_root
-        self._unit_agent = unit_agent
-        self._emit = emit
-        self._wake = wake
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._kmsg_fd: int | None = None
-        self._kmsg_rest = b""
-        self._journal: subprocess.Popen[bytes] | None = None
-        self._journal_rest = b""
-        self._oomd_repeats = OomdRepeats()
+    counter: KillCounter
+    _: KW_ONLY
+    kmsg: Path | None
+    journal: bool
+    slice_path: Path
+    cgroup_root: Path
+    unit_agent: Callable[[str], str | None]
+    emit: Callable[[Event], None]
+    wake: Callable[[], None]
+    # What it holds while it reads (set by start, cleared by close).
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
+    _kmsg_fd: int | None = field(default=None, init=False)
+    _kmsg_rest: bytes = field(default=b"", init=False)
+    _follower: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _journal_rest: bytes = field(default=b"", init=False)
+    _oomd_repeats: OomdRepeats = field(default_factory=OomdRepeats, init=False)
 
     async def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the kernel's log, or start the journal's follower; tell the counter which."""
@@ -88,23 +80,23 @@ class LogWatch:
                     log.debug("cannot poll the kernel log %s: %s", self.kmsg, exc)
                     os.close(self._kmsg_fd)
                     self._kmsg_fd = None
-        self._counter.kernel_log = self._kmsg_fd is not None
-        kernel_journal = self._kmsg_fd is None and self._journal_wanted
+        self.counter.kernel_log = self._kmsg_fd is not None
+        kernel_journal = self._kmsg_fd is None and self.journal
         # systemd-oomd's kills are told in its own journal lines only (_oomd.py).
-        oomd = self._journal_wanted and await asyncio.to_thread(OOMD_SOCKET.exists)
+        oomd = self.journal and await asyncio.to_thread(OOMD_SOCKET.exists)
         if kernel_journal or oomd:
             if oomd:
-                self._journal = await asyncio.to_thread(
+                self._follower = await asyncio.to_thread(
                     start_follower, kernel=kernel_journal, oomd=True
                 )
             else:
-                self._journal = await asyncio.to_thread(start_follower)
-            if self._journal is not None:
-                assert self._journal.stdout is not None
-                loop.add_reader(self._journal.stdout.fileno(), self._on_journal)
-            if self._journal is not None and kernel_journal:
-                self._counter.victim_grace = JOURNAL_GRACE
-                self._counter.await_kernel = self._counter.kernel_log = True
+                self._follower = await asyncio.to_thread(start_follower)
+            if self._follower is not None:
+                assert self._follower.stdout is not None
+                loop.add_reader(self._follower.stdout.fileno(), self._on_journal)
+            if self._follower is not None and kernel_journal:
+                self.counter.victim_grace = JOURNAL_GRACE
+                self.counter.await_kernel = self.counter.kernel_log = True
 
     async def close(self) -> None:
         """Stop reading: the kernel log's fd closed, the follower stopped."""
@@ -114,11 +106,11 @@ class LogWatch:
                 loop.remove_reader(self._kmsg_fd)
             os.close(self._kmsg_fd)
             self._kmsg_fd = None
-        if self._journal is not None:
-            if loop is not None and self._journal.stdout is not None:
-                loop.remove_reader(self._journal.stdout.fileno())
-            await asyncio.to_thread(stop_follower, self._journal)
-            self._journal = None
+        if self._follower is not None:
+            if loop is not None and self._follower.stdout is not None:
+                loop.remove_reader(self._follower.stdout.fileno())
+            await asyncio.to_thread(stop_follower, self._follower)
+            self._follower = None
 
     def _on_kmsg(self) -> None:
         fd = self._kmsg_fd
@@ -138,7 +130,7 @@ class LogWatch:
                 self._loop.remove_reader(fd)
                 os.close(fd)
                 self._kmsg_fd = None
-                self._counter.kernel_log = False
+                self.counter.kernel_log = False
                 return
             self._kmsg_lines(chunk)
 
@@ -158,18 +150,18 @@ class LogWatch:
             if record is not None:  # the kernel's own (facility 0) only
                 found = self._kernel_line(record[1], "kmsg") or found
         if found:
-            self._wake()
+            self.wake()
 
     def _kernel_line(self, text: str, via: Literal["kmsg", "journal"]) -> bool:
         """Note a kernel log line; True for a kill (worth a sample now)."""
         task = _parse_oom_task_line(text)
         if task is not None:
-            self._counter.note_kernel_task(*task)
+            self.counter.note_kernel_task(*task)
             return False
         kill = parse_oom_kill_line(text)
         if kill is None:
             return False
-        self._counter.note_kernel_kill(kill, time.time(), via)
+        self.counter.note_kernel_kill(kill, time.time(), via)
         return True
 
     def oomd_line(self, text: str) -> bool:
@@ -180,15 +172,15 @@ class LogWatch:
             return False
         if not self._oomd_repeats.first(line.cgroup, time.monotonic()):
             return True  # the same kill, named again while its processes free their memory
-        slice_cgroup = slice_cgroup_path(self._slice_path, self._cgroup_root)
+        slice_cgroup = slice_cgroup_path(self.slice_path, self.cgroup_root)
         if slice_cgroup is not None:
-            event = oomd_kill_event(line, slice_cgroup, self._unit_agent, time.time())
+            event = oomd_kill_event(line, slice_cgroup, self.unit_agent, time.time())
             if event is not None:
-                self._emit(event)
+                self.emit(event)
         return True
 
     def _on_journal(self) -> None:
-        proc = self._journal
+        proc = self._follower
         assert proc is not None
         assert proc.stdout is not None
         found = False
@@ -204,7 +196,7 @@ class LogWatch:
                 self._loop.remove_reader(proc.stdout.fileno())
                 log.debug("the journal follower ended (status %s)", proc.poll())
                 if self._kmsg_fd is None:
-                    self._counter.kernel_log = self._counter.await_kernel = False
+                    self.counter.kernel_log = self.counter.await_kernel = False
                 break
             *lines, self._journal_rest = (self._journal_rest + chunk).split(b"\n")
             if len(self._journal_rest) > MAX_LINE:
@@ -220,4 +212,4 @@ class LogWatch:
                 elif entry.from_kernel:
                     found = self._kernel_line(entry.text, "journal") or found
         if found:
-            self._wake()
+            self.wake()

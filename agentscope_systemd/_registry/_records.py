@@ -21,7 +21,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Final, Literal, TypeVar, get_args
+from typing import Any, Final, Literal, TypedDict, TypeVar, get_args
 
 from .._contract import event_envelope
 from .._dicts import Record, as_dict
@@ -112,6 +112,25 @@ class EventRecord:
 
 
 _EVENT_COLUMNS: Final = ", ".join(f.name for f in fields(EventRecord))
+
+
+class EventFilter(TypedDict, total=False):
+    """The filters of a read of recorded events, each optional (None: no filter).
+
+    ``agent`` and ``kind`` match exactly; ``since`` <= ``ts`` < ``until``
+    (unix seconds); ``after_id`` keeps the ids after it (for following);
+    ``limit`` keeps the first ones and ``last`` the newest ones (still oldest
+    first). :meth:`Registry.events` applies them; ``AsyncFleet.events`` and
+    the command line pass them on, typed by this one list.
+    """
+
+    agent: str | None
+    since: float | None
+    until: float | None
+    kind: str | None
+    after_id: int | None
+    limit: int | None
+    last: int | None
 
 
 def _json_or(raw: Any, fallback: Callable[[Any], _T], kind: type) -> Any:

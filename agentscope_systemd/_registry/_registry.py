@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, Unpack
 
 from .. import _numbers
 from .._calls import _callevents
@@ -66,6 +66,7 @@ from ._records import (
     OPEN_STATES,
     AgentRecord,
     AgentState,
+    EventFilter,
     EventRecord,
     _agent_from_row,
     _event_from_row,
@@ -592,37 +593,33 @@ class Registry(LifecycleStore, OomStore):
         )
         return None if row is None else _agent_from_row(row)
 
-    def events(
-        self,
-        fleet: str | None = None,
-        *,
-        agent: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        kind: str | None = None,
-        after_id: int | None = None,
-        limit: int | None = None,
-        last: int | None = None,
-    ) -> list[EventRecord]:
-        """Events in the order recorded (by id), filtered.
+    def events(self, fleet: str | None = None, **filters: Unpack[EventFilter]) -> list[EventRecord]:
+        """Events in the order recorded (by id), filtered as :class:`EventFilter` says.
 
-        ``since`` keeps events with ``ts >= since`` and ``until`` those with
-        ``ts < until``; ``after_id`` those with a greater id, so ``events
-        --follow`` polls with the last id it saw; ``limit`` keeps the first
-        ones and ``last`` the newest ones (still oldest first). Every filter
-        runs in SQL: the cost is the rows returned, not the history's size.
+        ``events --follow`` polls with the last id it saw (``after_id``).
+        Every filter runs in SQL: the cost is the rows returned, not the
+        history's size.
+
+        Raises:
+            TypeError: a filter that is not one of :class:`EventFilter`'s.
+            InvalidConfig: a bound out of range (not finite, negative, past 2^63).
         """
+        unknown = filters.keys() - EventFilter.__optional_keys__
+        if unknown:  # what Python says of an unexpected keyword
+            raise TypeError(f"events() got an unexpected keyword argument {min(unknown)!r}")
+
+        def count(name: str, value: int | None) -> int | None:
+            # SQLite's integers are 64-bit: a larger bound overflowed in sqlite3.
+            return None if value is None else _numbers.whole(name, value, low=0, high=2**63 - 1)
+
+        def when(name: str, value: float | None) -> float | None:
+            return None if value is None else _numbers.real(name, value, low=-1e12, high=1e12)
+
+        agent, kind = filters.get("agent"), filters.get("kind")
+        since, until = when("since", filters.get("since")), when("until", filters.get("until"))
+        after_id = count("after_id", filters.get("after_id"))
+        limit, last = count("limit", filters.get("limit")), count("last", filters.get("last"))
         sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE 1"
-        # SQLite's integers are 64-bit: a larger bound overflowed in sqlite3.
-        big = 2**63 - 1
-        after_id, limit, last = (
-            None if v is None else _numbers.whole(k, v, low=0, high=big)
-            for k, v in (("after_id", after_id), ("limit", limit), ("last", last))
-        )
-        since, until = (
-            None if v is None else _numbers.real(k, v, low=-1e12, high=1e12)
-            for k, v in (("since", since), ("until", until))
-        )
         args: list[Any] = []
         for clause, value in (
             (" AND fleet = ?", fleet),
