@@ -283,9 +283,10 @@ def monitor(
 
     Stops cleanly on SIGTERM (exit 0) and SIGINT (Ctrl-C: exit 130), after
     printing the events the monitor already has (a guard kill of a moment
-    ago included; at most 10 s). Under systemd (Type=notify,
-    $NOTIFY_SOCKET set) it sends READY=1, then WATCHDOG=1 and a STATUS= line
-    every tick (at least twice per WatchdogSec=); started by systemd, it
+    ago included; at most 10 s, and a second signal stops at once). Under
+    systemd (Type=notify, $NOTIFY_SOCKET set) it sends READY=1, then
+    WATCHDOG=1 and a STATUS= line every tick (at least twice per
+    WatchdogSec=); started by systemd, it
     writes the reason it stopped on an error to monitor-FLEET.fatal.log in
     the state directory. With --guard it also runs the memory guard
     (docs/guard.md) and prints its kills; as root the monitor then sets its
