@@ -363,13 +363,7 @@ class _PreexecChild(GatedChild):
         return await self._popen
 
     async def _reap(self) -> None:
-        try:
-            popen = await self._popen
-        except (subprocess.SubprocessError, OSError):
-            return  # the child exited in the gate, and Popen reaped it
-        # Not expected: the exec happened after all. Kill it and reap it.
-        popen.kill()
-        await asyncio.to_thread(popen.wait)
+        await _reap_popen(self._popen)
 
     @classmethod
     async def start(cls, request: _Request) -> _PreexecChild:
@@ -434,11 +428,24 @@ class _PreexecChild(GatedChild):
                 with contextlib.suppress(OSError):  # the child is gone already
                     os.write(go_w, _ABORT)
                 os.close(go_w)
-                (outcome,) = await asyncio.gather(popen_fut, return_exceptions=True)
-                if isinstance(outcome, subprocess.Popen):
-                    # Popen returned, so the child did not fail in the gate: it
-                    # died before it (a cancel closed pid_r under its write,
-                    # and SIGPIPE, restored for the child, took it), which
-                    # Popen reads as an exec. Reap it here, as abort() would.
-                    outcome.kill()
-                    await asyncio.to_thread(outcome.wait)
+                # Popen may return here: a cancel closed pid_r under the
+                # child's write, SIGPIPE (restored for the child) took it before
+                # the gate, and Popen read its end as an exec. Any other
+                # failure of Popen is the one raised above, not a second one.
+                with contextlib.suppress(Exception):
+                    await _reap_popen(popen_fut)
+
+
+async def _reap_popen(popen: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    """Reap the Python gate's child that will not be released.
+
+    Popen raised: the child exited in the gate, and Popen reaped it. Popen
+    returned: it took the child's end for an exec (an exec after all, or a
+    death before the gate); kill the child and reap it.
+    """
+    try:
+        child = await popen
+    except (subprocess.SubprocessError, OSError):
+        return
+    child.kill()
+    await asyncio.to_thread(child.wait)
