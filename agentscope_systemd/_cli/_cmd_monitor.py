@@ -203,6 +203,10 @@ class _Stop:
         if self.signum is not None:
             raise _Stopped(self.signum)
 
+    def wait(self, due: float) -> float:
+        """How long a loop may wait for an event: until ``due`` (its tick), at most :attr:`POLL`."""
+        return min(self.POLL, max(0.0, due - time.monotonic()))
+
 
 def monitor(
     ctx: typer.Context,
@@ -519,7 +523,7 @@ def _guard_alone(
         while not until():
             stop.check()
             with contextlib.suppress(queue.Empty):
-                show_event(inbox.get(timeout=min(stop.POLL, max(0.0, due - time.monotonic()))))
+                show_event(inbox.get(timeout=stop.wait(due)))
             if time.monotonic() >= due:
                 notifier.send(WATCHDOG=1, STATUS=note)
                 due = time.monotonic() + period
@@ -591,7 +595,7 @@ def _monitor_loop(
         while True:
             stop.check()
             try:
-                item = inbox.get(timeout=min(stop.POLL, max(0.0, due - time.monotonic())))
+                item = inbox.get(timeout=stop.wait(due))
             except queue.Empty:
                 item = None
             if item is _END:
